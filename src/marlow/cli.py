@@ -191,6 +191,30 @@ def quickstart(
     )
 
 
+@app.command()
+def inspect(
+    run: Annotated[Path, typer.Argument(help="a run folder")],
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(help="key=value detector thresholds, e.g. detect.cliff_drop=0.1"),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+) -> None:
+    """Per-role metrics, run-level statistics, signatures and detector verdicts of a run."""
+    from marlow.diagnostics.inspect import inspect_run, render
+
+    try:
+        report = inspect_run(run, overrides)
+    except _user_errors() as err:
+        _fail(str(err))
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    out = Console()
+    for part in render(report):
+        out.print(part)
+
+
 class _progress:
     def __init__(self, total: int) -> None:
         self.progress = Progress(

@@ -150,8 +150,48 @@ class OptimConfig(_Section):
 class DetectConfig(_Section):
     cliff_drop: float = Field(0.05, gt=0.0, lt=1.0, description="terminal_cliff: drop below peak")
     cliff_patience: int = Field(2, ge=1, description="terminal_cliff: validations below the line")
-    on_alarm: Literal["warn", "stop"] = Field(
-        "warn", description="warn: log and go on; stop: checkpoint and end the run"
+    amp_rise: float = Field(
+        3.0,
+        gt=1.0,
+        description="gradient_amplification: peak-over-first ratio of a multi-slot role",
+    )
+    amp_flat: float = Field(
+        1.5, gt=1.0, description="gradient_amplification: ratio every single-slot role stays under"
+    )
+    capture_share: float = Field(
+        0.7, gt=0.5, le=1.0, description="sp_role_capture: gradient-mass share of the dominant role"
+    )
+    capture_patience: int = Field(
+        2, ge=1, description="sp_role_capture: consecutive steps the share stays above the line"
+    )
+    capture_shift: float = Field(
+        0.2, gt=0.0, le=1.0, description="sp_role_capture: change of a signature rate that counts"
+    )
+    capture_close: float = Field(
+        0.5, gt=0.0, le=1.0, description="sp_role_capture: fraction of the length gap closed"
+    )
+    on_alarm: Literal["warn", "stop", "rollback"] = Field(
+        "warn",
+        description="warn: log and go on; stop: checkpoint and end the run; rollback: restore "
+        "the best-validation checkpoint and end the run",
+    )
+
+
+class DiagnosticsConfig(_Section):
+    kl_to_base: bool = Field(
+        True, description="score each step's tokens with the adapters disabled (one extra forward)"
+    )
+    signature_problems: int = Field(
+        100, ge=1, description="validation problems the trajectory signatures are computed on"
+    )
+
+
+class SinksConfig(_Section):
+    tensorboard: bool = Field(False, description="also write TensorBoard event files (extra: tb)")
+    wandb: bool = Field(False, description="also log to Weights & Biases (extra: wandb)")
+    wandb_project: str = "marlow"
+    wandb_mode: Literal["offline", "online"] = Field(
+        "offline", description="offline needs no network; `wandb sync` uploads later"
     )
 
 
@@ -171,6 +211,8 @@ class RunConfig(_Section):
     grpo: GRPOConfig = GRPOConfig()
     optim: OptimConfig = OptimConfig()
     detect: DetectConfig = DetectConfig()
+    diagnostics: DiagnosticsConfig = DiagnosticsConfig()
+    sinks: SinksConfig = SinksConfig()
 
 
 PRESETS: dict[str, dict[str, Any]] = {

@@ -46,6 +46,22 @@ def test_train_on_a_tiny_config_then_eval(tiny_cache, tmp_path: Path):
     done = run(["train", str(config), "--out", "run"], tiny_cache, tmp_path)
     assert done.returncode == 2 and "--resume" in done.stderr
 
+    done = run(["inspect", "run", "--json"], tiny_cache, tmp_path)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert (report["workflow"], report["routing"], report["step"]) == ("voting", "sp", 2)
+    for role in ("generator", "aggregator"):  # the sum is tested in test_grad_share
+        assert 0.0 <= report["roles"][role]["latest"]["grad_mass_share"] <= 1.0
+    assert report["signatures"]["step"] == 2
+    assert report["signatures"]["roles"]["generator"]["n_turns"] == 18  # 6 problems x 3 slots
+    names = [d["name"] for d in report["detectors"]]
+    assert names == ["terminal_cliff", "gradient_amplification", "sp_role_capture"]
+    done = run(["inspect", "run", "detect.cliff_drop=0.2"], tiny_cache, tmp_path)
+    assert done.returncode == 0, done.stderr
+    for title in ("latest training metrics", "trajectory signatures", "detectors"):
+        assert title in done.stdout
+    assert run(["inspect", "nowhere"], tiny_cache, tmp_path).returncode == 2
+
 
 def test_a_wrong_field_fails_in_one_line_naming_it(tiny_cache, tmp_path: Path):
     done = run(["train", "grpo.clip_hgh=0.3"], tiny_cache, tmp_path)

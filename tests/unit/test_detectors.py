@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from marlow.diagnostics.detectors import gradient_amplification, terminal_cliff
+import pytest
+
+from marlow.config import DetectConfig
+from marlow.diagnostics.detectors import (
+    describe,
+    gradient_amplification,
+    run_detectors,
+    sp_role_capture,
+    terminal_cliff,
+)
 
 
 def val(*points):
@@ -65,3 +74,72 @@ def test_gradient_amplification_stays_quiet_without_drop_or_when_single_slot_rol
     )
     for records in (no_drop, both_rise, late_peak):
         assert not gradient_amplification(records, SLOTS).fired
+
+
+def shares(*gen_shares):
+    """SP records, steps 1..k: the generator's share of the shared gradient, the aggregator the rest."""
+    return [
+        {
+            "step": step,
+            "train/generator/grad_mass_share": g,
+            "train/aggregator/grad_mass_share": 1.0 - g,
+        }
+        for step, g in enumerate(gen_shares, start=1)
+    ]
+
+
+def sigs(agg_terse, agg_len=8.0, gen_len=60.0):
+    return {
+        "generator": {"length_mean": gen_len},
+        "aggregator": {"length_mean": agg_len, "terse_rate": agg_terse},
+    }
+
+
+def test_sp_role_capture_fires_when_the_dominated_aggregator_stops_being_terse():
+    records = shares(0.6, 0.75, 0.8, 0.82)
+    v = sp_role_capture(records, {0: sigs(0.9), 2: sigs(0.85), 4: sigs(0.6)}, share=0.7)
+    # step 2: the share held 0.7 on one step only (patience 2); step 4: 0.8, 0.82 and 0.9 -> 0.6
+    assert v.fired and v.step == 4
+    e = v.evidence
+    assert (e["dominant"], e["captured"], e["signature"]) == (
+        "generator",
+        "aggregator",
+        "terse_rate",
+    )
+    assert e["shares"] == [(3, 0.8), (4, 0.82)]
+    assert (e["first"], e["now"]) == (0.9, 0.6)
+    assert "aggregator's terse_rate moved 0.9 -> 0.6" in describe(v)
+
+
+def test_sp_role_capture_fires_when_the_length_gap_closes():
+    records = shares(0.9, 0.9)
+    # gap at the start |8 - 60| / 60 = 0.867; later |40 - 64| / 64 = 0.375: closed 0.567 >= 0.5
+    v = sp_role_capture(records, {0: sigs(0.9), 2: sigs(0.9, agg_len=40.0, gen_len=64.0)})
+    assert v.fired and v.evidence["signature"] == "length_mean"
+    assert v.evidence["gap_closed"] == pytest.approx((52 / 60 - 24 / 64) / (52 / 60), rel=1e-12)
+
+
+def test_sp_role_capture_stays_quiet_without_dominance_without_drift_or_without_sharing():
+    drift = {0: sigs(0.9), 2: sigs(0.5)}
+    assert not sp_role_capture(shares(0.6, 0.65), drift).fired  # nobody holds 0.7
+    assert not sp_role_capture(shares(0.9, 0.9), {0: sigs(0.9), 2: sigs(0.75)}).fired  # 0.15 < 0.2
+    # the length gap closed by 0.3 of itself only: (0.867 - 0.607) / 0.867
+    assert not sp_role_capture(shares(0.9, 0.9), {0: sigs(0.9), 2: sigs(0.9, 8.0 + 15.6)}).fired
+    ip = [{"step": 1, "train/generator/chi2_update": 0.1}]
+    assert not sp_role_capture(ip, drift).fired  # IP: no shared adapter, no shares
+
+
+def test_run_detectors_runs_all_three_with_the_config_thresholds():
+    records = shares(0.9, 0.9) + val((0, 0.5), (1, 0.4), (2, 0.39))
+    cfg = DetectConfig(cliff_drop=0.05, cliff_patience=2)
+    verdicts = run_detectors(records, {0: sigs(0.9), 2: sigs(0.5)}, SLOTS, cfg)
+    assert [v.name for v in verdicts] == [
+        "terminal_cliff",
+        "gradient_amplification",
+        "sp_role_capture",
+    ]
+    assert [v.fired for v in verdicts] == [True, False, True]
+    strict = DetectConfig(cliff_patience=3, capture_shift=0.5)
+    assert not any(
+        v.fired for v in run_detectors(records, {0: sigs(0.9), 2: sigs(0.5)}, SLOTS, strict)
+    )

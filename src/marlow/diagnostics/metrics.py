@@ -1,4 +1,4 @@
-"""Per-role metric accumulation and the JSONL sink.
+"""Per-role metric accumulation (the sinks that write the metrics live in ``sinks.py``).
 
 Metric names are a grammar: ``split/role/metric`` (``train/aggregator/chi2_update``,
 ``val/all/accuracy``). Adapter-level numbers (grad norm, learning rate) use the adapter name in
@@ -10,12 +10,9 @@ whatever order the pieces arrive in.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -87,37 +84,3 @@ def episode_metrics(meter: Meter, episodes: Sequence[Episode]) -> None:
         meter.set(role, "length_p50", float(np.percentile(arr, 50)))
         meter.set(role, "length_p95", float(np.percentile(arr, 95)))
         meter.set(role, "length_max", float(arr.max()))
-
-
-class JsonlSink:
-    """Append one JSON object per line; flushed and fsynced so a crash loses at most a line."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-
-    def write(self, record: dict) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps(record, allow_nan=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-
-    def truncate_after(self, step: int) -> None:
-        """Drop records of steps after ``step`` (a resumed run redoes them)."""
-        if not self.path.exists():
-            return
-        kept = [
-            line
-            for line in self.path.read_text().splitlines()
-            if line and json.loads(line).get("step", 0) <= step
-        ]
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        os.replace(tmp, self.path)
-
-
-def read_jsonl(path: Path) -> Iterable[dict]:
-    with path.open() as f:
-        for line in f:
-            if line.strip():
-                yield json.loads(line)

@@ -49,16 +49,22 @@ def save(run_dir: Path, step: int, model, adapters: list[str], optim: AdapterOpt
     return final
 
 
-def latest(run_dir: Path) -> Path | None:
+def all_done(run_dir: Path) -> list[Path]:
+    """Every complete checkpoint of a run, oldest first."""
     root = run_dir / "checkpoints"
     if not root.is_dir():
-        return None
+        return []
     done = [
         p
         for p in root.iterdir()
         if p.name.startswith(PREFIX) and not p.name.endswith(".tmp") and (p / "DONE").exists()
     ]
-    return max(done, key=lambda p: int(p.name[len(PREFIX) :]), default=None)
+    return sorted(done, key=lambda p: int(p.name[len(PREFIX) :]))
+
+
+def latest(run_dir: Path) -> Path | None:
+    done = all_done(run_dir)
+    return done[-1] if done else None
 
 
 def load(path: Path, model, adapters: list[str], optim: AdapterOptimizers) -> int:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 from marlow.config import ConfigError, load_config
+from marlow.fileio import write_json
 from marlow.train import checkpoint as ckpt
 from marlow.train.trainer import Trainer
 
@@ -39,10 +38,5 @@ def evaluate(
             raise FileNotFoundError(f"{checkpoint} is not a complete marlow checkpoint")
         trainer.step = ckpt.load(checkpoint, trainer.model, trainer.adapters, trainer.optim)
     result = trainer.validate(trainer.step)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "eval.json.tmp"
-    tmp.write_text(
-        json.dumps({"checkpoint": str(checkpoint) if checkpoint else None, **result}, indent=2)
-    )
-    os.replace(tmp, out / "eval.json")
+    write_json(out / "eval.json", {"checkpoint": str(checkpoint) if checkpoint else None, **result})
     return result

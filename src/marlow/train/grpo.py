@@ -25,7 +25,7 @@ import torch
 
 from marlow.algo.advantages import group_advantages, group_keys, zero_std_fraction
 from marlow.algo.losses import clipped_surrogate, token_weights
-from marlow.algo.stats import chi2_token
+from marlow.algo.stats import chi2_token, kl_k3
 from marlow.config import GRPOConfig
 from marlow.diagnostics.metrics import Meter
 from marlow.policy.adapters import use_adapter
@@ -135,10 +135,7 @@ def pre_update_stats(
     meter: Meter, turns: Sequence[Turn], old: list[torch.Tensor], ent: list[torch.Tensor]
 ) -> None:
     """Entropy, perplexity and chi2_rollout (trainer vs sampler) per role, token-weighted."""
-    by_role: dict[str, list[int]] = defaultdict(list)
-    for i, t in enumerate(turns):
-        by_role[t.role].append(i)
-    for role, idx in by_role.items():
+    for role, idx in _by_role(turns).items():
         lp = torch.cat([old[i] for i in idx])
         if lp.numel() == 0:
             continue
@@ -148,6 +145,35 @@ def pre_update_stats(
         meter.mean(role, "entropy", float(torch.cat([ent[i] for i in idx]).sum()), n)
         meter.mean(role, "nll", float(-lp.sum()), n)
         meter.mean(role, "chi2_rollout", float(chi2_token(lp - sampler, mask)) * n, n)
+
+
+def kl_to_base_stats(
+    meter: Meter,
+    model,
+    turns: Sequence[Turn],
+    old: list[torch.Tensor],
+    temperature: float,
+    pad_id: int,
+    micro_tokens: int,
+) -> None:
+    """kl_to_base per role: the k3 estimate of KL(pi_old || base) on the step's sampled tokens,
+    the base being the same model with every adapter disabled (one extra forward, no gradient).
+    Both sides are temperature-scaled, as the sampler's distribution is."""
+    base, _ = score_logps(model, BASE, turns, temperature, pad_id, micro_tokens)
+    for role, idx in _by_role(turns).items():
+        lp = torch.cat([old[i] for i in idx])
+        if lp.numel():
+            ref = torch.cat([base[i] for i in idx])
+            n = lp.numel()
+            kl = kl_k3(lp, ref, torch.ones_like(lp, dtype=torch.bool))
+            meter.mean(role, "kl_to_base", float(kl) * n, n)
+
+
+def _by_role(turns: Sequence[Turn]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = defaultdict(list)
+    for i, t in enumerate(turns):
+        out[t.role].append(i)
+    return out
 
 
 def update_adapter(
@@ -299,10 +325,7 @@ def post_update_stats(
 ) -> None:
     """chi2_update: token chi2 of pi_new / pi_old on the step's tokens, after all updates."""
     new, _ = score_logps(model, adapter, turns, temperature, pad_id, micro_tokens)
-    by_role: dict[str, list[int]] = defaultdict(list)
-    for i, t in enumerate(turns):
-        by_role[t.role].append(i)
-    for role, idx in by_role.items():
+    for role, idx in _by_role(turns).items():
         log_ratio = torch.cat([new[i] - old[i] for i in idx])
         if log_ratio.numel():
             mask = torch.ones_like(log_ratio, dtype=torch.bool)
@@ -323,6 +346,7 @@ __all__ = [
     "NonFiniteLoss",
     "TurnBatch",
     "finish_role_stats",
+    "kl_to_base_stats",
     "post_update_stats",
     "pre_update_stats",
     "score_logps",

@@ -11,7 +11,6 @@ the uninterrupted run would have.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -20,16 +19,26 @@ from pathlib import Path
 import torch
 
 from marlow.config import RunConfig, dump_config
-from marlow.diagnostics.detectors import terminal_cliff
-from marlow.diagnostics.metrics import JsonlSink, Meter, episode_metrics, read_jsonl
+from marlow.diagnostics.detectors import describe, run_detectors
+from marlow.diagnostics.metrics import Meter, episode_metrics
+from marlow.diagnostics.runstats import series
+from marlow.diagnostics.signatures import read_signatures, trajectory_signatures, write_signatures
+from marlow.diagnostics.sinks import JsonlSink, open_sinks, read_jsonl
+from marlow.fileio import write_json
 from marlow.models import load_base, prompt_style
-from marlow.policy.adapters import LoraSpec, adapter_parameters, attach_adapters
+from marlow.policy.adapters import (
+    LoraSpec,
+    adapter_parameters,
+    attach_adapters,
+    load_adapter_weights,
+)
 from marlow.policy.routing import Routing, make_routing
 from marlow.rollout.hf import HFEngine
 from marlow.tasks import build_task
 from marlow.train import checkpoint
 from marlow.train.grpo import (
     finish_role_stats,
+    kl_to_base_stats,
     post_update_stats,
     pre_update_stats,
     score_logps,
@@ -138,11 +147,24 @@ class Trainer:
         batches = split_by_adapter(episodes, adv)
         meter = Meter()
         old = {}
+        t_kl = 0.0  # the kl_to_base forward, inside the scoring time
         for adapter, batch in batches.items():
             old[adapter], ent = score_logps(
                 self.model, adapter, batch.turns, temperature, self.pad_id, g.micro_tokens
             )
             pre_update_stats(meter, batch.turns, old[adapter], ent)
+            if self.cfg.diagnostics.kl_to_base:
+                tk = time.perf_counter()
+                kl_to_base_stats(
+                    meter,
+                    self.model,
+                    batch.turns,
+                    old[adapter],
+                    temperature,
+                    self.pad_id,
+                    g.micro_tokens,
+                )
+                t_kl += time.perf_counter() - tk
         t2 = time.perf_counter()
         self.model.train()
         gen = torch.Generator().manual_seed(step_seed(self.cfg.seed, step, salt=1))
@@ -183,6 +205,7 @@ class Trainer:
         out.update(
             {
                 "time/scoring_s": t2 - t1,
+                "time/kl_to_base_s": t_kl,
                 "time/update_s": t3 - t2,
                 "time/stats_s": t4 - t3,
                 "time/learn_s": t4 - t1,
@@ -201,6 +224,10 @@ class Trainer:
         episode_metrics(meter, episodes)
         out = meter.result("val")
         out["val/all/n_problems"] = float(len(self.val_set))
+        n = self.cfg.diagnostics.signature_problems
+        write_signatures(
+            self.out, step, trajectory_signatures([e for e in episodes if e.group < n])
+        )
         out["time/val_s"] = time.perf_counter() - t0
         self._write_samples(step, "val", episodes)
         return out
@@ -231,6 +258,16 @@ class Trainer:
     def run(
         self, *, resume: bool = False, on_step: Callable[[int, dict], None] | None = None
     ) -> Path:
+        done = self._start(resume)
+        with open_sinks(self.out, self.cfg.sinks, self.cfg.model_dump()) as self.sinks:
+            for line in self.sinks.describe():
+                self.log(line)
+            self.sinks.truncate_after(done)
+            self._loop(on_step)
+        return self.out
+
+    def _start(self, resume: bool) -> int:
+        """Create or reopen the run folder; returns the last step whose records stand (-1: none)."""
         if not resume and (self.out / "metrics.jsonl").exists():
             raise FileExistsError(
                 f"{self.out} already holds a run; pass --resume to continue it or choose another --out"
@@ -245,6 +282,12 @@ class Trainer:
         self.metrics.truncate_after(done)
         self.samples.truncate_after(done)
         self.events.truncate_after(done)
+        for path in (self.out / "signatures").glob("step_*.json"):
+            if int(path.stem[len("step_") :]) > done:
+                path.unlink()
+        return done
+
+    def _loop(self, on_step: Callable[[int, dict], None] | None) -> None:
         if self.step == 0:
             self._record(0, self.validate(0), on_step)
         for step in range(self.step + 1, self.cfg.steps + 1):
@@ -254,40 +297,65 @@ class Trainer:
                 record.update(self.validate(step))
             self._record(step, record, on_step)
             self.step = step
-            stop = validated and self._alarms(step)
-            if stop or step % self.cfg.ckpt_every == 0 or step == self.cfg.steps:
+            action = self._alarms(step) if validated else None
+            if action or step % self.cfg.ckpt_every == 0 or step == self.cfg.steps:
                 checkpoint.save(self.out, step, self.model, self.adapters, self.optim)
-            if stop:
-                self.log(f"stopped at step {step} (detect.on_alarm=stop)")
-                break
-        return self.out
+            if action == "rollback":
+                self._roll_back(step)
+            if action:
+                self.log(f"ended at step {step} (detect.on_alarm={action})")
+                return
 
-    def _alarms(self, step: int) -> bool:
-        """Run the detectors after a validation; log each new alarm once in ``events.jsonl`` and
-        the console. True when the run should stop."""
-        d = self.cfg.detect
-        verdict = terminal_cliff(read_metrics(self.out), d.cliff_drop, d.cliff_patience)
+    def _alarms(self, step: int) -> str | None:
+        """Run every detector after a validation; log each new alarm once in ``events.jsonl`` and
+        the console. Returns the action to take (``stop``/``rollback``) when one fired, else None."""
+        verdicts = run_detectors(
+            read_metrics(self.out),
+            read_signatures(self.out),
+            {role: self.workflow.slots_of(role) for role in self.workflow.roles},
+            self.cfg.detect,
+        )
         path = self.events.path
-        logged = path.exists() and any(e["detector"] == verdict.name for e in read_jsonl(path))
-        if not verdict.fired or logged:
-            return False
-        ev = verdict.evidence
-        self.events.write(
-            {"step": step, "detector": verdict.name, "fired_at": verdict.step, "evidence": ev}
+        logged = {e.get("detector") for e in read_jsonl(path)} if path.exists() else set()
+        new = [v for v in verdicts if v.fired and v.name not in logged]
+        for v in new:
+            self.events.write(
+                {"step": step, "detector": v.name, "fired_at": v.step, "evidence": v.evidence}
+            )
+            self.log(f"ALARM {v.name} at step {v.step}: {describe(v)}")
+        on_alarm = self.cfg.detect.on_alarm
+        return on_alarm if new and on_alarm != "warn" else None
+
+    def _roll_back(self, step: int) -> None:
+        """Load the checkpoint with the best validation accuracy into the model and name it in
+        ``best.json`` (the current state was checkpointed first: nothing is lost)."""
+        saved = {int(p.name[len(checkpoint.PREFIX) :]) for p in checkpoint.all_done(self.out)}
+        val = [(s, a) for s, a in series(read_metrics(self.out), "val/all/accuracy") if s in saved]
+        if not val:
+            self.log("rollback: no validated checkpoint; keeping the current adapters")
+            return
+        best_step, best_acc = max(val, key=lambda sa: (sa[1], -sa[0]))
+        path = checkpoint.checkpoint_dir(self.out, best_step)
+        if self.adapters:
+            load_adapter_weights(self.model, path / "adapters", self.adapters)
+        write_json(
+            self.out / "best.json",
+            {
+                "step": best_step,
+                "val_accuracy": best_acc,
+                "checkpoint": str(path.relative_to(self.out)),
+            },
         )
-        self.log(
-            f"ALARM {verdict.name} at step {verdict.step}: validation accuracy "
-            f"{ev['below'][-1][1]:.3f} stays more than {d.cliff_drop} below its peak "
-            f"{ev['peak']:.3f} (step {ev['peak_step']})"
-        )
-        return d.on_alarm == "stop"
+        self.events.write({"step": step, "action": "rollback", "to_step": best_step})
+        self.log(f"rolled back to step {best_step} (validation accuracy {best_acc:.3f})")
 
     def _record(self, step: int, record: dict, on_step) -> None:
         self.metrics.write({"step": step, **record})
+        self.sinks.write({"step": step, **record})
         if on_step is not None:
             on_step(step, record)
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """Every record of a run's ``metrics.jsonl``, in file order."""
+    return list(read_jsonl(Path(run_dir) / "metrics.jsonl"))

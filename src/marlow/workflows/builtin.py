@@ -29,28 +29,44 @@ from marlow.workflows.spec import (
 )
 
 
+def verdict_of(text: str) -> bool | None:
+    """The evaluator's verdict in ``text``: True for ``\\boxed{Correct}``, False for
+    ``\\boxed{Incorrect}`` (last box, stripped, any case), None when unparseable."""
+    verdict = (last_boxed(text) or "").strip().lower()
+    return {"correct": True, "incorrect": False}.get(verdict)
+
+
 def parse_verdict(state: EpisodeState, turns: list[Turn]) -> None:
     """Evaluator verdict: ``\\boxed{Correct}`` accepts; anything unparseable counts as Incorrect."""
-    verdict = (last_boxed(turns[-1].completion_text) or "").strip().lower()
-    state.vars["accepted"] = verdict == "correct"
-    state.count(f"verdict_{verdict}" if verdict in ("correct", "incorrect") else "verdict_unparsed")
+    verdict = verdict_of(turns[-1].completion_text)
+    state.vars["accepted"] = verdict is True
+    state.count(
+        {True: "verdict_correct", False: "verdict_incorrect", None: "verdict_unparsed"}[verdict]
+    )
 
 
 _STRATEGY = re.compile(r"STRATEGY\s*(\d+)\s*:\s*(.+)", re.IGNORECASE)
 
 
+def strategies_of(text: str, n: int) -> list[str | None]:
+    """Strategies 1..n of an orchestrator's ``text``, by index: the first ``STRATEGY i: ...`` line
+    of each index 1 <= i <= n; None where index i is missing."""
+    found: dict[int, str] = {}
+    for line in text.splitlines():
+        m = _STRATEGY.search(line)
+        if m and 1 <= int(m.group(1)) <= n and int(m.group(1)) not in found:
+            found[int(m.group(1))] = m.group(2).strip()
+    return [found.get(i) for i in range(1, n + 1)]
+
+
 def parse_strategies(n: int) -> Callable[[EpisodeState, list[Turn]], None]:
     def parse(state: EpisodeState, turns: list[Turn]) -> None:
-        found: dict[int, str] = {}
-        for line in turns[-1].completion_text.splitlines():
-            m = _STRATEGY.search(line)
-            if m and 1 <= int(m.group(1)) <= n and int(m.group(1)) not in found:
-                found[int(m.group(1))] = m.group(2).strip()
-        missing = n - len(found)
-        state.count("strategies_parsed", len(found))
-        if missing:
-            state.count("strategy_missing", missing)
-        state.vars["strategies"] = [found.get(i) for i in range(1, n + 1)]  # None: generic
+        strategies = strategies_of(turns[-1].completion_text, n)
+        parsed = sum(s is not None for s in strategies)
+        state.count("strategies_parsed", parsed)
+        if parsed < n:
+            state.count("strategy_missing", n - parsed)
+        state.vars["strategies"] = strategies  # None: generic
 
     return parse
 

@@ -1,0 +1,206 @@
+"""``marlow inspect RUN``: what a run folder says, per role, in one JSON-able report.
+
+The report holds, for every role of the run's workflow (and ``all``): the latest training value
+of each per-role metric (:data:`ROLE_METRICS`) and the latest validation values; the run-level
+statistics (``runstats``); each adapter's latest grad norm, learning rate and update count; the
+latest trajectory signatures; every detector's verdict recomputed now, with the run's own
+thresholds (``detect.*`` of its ``config.yaml``), and the events the trainer logged.
+
+Detectors are recomputed rather than only read from ``events.jsonl`` so that a finished run can
+be inspected under other thresholds (``marlow inspect RUN detect.cliff_drop=0.1``) and so that a
+verdict that did not fire still shows its evidence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+from marlow.config import load_config
+from marlow.diagnostics.detectors import describe, run_detectors
+from marlow.diagnostics.runstats import run_statistics
+from marlow.diagnostics.signatures import latest_signatures, read_signatures
+from marlow.diagnostics.sinks import read_jsonl
+from marlow.policy.routing import make_routing
+from marlow.workflows import build_workflow
+
+ROLE_METRICS = (
+    "reward",
+    "own_reward",
+    "accuracy",
+    "entropy",
+    "perplexity",
+    "chi2_rollout",
+    "chi2_update",
+    "kl_to_base",
+    "grad_mass_share",
+    "grad_norm_own",
+    "clipfrac_low",
+    "clipfrac_high",
+    "ratio_max",
+    "length_mean",
+    "length_p50",
+    "length_p95",
+    "length_max",
+    "truncation_rate",
+)
+"""Per-role training metrics shown in the table, in this order (absent ones are left out)."""
+
+ADAPTER_METRICS = ("grad_norm", "grad_norm_max", "lr", "updates", "loss")
+
+
+def _latest(records: list[dict], prefix: str) -> dict:
+    """The last record holding any key that starts with ``prefix``."""
+    for r in reversed(records):
+        if any(k.startswith(prefix) for k in r):
+            return r
+    return {}
+
+
+def inspect_run(run_dir: str | Path, overrides: list[str] | None = None) -> dict:
+    """The report of one run folder; ``overrides`` (``key=value``) change detector thresholds."""
+    run = Path(run_dir)
+    metrics = run / "metrics.jsonl"
+    if not metrics.exists():
+        raise FileNotFoundError(f"{run} holds no run: no metrics.jsonl (give a run folder)")
+    cfg = load_config(run / "config.yaml", overrides)
+    workflow = build_workflow(cfg.workflow.name, **cfg.workflow.params)
+    adapters = make_routing(cfg.policy.routing, workflow.roles, cfg.policy.role_map).adapters
+    records = list(read_jsonl(metrics))
+    train, val = _latest(records, "train/"), _latest(records, "val/")
+    stats = run_statistics(records)
+    roles = {}
+    for role in [*workflow.roles, "all"]:
+        roles[role] = {
+            "latest": {
+                m: train[f"train/{role}/{m}"] for m in ROLE_METRICS if f"train/{role}/{m}" in train
+            },
+            "val": {k.split("/")[2]: v for k, v in val.items() if k.startswith(f"val/{role}/")},
+            "run": stats["roles"].get(role, {}),
+        }
+    signatures = read_signatures(run)
+    slots = {role: workflow.slots_of(role) for role in workflow.roles}
+    verdicts = run_detectors(records, signatures, slots, cfg.detect)
+    events = list(read_jsonl(run / "events.jsonl")) if (run / "events.jsonl").exists() else []
+    latest_sigs = latest_signatures(run)
+    return {
+        "run": str(run),
+        "workflow": cfg.workflow.name,
+        "routing": cfg.policy.routing,
+        "model": cfg.model.name,
+        "task": cfg.task.name,
+        "step": records[-1]["step"] if records else None,
+        "train_step": train.get("step"),
+        "val_step": val.get("step"),
+        "val": stats.get("val", {}),
+        "run_level": {k: stats[k] for k in ("max_chi2", "max_grad_norm", "entropy_collapse_depth")},
+        "roles": roles,
+        "adapters": {
+            a: {m: train[f"train/{a}/{m}"] for m in ADAPTER_METRICS if f"train/{a}/{m}" in train}
+            for a in adapters
+        },
+        "signatures": (
+            {"step": latest_sigs[0], "roles": latest_sigs[1]} if latest_sigs is not None else None
+        ),
+        "detectors": [{**asdict(v), "message": describe(v) if v.fired else None} for v in verdicts],
+        "events": events,
+    }
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "-" if value is None else str(value)
+
+
+def render(report: dict) -> list:
+    """The report as rich renderables: a header, per-role tables, signatures, detectors."""
+    from rich.table import Table
+    from rich.text import Text
+
+    out: list = []
+    v = report["val"]
+    head = (
+        f"{report['run']}: {report['workflow']} / {report['routing']} / {report['model']} / "
+        f"{report['task']}, step {report['step']}"
+    )
+    if v:
+        head += (
+            f"\nvalidation: peak {v['peak_accuracy']:.3f} (step {v['peak_step']}), final "
+            f"{v['final_accuracy']:.3f} (step {v['final_step']}), terminal drop "
+            f"{v['terminal_drop']:.3f}"
+        )
+    rl = report["run_level"]
+    head += "\n" + ", ".join(f"{k} {_fmt(val)}" for k, val in rl.items())
+    out.append(Text(head))
+
+    roles = report["roles"]
+    names = [m for m in ROLE_METRICS if any(m in r["latest"] for r in roles.values())]
+    table = Table(title=f"latest training metrics (step {report['train_step']})")
+    table.add_column("metric")
+    for role in roles:
+        table.add_column(role, justify="right")
+    for m in names:
+        table.add_row(m, *(_fmt(r["latest"].get(m)) for r in roles.values()))
+    for m in sorted({k for r in roles.values() for k in r["val"]}):
+        table.add_row(f"val {m}", *(_fmt(r["val"].get(m)) for r in roles.values()))
+    out.append(table)
+
+    table = Table(title="run level per role (peak over first positive value)")
+    for col in ("role", "metric", "first (step)", "peak (step)", "peak/first"):
+        table.add_column(col)
+    for role, r in roles.items():
+        for metric, s in r["run"].items():
+            if isinstance(s, dict):
+                table.add_row(
+                    role,
+                    metric,
+                    f"{_fmt(s['first'])} ({_fmt(s['first_step'])})",
+                    f"{_fmt(s['peak'])} ({s['peak_step']})",
+                    _fmt(s["peak_over_first"]),
+                )
+            else:
+                table.add_row(role, metric, "", "", _fmt(s))
+    out.append(table)
+
+    if report["adapters"]:
+        table = Table(title="adapters (latest step)")
+        table.add_column("adapter")
+        for m in ADAPTER_METRICS:
+            table.add_column(m, justify="right")
+        for a, vals in report["adapters"].items():
+            table.add_row(a, *(_fmt(vals.get(m)) for m in ADAPTER_METRICS))
+        out.append(table)
+
+    sig = report["signatures"]
+    if sig:
+        sroles = sig["roles"]
+        table = Table(title=f"trajectory signatures (validation, step {sig['step']})")
+        table.add_column("signature")
+        for role in sroles:
+            table.add_column(role, justify="right")
+        for name in sorted({k for s in sroles.values() for k in s}):
+            table.add_row(name, *(_fmt(s.get(name)) for s in sroles.values()))
+        out.append(table)
+
+    table = Table(title="detectors (recomputed with the run's thresholds)")
+    for col in ("detector", "verdict", "step", "evidence"):
+        table.add_column(col)
+    for d in report["detectors"]:
+        verdict = "[red]FIRED[/red]" if d["fired"] else "quiet"
+        table.add_row(d["name"], verdict, _fmt(d["step"]), d["message"] or _brief(d["evidence"]))
+    out.append(table)
+    for e in report["events"]:
+        what = e.get("detector") or e.get("action")
+        out.append(Text(f"event at step {e['step']}: {what}"))
+    return out
+
+
+def _brief(evidence: dict) -> str:
+    """A short line of a quiet verdict's evidence."""
+    parts = []
+    for key, value in evidence.items():
+        if isinstance(value, dict | list) and len(str(value)) > 60:
+            continue
+        parts.append(f"{key}={_fmt(value)}")
+    return ", ".join(parts)

@@ -1,0 +1,23 @@
+"""Result files are written atomically: to a ``.tmp`` sibling, then ``os.replace``d into place, so a
+reader (or a run killed mid-write) sees the old file or the new one, never half of one."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
+def write_json(path: str | Path, obj: Any, *, sort_keys: bool = False) -> Path:
+    """``obj`` as indented JSON (NaN written as ``NaN``, which Python's json reads back)."""
+    return write_text(path, json.dumps(obj, indent=2, sort_keys=sort_keys) + "\n")

@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install quickstart test test-slow lint bench
+.PHONY: install browser quickstart test test-slow lint bench
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -17,7 +17,19 @@ install: $(STAMP)
 quickstart: $(STAMP)
 	$(VENV)/bin/marlow quickstart --out marlow-quickstart
 
-test: $(STAMP)
+# The report's browser test (tests/e2e/test_report_browser.py) drives Debian's Chromium through
+# its driver; install both when either is missing (root, or sudo). Lists are refreshed only when
+# the install fails without them. Grouped target (&:): the recipe runs once for both files.
+CHROMIUM := /usr/bin/chromium /usr/bin/chromedriver
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT_INSTALL := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver
+
+$(CHROMIUM) &:
+	$(APT_INSTALL) || ($(SUDO) apt-get update -q && $(APT_INSTALL))
+
+browser: $(CHROMIUM)
+
+test: $(STAMP) $(CHROMIUM)
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/pytest -q
 

@@ -192,6 +192,67 @@ def quickstart(
 
 
 @app.command()
+def grid(
+    file: Annotated[Path, typer.Argument(help="a grid YAML file (axes and shared settings)")],
+    out: Annotated[Path, typer.Option(help="results folder")] = Path("runs/grid"),
+    runner: Annotated[str, typer.Option(help="local or ray")] = "local",
+    address: Annotated[
+        str | None, typer.Option(help="Ray cluster address (default: start a local Ray)")
+    ] = None,
+    workers: Annotated[
+        int | None, typer.Option(help="cells at once (default: sized to cores and memory)")
+    ] = None,
+    dry_run: Annotated[bool, typer.Option(help="list the cells and stop")] = False,
+) -> None:
+    """Run every cell of a grid (skipping finished ones, resuming interrupted ones)."""
+    from marlow.experiments.grid import expand, load_grid
+    from marlow.experiments.runner import run_grid
+
+    try:
+        spec = load_grid(file)
+        if dry_run:
+            for cell in expand(spec):
+                print(cell.name)
+            return
+        bars = Progress(
+            TextColumn("{task.description:<34}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[state]}"),
+            TimeElapsedColumn(),
+            console=console,
+            disable=not sys.stderr.isatty(),
+        )
+        tasks: dict[str, int] = {}
+
+        def on_progress(name: str, state: str, step: int, total: int) -> None:
+            if name not in tasks:
+                tasks[name] = bars.add_task(name, total=max(total, 1), state=state)
+            bars.update(tasks[name], completed=step if total else 1, state=state)
+
+        with bars:
+            states = run_grid(
+                spec,
+                out,
+                runner=runner,
+                workers=workers,
+                address=address,
+                grid_text=file.read_text(),
+                log=_log,
+                on_progress=on_progress,
+            )
+    except (*_user_errors(), RuntimeError) as err:
+        _fail(str(err))
+    counts = {s: sum(v == s for v in states.values()) for s in ("done", "failed", "pending")}
+    console.print(
+        f"{counts['done']} done, {counts['failed']} failed of {len(states)} cells; index in "
+        f"{out / 'index.json'}"
+    )
+    if counts["failed"]:
+        raise typer.Exit(1)
+
+
+@app.command()
 def inspect(
     run: Annotated[Path, typer.Argument(help="a run folder")],
     overrides: Annotated[
@@ -213,6 +274,25 @@ def inspect(
     out = Console()
     for part in render(report):
         out.print(part)
+
+
+@app.command()
+def report(
+    results: Annotated[Path, typer.Argument(help="a grid results folder (marlow grid --out)")],
+    out: Annotated[
+        Path | None,
+        typer.Option("-o", "--out", help="the HTML page (default: RESULTS/report.html)"),
+    ] = None,
+) -> None:
+    """Table 1, Table 2, IP-vs-SP figures and tests, signatures and detectors of a grid, as one
+    HTML page with CSV/JSON of every table beside it."""
+    from marlow.report import build_report
+
+    try:
+        page = build_report(results, out)
+    except _user_errors() as err:
+        _fail(str(err))
+    console.print(f"report written to {page}")
 
 
 class _progress:

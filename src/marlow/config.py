@@ -83,6 +83,21 @@ class WorkflowConfig(_Section):
             raise ValueError(f"unknown workflow {v!r}; valid: {', '.join(workflow_names())}")
         return v
 
+    @model_validator(mode="after")
+    def _params_fit(self) -> WorkflowConfig:
+        import inspect
+
+        from marlow.workflows.spec import workflow_factory
+
+        accepted = list(inspect.signature(workflow_factory(self.name)).parameters)
+        unknown = sorted(set(self.params) - set(accepted))
+        if unknown:
+            raise ValueError(
+                f"workflow {self.name} has no parameter {', '.join(unknown)}; "
+                f"valid: {', '.join(accepted) or 'none'}"
+            )
+        return self
+
 
 class PolicyConfig(_Section):
     routing: Literal["sp", "ip", "map", "base"] = "ip"

@@ -45,6 +45,8 @@ def test_overrides_nest_and_parse_values():
         ),
         ("grpo.aggregation=mean", "valid: token-mean, seq-mean-token-mean, seq-mean-token-sum"),
         ("policy.routing=shared", "'policy.routing'"),
+        ("workflow.params={m: 2}", "workflow voting has no parameter m; valid: n"),
+        ("detect.on_alarm=panic", "'detect.on_alarm'"),
         ("preset=huge", "valid: paper, tiny"),
         ("optim.lr", "must look like key=value"),
     ],

@@ -70,22 +70,36 @@ class JsonlSink:
             os.fsync(f.fileno())
 
     def truncate_after(self, step: int) -> None:
-        """Drop records of steps after ``step`` (a resumed run redoes them)."""
+        """Drop records of steps after ``step`` (a resumed run redoes them), and a last line a
+        killed run left half-written."""
         if not self.path.exists():
             return
-        kept = [
-            line
-            for line in self.path.read_text().splitlines()
-            if line and json.loads(line).get("step", 0) <= step
-        ]
+        kept = []
+        for line in self.path.read_text().splitlines():
+            record = _parse(line)
+            if record is not None and record.get("step", 0) <= step:
+                kept.append(line)
         write_text(self.path, "".join(line + "\n" for line in kept))
 
 
+def _parse(line: str) -> dict | None:
+    """A record, or None for a blank or half-written line."""
+    try:
+        return json.loads(line) if line.strip() else None
+    except json.JSONDecodeError:
+        return None
+
+
 def read_jsonl(path: Path) -> Iterable[dict]:
-    with path.open() as f:
-        for line in f:
-            if line.strip():
-                yield json.loads(line)
+    """The records of a JSONL file. A half-written last line (a run being written or killed
+    mid-write) is left out; a malformed line anywhere else is an error."""
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    for n, line in enumerate(lines, 1):
+        record = _parse(line)
+        if record is None and n < len(lines):
+            raise ValueError(f"{path}: line {n} is not JSON")
+        if record is not None:
+            yield record
 
 
 # -- shared helpers -----------------------------------------------------------------------------

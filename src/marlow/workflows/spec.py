@@ -94,12 +94,17 @@ def workflow_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def build_workflow(name: str, **params: Any) -> WorkflowSpec:
-    """The spec of workflow ``name``, with its count parameters (e.g. ``rounds=2``)."""
+def workflow_factory(name: str) -> WorkflowFactory:
     if name not in _REGISTRY:
         raise ValueError(f"workflow {name!r} is unknown; valid: {', '.join(workflow_names())}")
+    return _REGISTRY[name]
+
+
+def build_workflow(name: str, **params: Any) -> WorkflowSpec:
+    """The spec of workflow ``name``, with its count parameters (e.g. ``rounds=2``)."""
+    factory = workflow_factory(name)
     try:
-        return _REGISTRY[name](**params)
+        return factory(**params)
     except TypeError as err:
         raise ValueError(f"workflow {name!r} got bad parameters {params}: {err}") from None
 

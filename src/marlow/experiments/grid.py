@@ -1,0 +1,238 @@
+"""Grids (SPEC §6): axes and shared settings in one YAML file, expanded to named cells.
+
+A grid file::
+
+    workflows: [voting, eval_opt, orch_workers]   # the multi-agent workflows to train
+    policies: [ip, sp]
+    scales: [tiny-s, tiny-m]                       # tiny scales or Hugging Face ids / paths
+    tasks: [math, code]
+    seeds: [0, 1]
+    controls: [base, sa-rl, transfer]              # any of these; default: base and sa-rl
+    settings: {steps: 24, optim: {lr: 1e-3}}       # config for every cell (preset default: tiny)
+
+expands to, for every (task, scale, seed):
+
+* one **trained** cell per (workflow, policy): ``Voting-IP-tiny-s-Math``;
+* **base** controls: every workflow of the grid (and Single when SA-RL is on) on the untrained
+  model, validation only: ``Voting-Base-tiny-s-Math``;
+* the **SA-RL** control: Single trained with the same settings: ``Single-SA-tiny-s-Math``;
+* **transfer** diagnostics: the SA-RL adapter on the generator role of each multi-agent workflow,
+  every other role on the base, validation only: ``Voting-Transfer-tiny-s-Math`` (runs after its
+  SA-RL cell).
+
+Names follow SPEC §1, ``{Workflow}-{Policy}-{Scale}-{Task}[-s{seed}]``; the seed suffix is
+written when the grid has more than one seed. Choices of marlow: ``single`` in ``workflows``
+adds no trained cells of its own (under one role, SP and IP are the same run: it *is* the SA-RL
+control, which it switches on); a Hugging Face scale is named by its last path part without a
+``Qwen3-`` prefix (``Qwen/Qwen3-1.7B`` -> ``1.7B``). Settings are layered preset -> ``settings``
+-> the cell's own axes, and every cell is validated when the grid is loaded, so a bad grid
+fails before anything runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from marlow.config import ConfigError, RunConfig, merge, resolve
+
+WORKFLOW_TITLES = {
+    "single": "Single",
+    "eval_opt": "Eval-Opt",
+    "voting": "Voting",
+    "orch_workers": "Orch-Workers",
+}
+POLICY_TITLES = {"ip": "IP", "sp": "SP", "base": "Base", "sa-rl": "SA", "transfer": "Transfer"}
+CONTROLS = ("base", "sa-rl", "transfer")
+Kind = Literal["trained", "base", "sa-rl", "transfer"]
+
+
+class GridSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    workflows: list[str] = Field(default_factory=lambda: ["voting"], min_length=1)
+    policies: list[Literal["ip", "sp"]] = Field(default_factory=lambda: ["ip", "sp"])
+    scales: list[str] = Field(default_factory=lambda: ["tiny-s"], min_length=1)
+    tasks: list[Literal["math", "code"]] = Field(default_factory=lambda: ["math"], min_length=1)
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    controls: list[Literal["base", "sa-rl", "transfer"]] = Field(
+        default_factory=lambda: ["base", "sa-rl"]
+    )
+    settings: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("workflows")
+    @classmethod
+    def _known(cls, v: list[str]) -> list[str]:
+        unknown = [w for w in v if w not in WORKFLOW_TITLES]
+        if unknown:
+            raise ValueError(
+                f"unknown workflow {unknown[0]!r}; valid: {', '.join(WORKFLOW_TITLES)}"
+            )
+        return v
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of a grid: its name, what it is, and its resolved config."""
+
+    name: str
+    kind: Kind
+    workflow: str
+    policy: str  # ip | sp | base | sa-rl | transfer
+    scale: str
+    task: str
+    seed: int
+    config: RunConfig = field(repr=False, compare=False)
+    needs: tuple[str, ...] = ()  # cells that must finish first (a transfer needs its SA-RL)
+
+    def describe(self) -> dict[str, Any]:
+        """The cell's identity as stored in ``cell.json`` (everything but the config)."""
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "workflow": self.workflow,
+            "policy": self.policy,
+            "scale": self.scale,
+            "task": self.task,
+            "seed": self.seed,
+            "needs": list(self.needs),
+        }
+
+
+def scale_title(scale: str) -> str:
+    name = Path(scale).name if "/" in scale else scale
+    return name.removeprefix("Qwen3-")
+
+
+def cell_name(workflow: str, policy: str, scale: str, task: str, seed: int | None) -> str:
+    parts = [WORKFLOW_TITLES[workflow], POLICY_TITLES[policy], scale_title(scale), task.title()]
+    return "-".join(parts) + (f"-s{seed}" if seed is not None else "")
+
+
+def load_grid(path: str | Path) -> GridSpec:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"grid file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"grid file {path} is not valid YAML: {err}") from None
+    return parse_grid(data, str(path))
+
+
+def parse_grid(data: dict[str, Any], where: str = "grid") -> GridSpec:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: a grid is a mapping of axes; valid keys: {_keys()}")
+    try:
+        return GridSpec.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        if first["type"] == "extra_forbidden":
+            raise ConfigError(f"{where}: grid key {loc!r} is unknown; valid: {_keys()}") from None
+        raise ConfigError(f"{where}: grid key {loc!r}: {first['msg']}") from None
+
+
+def _keys() -> str:
+    return ", ".join(GridSpec.model_fields)
+
+
+def expand(grid: GridSpec) -> list[Cell]:
+    """Every cell of the grid, controls included, in a stable order (trained cells first, so a
+    partial grid has the comparisons before the controls)."""
+    trained: list[Cell] = []
+    controls: list[Cell] = []
+    for task in grid.tasks:
+        for scale in grid.scales:
+            for seed in grid.seeds:
+                point = _Point(grid, task, scale, seed)
+                trained += point.trained()
+                controls += point.controls()
+    cells = trained + controls
+    seen: set[str] = set()
+    for c in cells:
+        if c.name in seen:
+            raise ConfigError(f"two cells are both named {c.name}; make the axes distinct")
+        seen.add(c.name)
+    return cells
+
+
+@dataclass(frozen=True)
+class _Point:
+    """One (task, scale, seed) of a grid: its trained cells and its controls."""
+
+    grid: GridSpec
+    task: str
+    scale: str
+    seed: int
+
+    @property
+    def multi(self) -> list[str]:
+        return [w for w in self.grid.workflows if w != "single"]
+
+    @property
+    def sa_rl(self) -> bool:
+        g = self.grid
+        return "sa-rl" in g.controls or "single" in g.workflows or "transfer" in g.controls
+
+    def name(self, workflow: str, policy: str) -> str:
+        suffix = self.seed if len(self.grid.seeds) > 1 else None
+        return cell_name(workflow, policy, self.scale, self.task, suffix)
+
+    def cell(self, kind: Kind, workflow: str, title: str, needs=(), **over: Any) -> Cell:
+        """A cell named ``{workflow}-{title}-...``; ``over`` are its own config settings."""
+        name = self.name(workflow, title)
+        settings = self.grid.settings
+        config = merge(
+            merge({} if "preset" in settings else {"preset": "tiny"}, settings),
+            {
+                "seed": self.seed,
+                "model": {"name": self.scale},
+                "task": {"name": self.task},
+                "workflow": {"name": workflow},
+                **over,
+            },
+        )
+        try:
+            resolved = resolve(config)
+        except ConfigError as err:
+            raise ConfigError(f"cell {name}: {err}") from None
+        return Cell(
+            name, kind, workflow, title, self.scale, self.task, self.seed, resolved, tuple(needs)
+        )
+
+    def trained(self) -> list[Cell]:
+        return [
+            self.cell("trained", w, p, policy={"routing": p})
+            for w in self.multi
+            for p in self.grid.policies
+        ]
+
+    def controls(self) -> list[Cell]:
+        out: list[Cell] = []
+        if self.sa_rl:
+            out.append(self.cell("sa-rl", "single", "sa-rl", policy={"routing": "ip"}))
+        if "base" in self.grid.controls:
+            for w in (["single"] if self.sa_rl else []) + self.multi:
+                out.append(self.cell("base", w, "base", policy={"routing": "base"}, steps=0))
+        if "transfer" in self.grid.controls:
+            sa_name = self.name("single", "sa-rl")
+            for w in self.multi:
+                routing = {"routing": "map", "role_map": _transfer_map(w)}
+                out.append(
+                    self.cell("transfer", w, "transfer", (sa_name,), policy=routing, steps=0)
+                )
+        return out
+
+
+def _transfer_map(workflow: str) -> dict[str, str]:
+    """Generator -> the SA-RL adapter (named ``generator``: Single under IP), the rest on base."""
+    from marlow.types import BASE
+    from marlow.workflows import build_workflow
+
+    roles = build_workflow(workflow).roles
+    return {r: ("generator" if r == "generator" else BASE) for r in roles}

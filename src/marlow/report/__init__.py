@@ -1,0 +1,29 @@
+"""Reports of grid results folders (SPEC §6): ``marlow report DIR`` is :func:`build_report`.
+
+* :mod:`~marlow.report.results`: read the folder, one :class:`CellRun` per finished cell, with
+  ``runstats`` and the detectors computed once;
+* :mod:`~marlow.report.tables` (Table 1, delta vs base, paired test, instability) and
+  :mod:`~marlow.report.runtables` (Table 2, signatures, detector verdicts);
+* :mod:`~marlow.report.stats`: mean / sd / n over seeds and the sign-flip permutation test;
+* :mod:`~marlow.report.figures`: the PNG figures; :mod:`~marlow.report.html`: page and CSV;
+* :mod:`~marlow.report.build`: everything computed, then written atomically.
+"""
+
+from marlow.report.build import Report, build_report, make_report
+from marlow.report.results import CellId, CellRun, Results, load_results
+from marlow.report.stats import paired_test, sign_flip_p, summarize
+from marlow.report.tables import Table
+
+__all__ = [
+    "CellId",
+    "CellRun",
+    "Report",
+    "Results",
+    "Table",
+    "build_report",
+    "load_results",
+    "make_report",
+    "paired_test",
+    "sign_flip_p",
+    "summarize",
+]

@@ -1,0 +1,151 @@
+"""``marlow report DIR``: every table and figure of a grid results folder, written to disk.
+
+:func:`make_report` computes (nothing written); :func:`build_report` writes, for
+``out = DIR/report.html`` (the default):
+
+* ``report.html``: the page, self-contained (figures embedded);
+* ``report.json``: every table (title, note, columns, rows) and the figure list, with NaN and
+  infinities written as ``null`` so any JSON reader takes it;
+* ``report/<table id>.csv`` for every table and ``report/<figure id>.png`` for every figure
+  (the folder is named after the page without its suffix).
+
+Every file is written atomically (``marlow.fileio``: a ``.tmp`` sibling, then ``os.replace``), the
+page last, so a reader never sees half a file and a present page means a complete report. Choices
+of marlow: the default place is inside the results folder; the output path must end in
+``.html`` (or ``.htm``), so that the page, its JSON and its folder cannot collide.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from marlow.config import ConfigError
+from marlow.fileio import write_json, write_text
+from marlow.report.figures import (
+    Plot,
+    delta_figure,
+    dynamics_figures,
+    instability_figure,
+    scatter_figure,
+)
+from marlow.report.html import page, table_csv
+from marlow.report.results import Results, load_results
+from marlow.report.runtables import detectors_table, signatures_table, table2
+from marlow.report.tables import (
+    Table,
+    cells_table,
+    delta_table,
+    instability_table,
+    matched_pairs,
+    missing_table,
+    paired_table,
+    table1,
+)
+
+
+@dataclass
+class Report:
+    results: Results
+    tables: dict[str, Table]  # id -> table, in page order
+    plots: dict[str, Plot]  # id -> figure, in page order
+    sections: list[tuple[str, str, list[str]]]  # (anchor, heading, table and figure ids)
+
+    @property
+    def summary(self) -> str:
+        res = self.results
+        return (
+            f"{res.root}: {len(res.ids) + _unidentified(res)} cells, {len(res.runs)} done, "
+            f"{len(res.missing)} missing; {len(matched_pairs(res))} matched IP/SP pairs"
+        )
+
+
+def _unidentified(res: Results) -> int:
+    """Missing cells whose index entry had no identity (they are not in ``res.ids``)."""
+    known = {i.name for i in res.ids}
+    return sum(1 for m in res.missing if m["name"] not in known)
+
+
+def make_report(results_dir: str | Path) -> Report:
+    """Load ``results_dir`` and compute every table and figure."""
+    res = load_results(results_dir)
+    delta, inst = delta_table(res), instability_table(res)
+    tables = [
+        cells_table(res),
+        missing_table(res),
+        table1(res),
+        delta,
+        paired_table(res),
+        inst,
+        table2(res),
+        signatures_table(res),
+        detectors_table(res),
+    ]
+    dynamics = dynamics_figures(res)
+    plots = [delta_figure(delta), scatter_figure(res), *dynamics, instability_figure(inst)]
+    sections = [
+        ("sec-cells", "Cells", ["table-cells", "table-missing"]),
+        ("sec-table1", "Table 1: peak accuracy and residuals vs SA-RL", ["table1"]),
+        ("sec-delta", "Delta against the base", ["table-delta", "fig-delta"]),
+        ("sec-ip-sp", "IP vs SP", ["fig-scatter", "table-paired"]),
+        ("sec-dynamics", "Training dynamics", [p.id for p in dynamics]),
+        ("sec-instability", "Instability amplitude", ["fig-instability", "table-instability"]),
+        ("sec-table2", "Table 2: per-role peak-over-first ratios", ["table2"]),
+        ("sec-signatures", "Trajectory signatures", ["table-signatures"]),
+        ("sec-detectors", "Detector verdicts", ["table-detectors"]),
+    ]
+    return Report(res, {t.id: t for t in tables}, {p.id: p for p in plots}, sections)
+
+
+def _finite(obj: object) -> object:
+    """``obj`` with every NaN / infinity replaced by None (strict JSON)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _write_bytes(path: Path, data: bytes) -> Path:
+    """Atomic like ``marlow.fileio.write_text``, for PNG bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    return path
+
+
+def build_report(results_dir: str | Path, out_html: str | Path | None = None) -> Path:
+    """Write the report of ``results_dir`` (default ``results_dir/report.html``); return the
+    page's path. Raises FileNotFoundError / ConfigError for a folder without a grid index."""
+    out = Path(out_html) if out_html is not None else Path(results_dir) / "report.html"
+    if out.suffix.lower() not in (".html", ".htm"):
+        raise ConfigError(f"report output {out} must end in .html (its CSV folder is beside it)")
+    report = make_report(results_dir)
+    folder = out.with_suffix("")
+    for t in report.tables.values():
+        write_text(folder / f"{t.id}.csv", table_csv(t))
+    for p in report.plots.values():
+        _write_bytes(folder / f"{p.id}.png", p.png)
+    payload = {
+        "results_dir": str(report.results.root),
+        "summary": report.summary,
+        "grid": report.results.grid,
+        "tables": {
+            t.id: {"title": t.title, "note": t.note, "columns": t.columns, "rows": t.rows}
+            for t in report.tables.values()
+        },
+        "figures": [
+            {"id": p.id, "title": p.title, "caption": p.caption, "png": f"{folder.name}/{p.id}.png"}
+            for p in report.plots.values()
+        ],
+    }
+    write_json(out.with_suffix(".json"), _finite(payload))
+    items = {**report.tables, **report.plots}
+    sections = [(a, h, [items[i] for i in ids]) for a, h, ids in report.sections]
+    write_text(out, page("marlow report", report.summary, sections))
+    return out

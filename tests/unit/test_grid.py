@@ -1,0 +1,191 @@
+"""Grid expansion and naming, bad grids, and the runner's skip / retry / dependency logic (driven
+here by an in-process pool that only pretends to train)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from marlow.config import ConfigError
+from marlow.experiments.grid import cell_name, expand, load_grid, parse_grid
+from marlow.experiments.runner import Results, _drive, plan_workers
+from marlow.types import BASE
+
+
+def names(grid: dict) -> list[str]:
+    return [c.name for c in expand(parse_grid(grid))]
+
+
+def test_one_seed_grid_names_cells_as_the_spec_says():
+    cells = expand(parse_grid({"workflows": ["voting"], "controls": ["base", "sa-rl"]}))
+    assert [c.name for c in cells] == [
+        "Voting-IP-tiny-s-Math",
+        "Voting-SP-tiny-s-Math",
+        "Single-SA-tiny-s-Math",
+        "Single-Base-tiny-s-Math",
+        "Voting-Base-tiny-s-Math",
+    ]
+    kinds = {c.name: (c.kind, c.config.policy.routing, c.config.steps) for c in cells}
+    assert kinds["Voting-SP-tiny-s-Math"] == ("trained", "sp", 24)  # the tiny preset's steps
+    assert kinds["Single-SA-tiny-s-Math"] == ("sa-rl", "ip", 24)
+    assert kinds["Voting-Base-tiny-s-Math"] == ("base", "base", 0)
+
+
+def test_axes_multiply_and_several_seeds_get_a_suffix():
+    grid = {
+        "workflows": ["voting", "eval_opt", "orch_workers"],
+        "scales": ["tiny-s", "tiny-m"],
+        "tasks": ["math", "code"],
+        "seeds": [0, 1],
+        "controls": [],
+    }
+    got = names(grid)
+    assert len(got) == 3 * 2 * 2 * 2 * 2  # workflows x policies x scales x tasks x seeds
+    assert "Orch-Workers-SP-tiny-m-Code-s1" in got and "Eval-Opt-IP-tiny-s-Math-s0" in got
+    assert len(set(got)) == len(got)
+
+
+def test_single_in_workflows_is_the_sa_rl_control_not_two_identical_runs():
+    got = names({"workflows": ["single", "voting"], "controls": []})
+    assert got == ["Voting-IP-tiny-s-Math", "Voting-SP-tiny-s-Math", "Single-SA-tiny-s-Math"]
+
+
+def test_transfer_cells_put_the_sa_rl_adapter_on_the_generator_only():
+    cells = expand(
+        parse_grid({"workflows": ["eval_opt"], "seeds": [3, 4], "controls": ["transfer"]})
+    )
+    transfer = [c for c in cells if c.kind == "transfer"]
+    assert [c.name for c in transfer] == [
+        "Eval-Opt-Transfer-tiny-s-Math-s3",
+        "Eval-Opt-Transfer-tiny-s-Math-s4",
+    ]
+    t = transfer[1]
+    assert t.needs == ("Single-SA-tiny-s-Math-s4",) and t.config.steps == 0
+    assert t.config.policy.routing == "map"
+    assert t.config.policy.role_map == {"generator": "generator", "evaluator": BASE}
+    assert "Single-SA-tiny-s-Math-s4" in [c.name for c in cells]  # transfer brings its SA-RL
+
+
+def test_settings_layer_under_the_axes():
+    cells = expand(
+        parse_grid({"workflows": ["voting"], "seeds": [7], "settings": {"steps": 5, "seed": 1}})
+    )
+    assert all(c.config.steps in (5, 0) and c.config.seed == 7 for c in cells)
+
+
+def test_hugging_face_scales_are_named_by_size():
+    assert cell_name("voting", "ip", "Qwen/Qwen3-1.7B", "math", None) == "Voting-IP-1.7B-Math"
+    assert cell_name("orch_workers", "sp", "tiny-l", "code", 2) == "Orch-Workers-SP-tiny-l-Code-s2"
+
+
+@pytest.mark.parametrize(
+    ("grid", "needle"),
+    [
+        ({"workflow": ["voting"]}, "grid key 'workflow' is unknown; valid: workflows, policies"),
+        ({"workflows": ["debate"]}, "unknown workflow 'debate'; valid: single, eval_opt"),
+        ({"policies": ["shared"]}, "grid key 'policies.0'"),
+        ({"controls": ["oracle"]}, "grid key 'controls.0'"),
+        (
+            {"settings": {"optim": {"lr": -1}}},
+            "cell Voting-IP-tiny-s-Math: config field 'optim.lr'",
+        ),
+        ({"scales": ["tiny-x"], "controls": []}, None),  # unknown model: caught when loading it
+    ],
+)
+def test_bad_grids_fail_in_one_line_naming_the_key(grid, needle):
+    if needle is None:
+        assert names(grid) == ["Voting-IP-tiny-x-Math", "Voting-SP-tiny-x-Math"]
+        return
+    with pytest.raises(ConfigError) as err:
+        expand(parse_grid(grid))
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_load_grid_reads_yaml_and_rejects_a_missing_file(tmp_path):
+    path = tmp_path / "g.yaml"
+    path.write_text("workflows: [voting]\npolicies: [sp]\ncontrols: []\n")
+    assert [c.name for c in expand(load_grid(path))] == ["Voting-SP-tiny-s-Math"]
+    with pytest.raises(FileNotFoundError):
+        load_grid(tmp_path / "nope.yaml")
+
+
+def test_workers_follow_cores_and_memory():
+    cells = expand(parse_grid({"workflows": ["voting"], "seeds": [0, 1, 2]}))
+    assert plan_workers(cells, cores=2, mem_gib=24) == 2
+    assert plan_workers(cells, cores=16, mem_gib=24) == 12  # 24 * 0.8 / 1.5 GiB per tiny cell
+    assert plan_workers(cells[:1], cores=16, mem_gib=24) == 1
+    assert plan_workers(cells, cores=2, mem_gib=1) == 1
+
+
+class FakePool:
+    """Runs 'cells' in-process: writes DONE, or raises for the names in ``fail``."""
+
+    def __init__(self, results: Results, fail: set[str], workers: int = 2) -> None:
+        self.workers, self.results, self.fail = workers, results, fail
+        self.submitted: list[str] = []
+        self.peak = 0
+
+    def submit(self, cell, args):
+        self.submitted.append(cell.name)
+        return cell.name
+
+    def wait(self, handles, timeout):
+        self.peak = max(self.peak, len(handles))
+        return handles[:1]
+
+    def result(self, name):
+        if name in self.fail:
+            raise RuntimeError(f"{name} broke\nsecond line")
+        folder = self.results.dir(name)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "DONE").write_text("done\n")
+        return name
+
+    def close(self):
+        pass
+
+
+def drive(tmp_path, grid: dict, fail=(), done=()):
+    spec = parse_grid(grid)
+    cells = expand(spec)
+    for name in done:
+        (tmp_path / "cells" / name).mkdir(parents=True)
+        (tmp_path / "cells" / name / "DONE").write_text("done\n")
+    results = Results(tmp_path, cells, spec)
+    pool = FakePool(results, set(fail))
+    todo = [c for c in cells if results.state[c.name] != "done"]
+    _drive(pool, todo, results, 1, lambda _m: None, None)
+    index = json.loads((tmp_path / "index.json").read_text())["cells"]
+    return pool, index
+
+
+def test_finished_cells_are_skipped_and_the_rest_run_two_at_a_time(tmp_path):
+    grid = {"workflows": ["voting"], "controls": ["base", "sa-rl"]}
+    pool, index = drive(tmp_path, grid, done=["Voting-IP-tiny-s-Math", "Voting-Base-tiny-s-Math"])
+    assert pool.submitted == [
+        "Voting-SP-tiny-s-Math",
+        "Single-SA-tiny-s-Math",
+        "Single-Base-tiny-s-Math",
+    ]
+    assert pool.peak == 2
+    assert {v["state"] for v in index.values()} == {"done"}
+
+
+def test_a_failed_cell_does_not_stop_the_grid_and_blocks_its_transfers(tmp_path):
+    grid = {"workflows": ["voting", "eval_opt"], "policies": ["ip"], "controls": ["transfer"]}
+    pool, index = drive(tmp_path, grid, fail={"Single-SA-tiny-s-Math"})
+    assert index["Single-SA-tiny-s-Math"]["state"] == "failed"
+    assert index["Single-SA-tiny-s-Math"]["error"] == "RuntimeError: Single-SA-tiny-s-Math broke"
+    for name in ("Voting-Transfer-tiny-s-Math", "Eval-Opt-Transfer-tiny-s-Math"):
+        assert index[name]["state"] == "failed"
+        assert index[name]["error"] == "needs Single-SA-tiny-s-Math, which failed"
+        assert name not in pool.submitted
+    assert index["Voting-IP-tiny-s-Math"]["state"] == "done"
+    assert (tmp_path / "cells" / "Single-SA-tiny-s-Math" / "error.txt").exists()
+
+
+def test_transfer_waits_for_its_sa_rl_cell(tmp_path):
+    grid = {"workflows": ["voting"], "policies": [], "controls": ["transfer"]}
+    pool, _ = drive(tmp_path, grid)
+    assert pool.submitted == ["Single-SA-tiny-s-Math", "Voting-Transfer-tiny-s-Math"]

@@ -139,6 +139,7 @@ def quickstart(
     steps: Annotated[
         int | None, typer.Option(help="training steps per cell (default: tiny preset)")
     ] = None,
+    task: Annotated[str, typer.Option(help="the tiny world: math or code")] = "math",
 ) -> None:
     """Pre-train the tiny model, train Voting-IP, Voting-SP and SA-RL, compare with the base."""
     from marlow.config import parse_overrides
@@ -163,7 +164,13 @@ def quickstart(
         try:
             settings = parse_overrides(overrides or [])
             summary = run_quickstart(
-                out, seed=seed, steps=steps, settings=settings, log=_log, on_progress=on_progress
+                out,
+                seed=seed,
+                steps=steps,
+                settings=settings,
+                task=task,
+                log=_log,
+                on_progress=on_progress,
             )
         except _user_errors() as err:
             _fail(str(err))

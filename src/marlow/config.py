@@ -45,28 +45,54 @@ class ModelConfig(_Section):
 
 
 MATH_DATASETS = ("gsm8k", "math500", "dapo")
+CODE_DATASETS = ("humaneval", "deepcoder")
+DEEPCODER_SUBSETS = ("primeintellect", "taco", "lcbv5", "codeforces")
+TINY_CODE_MAX_VAL = 1000  # marlow.tiny.codegen.MAX_VAL (not imported: config stays light)
 
 
 class TaskConfig(_Section):
-    name: Literal["math"] = "math"
+    name: Literal["math", "code"] = Field("math", description="math or code (SPEC §3)")
     source: str = Field("tiny", description="tiny, or a .jsonl/.jsonl.gz/.parquet path or hub id")
-    dataset: str | None = Field(None, description="the source's format: gsm8k, math500 or dapo")
+    dataset: str | None = Field(
+        None,
+        description="the source's format: gsm8k, math500 or dapo (math); humaneval or "
+        "deepcoder (code)",
+    )
+    subset: str | None = Field(
+        None, description="deepcoder only: primeintellect, taco, lcbv5 or codeforces"
+    )
     split_seed: int = Field(0, description="seed of the fixed train/validation split of a dataset")
     val_size: int = Field(500, ge=1)
-    format_penalty: float = Field(-0.1, le=0.0)
+    format_penalty: float = Field(-0.1, le=0.0, description="math: reward of an unboxed answer")
+    code_timeout_s: float | None = Field(
+        None, gt=0.0, description="code: seconds per hidden test; None: 2 (tiny), 6 (datasets)"
+    )
 
     @model_validator(mode="after")
     def _dataset_fits_source(self) -> TaskConfig:
+        valid = MATH_DATASETS if self.name == "math" else CODE_DATASETS
         if self.source == "tiny":
             if self.dataset is not None:
                 raise ValueError(
                     "task.dataset is only for a file or hub source; task.source is tiny"
                 )
-        elif self.dataset not in MATH_DATASETS:
+            if self.name == "code" and self.val_size > TINY_CODE_MAX_VAL:
+                raise ValueError(
+                    f"task.val_size is {self.val_size}; the tiny code world has at most "
+                    f"{TINY_CODE_MAX_VAL} validation problems"
+                )
+        elif self.dataset not in valid:
             raise ValueError(
-                f"task.dataset is {self.dataset!r} for source {self.source!r}; "
-                f"valid: {', '.join(MATH_DATASETS)}"
+                f"task.dataset is {self.dataset!r} for task {self.name} and source "
+                f"{self.source!r}; valid: {', '.join(valid)}"
             )
+        if self.dataset == "deepcoder" and self.subset not in DEEPCODER_SUBSETS:
+            raise ValueError(
+                f"task.subset is {self.subset!r} for deepcoder; valid: "
+                f"{', '.join(DEEPCODER_SUBSETS)}"
+            )
+        if self.subset is not None and self.dataset != "deepcoder":
+            raise ValueError("task.subset is only for task.dataset deepcoder")
         return self
 
 

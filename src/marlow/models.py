@@ -1,7 +1,8 @@
 """Loading the frozen base model and its tokenizer: a tiny scale or a Hugging Face id/path.
 
 A tiny scale name (``tiny-s``, ``tiny-m``, ``tiny-l``) is pre-trained on first use and cached
-(``marlow.tiny.pretrain``). Anything else goes to ``from_pretrained``; when that fails offline the
+(``marlow.tiny.pretrain``), one model per task (the math and the code world each have their own
+corpus). Anything else goes to ``from_pretrained``; when that fails offline the
 error says so in one line instead of a deep traceback.
 """
 
@@ -29,12 +30,13 @@ def prompt_style(name: str) -> str:
     return "tiny" if is_tiny(name) else "chat"
 
 
-def load_base(config: ModelConfig, log: Callable[[str], None] | None = None):
-    """(model, tokenizer) with every base weight frozen."""
+def load_base(config: ModelConfig, log: Callable[[str], None] | None = None, task: str = "math"):
+    """(model, tokenizer) with every base weight frozen. ``task`` picks the tiny world's
+    pre-training corpus (ignored for a Hugging Face model)."""
     if is_tiny(config.name):
         from marlow.tiny.pretrain import load_tiny, pretrain_tiny
 
-        path = pretrain_tiny(config.name, steps=config.pretrain_steps, log=log)
+        path = pretrain_tiny(config.name, steps=config.pretrain_steps, log=log, task=task)
         model, tokenizer = load_tiny(path)
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -8,6 +8,10 @@
 
 Cells run in parallel worker processes when the machine has the cores (one torch thread each);
 each cell is an ordinary run folder under ``cells/``.
+
+``task="code"`` runs the same four cells on the tiny code world (its own pre-trained model,
+``marlow.tiny.codecorpus``) with :data:`CODE_SETTINGS` under the tiny preset; cells are named
+``...-Code``.
 """
 
 from __future__ import annotations
@@ -27,16 +31,28 @@ from marlow.train.trainer import Trainer, read_metrics
 Log = Callable[[str], None]
 
 SCALE = "tiny-s"  # the default; model.name=tiny-m (or tiny-l) in the settings picks another
+TASKS = ("math", "code")
+CODE_SETTINGS: dict = {
+    # 200 validation problems: grading runs programs in the sandbox (~20 ms of a core each)
+    "task": {"name": "code", "val_size": 200},
+    # a tiny code answer is at most ~100 characters, a synthesizer's ~120
+    "rollout": {"max_new_tokens": 128},
+}
 
 
 def cell_configs(
-    seed: int = 0, steps: int | None = None, settings: dict | None = None
+    seed: int = 0, steps: int | None = None, settings: dict | None = None, task: str = "math"
 ) -> dict[str, RunConfig]:
     """The four quickstart cells, named as SPEC §1 says. ``settings`` (nested dict) applies to
-    all; ``model.name`` may pick another tiny scale."""
+    all; ``model.name`` may pick another tiny scale; ``task`` is math or code."""
     from marlow.tiny.model import SCALES
 
-    common = {"preset": "tiny", "seed": seed, **(settings or {})}
+    if task not in TASKS:
+        raise ConfigError(f"quickstart task is {task!r}; valid: {', '.join(TASKS)}")
+    base = merge(CODE_SETTINGS, settings or {}) if task == "code" else dict(settings or {})
+    if base.get("task", {}).get("name", task) != task:
+        raise ConfigError(f"task.name {base['task']['name']!r} contradicts quickstart task {task}")
+    common = {"preset": "tiny", "seed": seed, **base}
     common["model"] = {"name": SCALE, **common.get("model", {})}
     scale = common["model"]["name"]
     if scale not in SCALES:
@@ -45,15 +61,16 @@ def cell_configs(
         )
     if steps is not None:
         common["steps"] = steps
+    t = task.capitalize()
     cells = {
-        f"Voting-Base-{scale}-Math": {
+        f"Voting-Base-{scale}-{t}": {
             "workflow": {"name": "voting"},
             "policy": {"routing": "base"},
             "steps": 0,
         },
-        f"Single-SA-{scale}-Math": {"workflow": {"name": "single"}, "policy": {"routing": "ip"}},
-        f"Voting-IP-{scale}-Math": {"workflow": {"name": "voting"}, "policy": {"routing": "ip"}},
-        f"Voting-SP-{scale}-Math": {"workflow": {"name": "voting"}, "policy": {"routing": "sp"}},
+        f"Single-SA-{scale}-{t}": {"workflow": {"name": "single"}, "policy": {"routing": "ip"}},
+        f"Voting-IP-{scale}-{t}": {"workflow": {"name": "voting"}, "policy": {"routing": "ip"}},
+        f"Voting-SP-{scale}-{t}": {"workflow": {"name": "voting"}, "policy": {"routing": "sp"}},
     }
     return {name: resolve(merge(common, over)) for name, over in cells.items()}
 
@@ -120,7 +137,7 @@ def gains_over_base(cells: dict[str, dict]) -> dict[str, dict[str, float]]:
     }
 
 
-def plot_curves(cells: dict[str, Path], path: Path) -> None:
+def plot_curves(cells: dict[str, Path], path: Path, task: str = "math") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -136,7 +153,7 @@ def plot_curves(cells: dict[str, Path], path: Path) -> None:
             ax.plot(steps, acc, marker="o", label=name)
     ax.set_xlabel("training step")
     ax.set_ylabel("validation accuracy")
-    ax.set_title("marlow quickstart: tiny math")
+    ax.set_title(f"marlow quickstart: tiny {task}")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -153,10 +170,12 @@ def quickstart(
     steps: int | None = None,
     workers: int | None = None,
     settings: dict | None = None,
+    task: str = "math",
     log: Log | None = None,
     on_progress: Callable[[str, int, int], None] | None = None,
 ) -> dict:
-    """Run the comparison; returns the summary written to ``out/summary.json``."""
+    """Run the comparison on the tiny ``task`` world (math or code); returns the summary
+    written to ``out/summary.json``."""
     log = log or (lambda _m: None)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -164,9 +183,9 @@ def quickstart(
     t0 = time.perf_counter()
     from marlow.tiny.pretrain import pretrain_tiny
 
-    configs = cell_configs(seed, steps, settings)
+    configs = cell_configs(seed, steps, settings, task)
     model = next(iter(configs.values())).model
-    pretrain_tiny(model.name, steps=model.pretrain_steps, log=log)
+    pretrain_tiny(model.name, steps=model.pretrain_steps, log=log, task=task)
     timings["pretrain_or_cache_s"] = time.perf_counter() - t0
     dirs = {name: out / "cells" / name for name in configs}
     # Every cell in its own process with one torch thread: tiny models gain nothing from
@@ -193,10 +212,10 @@ def quickstart(
                 for name, cfg in configs.items():
                     on_progress(name, last_step(dirs[name]), cfg.steps)
     timings["cells_s"] = time.perf_counter() - t1
-    summary = {"cells": summarize(dirs), "timings_s": timings}
+    summary = {"task": task, "cells": summarize(dirs), "timings_s": timings}
     summary["voting_gain_over_base"] = gains_over_base(summary["cells"])
     summary["timings_s"]["total_s"] = time.perf_counter() - t0
-    plot_curves(dirs, out / "val_curves.png")
+    plot_curves(dirs, out / "val_curves.png", task)
     tmp = out / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2))
     os.replace(tmp, out / "summary.json")

@@ -3,8 +3,12 @@
 Training batches are a pure function of (seed, step): a resumed run draws exactly the batches
 the uninterrupted run would have drawn, and the data cursor is just the step count.
 
-Sources: ``tiny`` (synthetic arithmetic, endless and seeded), or a dataset file / hub id read by
-``marlow.tasks.loaders`` (``task.dataset`` names its format). A dataset is split once, by
+Tasks: ``math`` (reward: ``marlow.rewards.grade_math`` against ``Problem.answer``) and ``code``
+(reward: ``marlow.rewards.code`` on the hidden tests in ``Problem.meta["tests"]``, through
+:class:`CodeGrader`). Sources: ``tiny`` (synthetic arithmetic, ``marlow.tiny.mathgen``, or
+synthetic code, ``marlow.tiny.codegen``; endless and seeded), or a dataset file / hub id read by
+``marlow.tasks.loaders`` (``task.dataset`` names its format; code: ``humaneval`` or
+``deepcoder`` with ``task.subset``). A dataset is split once, by
 ``task.split_seed``, into validation (``task.val_size`` problems) and train. Train batches walk
 the train problems in epochs, each epoch in its own seeded order; a batch may straddle two
 epochs. Choices of marlow, not fixed by the spec.
@@ -14,16 +18,80 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from types import ModuleType
 
 from marlow.config import ConfigError, TaskConfig
 from marlow.rewards.math import grade_math
 from marlow.types import Problem
 
+TINY_CODE_TIMEOUT_S = 2.0  # per hidden test: the tiny programs run in microseconds
+DATASET_CODE_TIMEOUT_S = 6.0  # marlow.rewards.code.DEFAULT_TIMEOUT_S
+
 
 def _grade_math(text: str, problem: Problem, format_penalty: float) -> float:
     return grade_math(text, problem.answer, format_penalty)
+
+
+class CodeGrader:
+    """The code reward as a picklable (text, problem) -> fraction of hidden tests passed.
+
+    Its cache maps (problem id, extracted program, exactly) to the reward, so a program written by
+    several slots or episodes, or graded again for per-role credit and Voting's extras, runs
+    once. ``prefetch`` grades many texts in one ``score_code_batch`` call (suite mode: one
+    sandbox run per program; the runs spread over the cores); the workflow engine calls it with
+    every text of a step before asking text by text. The cache keeps the newest ``cache_size``
+    entries; a text without code scores 0 without running anything.
+    """
+
+    def __init__(self, timeout_s: float, cache_size: int = 20_000, max_workers: int | None = None):
+        self.timeout_s = timeout_s
+        self.cache_size = cache_size
+        self.max_workers = max_workers
+        self._cache: OrderedDict[tuple[str, str], float] = OrderedDict()
+
+    def _key(self, text: str, problem: Problem) -> tuple[str, str] | None:
+        from marlow.rewards.code import extract_code
+
+        program = extract_code(text)
+        return None if program is None else (problem.id, program)
+
+    def prefetch(self, pairs: Sequence[tuple[str, Problem]]) -> None:
+        """Grade every (text, problem) not in the cache yet, in one batch."""
+        from marlow.rewards.code import score_code_batch
+
+        todo: dict[tuple[str, str], tuple[str, object]] = {}
+        for text, problem in pairs:
+            key = self._key(text, problem)
+            if key is not None and key not in self._cache and key not in todo:
+                todo[key] = (text, problem.meta["tests"])
+        if not todo:
+            return
+        scores = score_code_batch(
+            list(todo.values()),
+            suite=True,
+            timeout_s=self.timeout_s,
+            max_workers=self.max_workers,
+        )
+        for key, score in zip(todo, scores, strict=True):
+            self._remember(key, score.reward)
+
+    def _remember(self, key: tuple[str, str], reward: float) -> None:
+        self._cache[key] = reward
+        self._cache.move_to_end(key)
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+
+    def __call__(self, text: str, problem: Problem) -> float:
+        key = self._key(text, problem)
+        if key is None:
+            return 0.0
+        if key not in self._cache:
+            self.prefetch([(text, problem)])
+        return self._cache[key]
 
 
 @dataclass
@@ -35,13 +103,26 @@ class Task:
 
     def grader(self):
         """A picklable (text, problem) -> reward function."""
+        if self.name == "code":
+            timeout = self.config.code_timeout_s or (
+                TINY_CODE_TIMEOUT_S if self.config.source == "tiny" else DATASET_CODE_TIMEOUT_S
+            )
+            return CodeGrader(timeout)
         return partial(_grade_math, format_penalty=self.config.format_penalty)
+
+    def _generator(self) -> ModuleType:
+        """The tiny world's problem module of this task."""
+        if self.name == "code":
+            from marlow.tiny import codegen
+
+            return codegen
+        from marlow.tiny import mathgen
+
+        return mathgen
 
     def train_batch(self, seed: int, step: int, size: int) -> list[Problem]:
         if self.config.source == "tiny":
-            from marlow.tiny.mathgen import train_problems
-
-            stream = train_problems(seed=seed * 100_003 + step)
+            stream = self._generator().train_problems(seed=seed * 100_003 + step)
             return list(itertools.islice(stream, size))
         n = len(self._train)
         out = []
@@ -52,9 +133,7 @@ class Task:
 
     def val_problems(self) -> list[Problem]:
         if self.config.source == "tiny":
-            from marlow.tiny.mathgen import val_problems
-
-            return val_problems(self.config.val_size)
+            return self._generator().val_problems(self.config.val_size)
         return list(self._val)
 
 
@@ -70,7 +149,8 @@ def build_task(config: TaskConfig) -> Task:
     from marlow.tasks.loaders import DatasetError, load, split
 
     try:
-        problems, _report = load(config.dataset, config.source)
+        kwargs = {"subset": config.subset} if config.dataset == "deepcoder" else {}
+        problems, _report = load(config.dataset, config.source, **kwargs)
         if len(problems) <= config.val_size:
             raise DatasetError(
                 f"task.val_size is {config.val_size} but {config.source} has only "

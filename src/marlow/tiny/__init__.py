@@ -4,7 +4,10 @@
 * :mod:`~marlow.tiny.model`: three named scales (``tiny-s``, ``tiny-m``, ``tiny-l``);
 * :mod:`~marlow.tiny.mathgen`: synthetic integer arithmetic, its splits and a reference solver;
 * :mod:`~marlow.tiny.corpus`: role-format examples with imperfect, tunable skill;
-* :mod:`~marlow.tiny.pretrain`: pre-training with a content-addressed cache.
+* :mod:`~marlow.tiny.codegen`: synthetic code problems (function-call and stdin/stdout) with
+  hidden tests; :mod:`~marlow.tiny.codecorpus`: the code world's role corpus;
+  :mod:`~marlow.tiny.codeeval`: measuring a code model's roles;
+* :mod:`~marlow.tiny.pretrain`: pre-training with a content-addressed cache, one model per task.
 
 Nothing here touches the network.
 """

@@ -15,6 +15,12 @@ The loop, top to bottom:
 The folder ``<cache_dir>/<scale>-<hash>`` holds the model, the tokenizer and ``meta.json``; the
 hash covers everything that changes the weights (scale shape, steps, learning rate, batch,
 corpus config, the ``tiny`` prompt templates, the tokenizer, the seed, :data:`CORPUS_VERSION`).
+
+One model per TASK: ``task="math"`` (the arithmetic corpus, :mod:`marlow.tiny.corpus`) or
+``task="code"`` (the code corpus, :mod:`marlow.tiny.codecorpus`, folder
+``<scale>-code-<hash>``). Not one mixed corpus: the math model, its cache key and the figures
+published from it stay exactly as they were (the math key covers the math templates only and
+holds no task field), and each world spends all of a small model's capacity on its own task.
 It is written to a temporary folder and renamed into place, under a file lock, so concurrent
 callers train once and a killed run leaves no half-written model.
 """
@@ -39,7 +45,9 @@ import torch
 from transformers import PreTrainedTokenizerFast, Qwen3ForCausalLM
 
 from marlow.chat import chat_prompt_text
-from marlow.tiny import mathgen
+from marlow.tiny import codegen, mathgen
+from marlow.tiny.codecorpus import CodeCorpusConfig
+from marlow.tiny.codecorpus import examples as code_examples
 from marlow.tiny.corpus import CorpusConfig, Example, examples
 from marlow.tiny.evaluate import generator_accuracy
 from marlow.tiny.model import build_model, get_scale
@@ -48,6 +56,9 @@ from marlow.workflows.prompts import TEMPLATES
 
 CORPUS_VERSION = 1
 """Bump when the corpus or problem generator changes in a way its config does not show."""
+CODE_CORPUS_VERSION = 1
+"""The same for the code world (its own cache entries)."""
+TASKS = ("math", "code")
 
 BATCH_EXAMPLES = 64  # examples per optimizer step
 POOL_BATCHES = 16  # batches sorted by length together
@@ -70,8 +81,26 @@ def default_cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "marlow"
 
 
-def cache_key(scale: str, steps: int, seed: int, corpus: CorpusConfig) -> str:
-    """Hash of everything that determines the pre-trained weights."""
+def _check_task(task: str, corpus: CorpusConfig | CodeCorpusConfig | None):
+    if task not in TASKS:
+        raise ValueError(f"tiny task {task!r} is unknown; valid: {', '.join(TASKS)}")
+    if corpus is None:
+        return CorpusConfig() if task == "math" else CodeCorpusConfig()
+    want = CorpusConfig if task == "math" else CodeCorpusConfig
+    if not isinstance(corpus, want):
+        raise ValueError(f"the {task} world pre-trains on a {want.__name__}")
+    return corpus
+
+
+def cache_key(
+    scale: str,
+    steps: int,
+    seed: int,
+    corpus: CorpusConfig | CodeCorpusConfig,
+    task: str = "math",
+) -> str:
+    """Hash of everything that determines the pre-trained weights. The math payload is the one
+    of the math-only marlow (no task field, math templates only), so math caches keep their key."""
     payload = {
         "version": CORPUS_VERSION,
         "scale": get_scale(scale).to_dict(),
@@ -88,9 +117,13 @@ def cache_key(scale: str, steps: int, seed: int, corpus: CorpusConfig) -> str:
             TRAIN_ATTENTION,
         ],
         "problems": [mathgen.LEVEL_WEIGHTS, mathgen.VAL_BUCKETS],
-        "templates": sorted(["/".join(k), v] for k, v in TEMPLATES["tiny"].items()),
+        "templates": sorted(["/".join(k), v] for k, v in TEMPLATES["tiny"].items() if k[0] == task),
         "tokenizer": [SPECIAL_TOKENS, CHARACTERS, CHAT_TEMPLATE],
     }
+    if task != "math":
+        payload["task"] = task
+        payload["version"] = CODE_CORPUS_VERSION
+        payload["problems"] = [codegen.FAMILY_WEIGHTS, codegen.VAL_BUCKETS, codegen.N_TESTS]
     blob = json.dumps(payload, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
 
@@ -110,24 +143,26 @@ def pretrain_tiny(
     steps: int | None = None,
     seed: int = 0,
     log: Log | None = None,
-    corpus: CorpusConfig | None = None,
+    corpus: CorpusConfig | CodeCorpusConfig | None = None,
+    task: str = "math",
 ) -> Path:
-    """Pre-train ``scale`` (or find it in the cache) and return its folder."""
+    """Pre-train ``scale`` for ``task`` (or find it in the cache) and return its folder."""
     spec = get_scale(scale)  # ValueError listing the valid names
     steps = spec.pretrain_steps if steps is None else steps
     if steps < 0:
         raise ValueError(f"pretraining steps must be >= 0, got {steps}")
-    corpus = corpus or CorpusConfig()
+    corpus = _check_task(task, corpus)
     log = log or (lambda _msg: None)
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    final = root / f"{scale}-{cache_key(scale, steps, seed, corpus)}"
+    tag = scale if task == "math" else f"{scale}-{task}"
+    final = root / f"{tag}-{cache_key(scale, steps, seed, corpus, task)}"
     if (final / "meta.json").exists():
         return final
     root.mkdir(parents=True, exist_ok=True)
     with _locked(root / f".{final.name}.lock"):
         if (final / "meta.json").exists():  # another process finished it while we waited
             return final
-        log(f"pre-training {scale} for {steps} steps -> {final}")
+        log(f"pre-training {scale} ({task}) for {steps} steps -> {final}")
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
         try:
             meta = _train_and_save(scale, steps, seed, corpus, tmp, log)
@@ -187,9 +222,12 @@ def encode(tokenizer: Any, batch: list[Example]) -> list[tuple[list[int], list[i
     return [(p, c + [tokenizer.eos_token_id]) for p, c in zip(p_ids, c_ids, strict=True)]
 
 
-def batches(tokenizer: Any, corpus: CorpusConfig, seed: int) -> Iterator[_Batch]:
+def batches(tokenizer: Any, corpus: CorpusConfig | CodeCorpusConfig, seed: int) -> Iterator[_Batch]:
     """Length-bucketed batches of the corpus, forever, deterministic in ``seed``."""
-    stream = examples(corpus, seed)
+    if isinstance(corpus, CodeCorpusConfig):
+        stream = code_examples(corpus, seed)
+    else:
+        stream = examples(corpus, seed)
     rng = random.Random(f"marlow-tiny-batches-{seed}")
     pad = tokenizer.pad_token_id
     while True:
@@ -226,7 +264,7 @@ def _threads() -> int:
 def train(
     model: Qwen3ForCausalLM,
     tokenizer: Any,
-    corpus: CorpusConfig,
+    corpus: CorpusConfig | CodeCorpusConfig,
     *,
     steps: int,
     lr: float,
@@ -282,7 +320,7 @@ def train(
 
 
 def _train_and_save(
-    scale: str, steps: int, seed: int, corpus: CorpusConfig, out: Path, log: Log
+    scale: str, steps: int, seed: int, corpus: CorpusConfig | CodeCorpusConfig, out: Path, log: Log
 ) -> dict[str, Any]:
     spec = get_scale(scale)
     t0 = time.perf_counter()
@@ -295,8 +333,17 @@ def _train_and_save(
             model, tokenizer, corpus, steps=steps, lr=spec.pretrain_lr, seed=seed, log=log
         )
         model.eval()
-        problems = mathgen.val_problems(EVAL_PROBLEMS)
-        greedy = generator_accuracy(model, tokenizer, problems, temperature=0.0)
+        extra: dict[str, Any] = {}
+        if isinstance(corpus, CodeCorpusConfig):
+            from marlow.tiny.codeeval import generator_scores
+
+            problems = codegen.val_problems(EVAL_PROBLEMS)
+            scores = generator_scores(model, tokenizer, problems, temperature=0.0)
+            greedy = scores["accuracy"]
+            extra = {"task": "code", "greedy_generator_reward": scores["reward"]}
+        else:
+            problems = mathgen.val_problems(EVAL_PROBLEMS)
+            greedy = generator_accuracy(model, tokenizer, problems, temperature=0.0)
         log(f"{scale}: greedy generator accuracy {greedy:.3f} on {EVAL_PROBLEMS} val problems")
         with _quiet_hf():
             model.save_pretrained(out)
@@ -307,7 +354,7 @@ def _train_and_save(
         "scale": spec.to_dict(),
         "model_config": model.config.to_dict(),
         "corpus": corpus.to_dict(),
-        "corpus_version": CORPUS_VERSION,
+        "corpus_version": CODE_CORPUS_VERSION if extra else CORPUS_VERSION,
         "steps": steps,
         "seed": seed,
         "lr": spec.pretrain_lr,
@@ -317,4 +364,5 @@ def _train_and_save(
         **stats,
         "greedy_generator_accuracy": greedy,
         "eval_problems": EVAL_PROBLEMS,
+        **extra,
     }

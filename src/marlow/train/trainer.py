@@ -68,7 +68,7 @@ class Trainer:
         if config.threads:
             torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
-        self.base, self.tokenizer = load_base(config.model, log=self.log)
+        self.base, self.tokenizer = load_base(config.model, log=self.log, task=config.task.name)
         self.style = prompt_style(config.model.name)
         self.task = build_task(config.task)
         self.grade = self.task.grader()

@@ -6,7 +6,10 @@ Choices the spec leaves open, made here:
   nothing. Rounds used = number of revisions made.
 * Voting's fallback for an unparseable or out-of-range selection is the first candidate
   (counted as ``selection_fallback``). Majority-vote accuracy breaks ties by first appearance;
-  candidates with no boxed answer do not vote.
+  candidates with no boxed answer do not vote. On code problems (a problem whose ``meta`` holds
+  ``tests``) the "answer" a candidate votes with is its program, normalised by
+  ``marlow.rewards.code.code_key`` (identical programs agree; no hidden test is run to vote);
+  candidates with no code do not vote.
 * Orch-Workers keeps the first ``n`` distinct ``STRATEGY i:`` lines with 1 <= i <= n, by index;
   each missing index is filled with the prompt style's generic strategy (counted as ``strategy_missing``).
 """
@@ -17,8 +20,9 @@ import re
 from collections import Counter
 from collections.abc import Callable
 
+from marlow.rewards.code import code_key
 from marlow.rewards.math import last_boxed, normalize_answer
-from marlow.types import Turn
+from marlow.types import Problem, Turn
 from marlow.workflows.spec import (
     EpisodeState,
     Grader,
@@ -88,18 +92,30 @@ def voting_answer(state: EpisodeState) -> str:
     return candidates[state.vars.get("choice", 0)].completion_text if candidates else ""
 
 
-def majority_index(texts: list[str]) -> int | None:
-    """Majority vote over the candidates' boxed answers (normalised): the index of the first
-    candidate holding the most common answer; ties go to the answer seen first; None when no
-    candidate has a box."""
+def boxed_key(text: str) -> str | None:
+    """A math answer for voting: the last boxed answer, normalised (None: no box)."""
+    boxed = last_boxed(text)
+    return normalize_answer(boxed) if boxed is not None else None
+
+
+def answer_key(problem: Problem) -> Callable[[str], str | None]:
+    """How a candidate's answer is read for voting on ``problem``: its program on a code
+    problem (``meta["tests"]``), else its boxed answer."""
+    return code_key if "tests" in problem.meta else boxed_key
+
+
+def majority_index(texts: list[str], key: Callable[[str], str | None] = boxed_key) -> int | None:
+    """Majority vote over the candidates' answers read by ``key`` (default: boxed, normalised):
+    the index of the first candidate holding the most common answer; ties go to the answer seen
+    first; None when no candidate has an answer."""
     votes: Counter[str] = Counter()
     first_of: dict[str, int] = {}
     for i, text in enumerate(texts):
-        boxed = last_boxed(text)
-        if boxed is not None:
-            key = normalize_answer(boxed)
-            votes[key] += 1
-            first_of.setdefault(key, i)
+        key_i = key(text)
+        if key_i is not None:
+            key_i = str(key_i)
+            votes[key_i] += 1
+            first_of.setdefault(key_i, i)
     if not votes:
         return None
     top = max(votes.values())
@@ -111,7 +127,7 @@ def voting_extras(state: EpisodeState, grade: Grader) -> dict[str, float]:
     """pass@N (any candidate correct) and majority-vote accuracy beside the aggregator's."""
     texts = [t.completion_text for t in state.turns_of("generator")]
     correct = [grade(t, state.problem) >= 1.0 for t in texts]
-    m = majority_index(texts)
+    m = majority_index(texts, answer_key(state.problem))
     return {
         "pass_at_n": float(any(correct)),
         "majority_correct": float(m is not None and correct[m]),

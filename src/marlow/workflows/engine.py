@@ -6,6 +6,11 @@ all slots) and sends them to the rollout engine in one request list, so a stage 
 batched generation per adapter. Each turn keeps the exact prompt token ids it was sampled from.
 
 Parse failures never stop an episode: they are counted in ``Episode.counters``.
+
+Grading: a grader is a (text, problem) -> reward function. A grader that also has
+``prefetch(pairs)`` (the code task's: one sandbox run per program, cached) is first handed every
+(text, problem) this call will grade, in one batch, so the programs of a step run in parallel
+and each distinct one once; the per-text calls that follow read its cache.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from marlow.chat import chat_prompt_ids
 from marlow.policy.routing import Routing
 from marlow.rollout.base import RolloutEngine
 from marlow.types import Episode, GenRequest, Problem, SamplingParams, Turn
-from marlow.workflows.credit import assign_role_rewards
+from marlow.workflows.credit import ANSWERING, assign_role_rewards
 from marlow.workflows.prompts import GENERIC_STRATEGY, numbered, render
 from marlow.workflows.spec import EpisodeState, Grader, WorkflowSpec
 
@@ -100,8 +105,21 @@ def run_episodes(
             for st in active:
                 stage.parse(st, new_turns[id(st)])
     for st in states:
+        st.episode.final_answer = workflow.answer(st)
+    prefetch = getattr(grade, "prefetch", None)
+    if prefetch is not None:  # the final answers and every answering turn (role credit, extras)
+        prefetch(
+            [
+                (text, st.problem)
+                for st in states
+                for text in [
+                    st.episode.final_answer,
+                    *(t.completion_text for t in st.episode.turns if t.role in ANSWERING),
+                ]
+            ]
+        )
+    for st in states:
         ep = st.episode
-        ep.final_answer = workflow.answer(st)
         ep.reward = grade(ep.final_answer, st.problem)
         ep.correct = ep.reward >= 1.0
         if credit == "role":

@@ -6,7 +6,8 @@ Two styles share one code path:
   through the tokenizer's chat template with thinking disabled.
 * ``tiny``: terse prompts for the tiny world. The tiny model is pre-trained on exactly these
   prompts (``marlow.tiny.corpus`` renders its examples through :func:`render`), so a change here
-  changes what the tiny model was taught: the corpus hash includes this module's templates.
+  changes what the tiny model was taught: the corpus hash includes this module's templates of
+  the task the model is pre-trained for (math keys cover the math templates only).
 
 Templates are ``str.format`` strings. The fields a template may use are the ones
 :func:`marlow.workflows.engine.context` provides: ``problem``, ``answer`` (the episode's latest
@@ -56,6 +57,40 @@ _CHAT: dict[tuple[str, str, str], str] = {
         "Compare their solutions, decide which answer is right, and write the final answer "
         "in \\boxed{{}}."
     ),
+    ("code", "generator", "answer"): (
+        "Write a Python solution to the following problem. Put the complete program in one "
+        "```python fenced block.\n\n{problem}"
+    ),
+    ("code", "generator", "revise"): (
+        "Write a Python solution to the following problem. Put the complete program in one "
+        "```python fenced block.\n\n{problem}\n\nYour previous solution:\n{answer}\n\n"
+        "A reviewer judged it incorrect:\n{critique}\n\n"
+        "Write a corrected program in one ```python fenced block."
+    ),
+    ("code", "evaluator", "review"): (
+        "You are reviewing a solution to a programming problem.\n\nProblem:\n{problem}\n\n"
+        "Solution:\n{answer}\n\nCheck the code. Write a short critique naming any bug, "
+        "then end with \\boxed{{Correct}} or \\boxed{{Incorrect}}."
+    ),
+    ("code", "aggregator", "select"): (
+        "Several candidate solutions to a programming problem follow.\n\nProblem:\n{problem}"
+        "\n\n{candidates}\n\nCheck the candidates and select the one that is correct. "
+        "Reply only with its number in \\boxed{{}}, for example \\boxed{{1}}."
+    ),
+    ("code", "orchestrator", "plan"): (
+        "Plan how to solve the following programming problem. Propose {n} different "
+        "strategies, one per line, each starting with 'STRATEGY i:' (i = 1..{n}). Do not write "
+        "the code.\n\n{problem}"
+    ),
+    ("code", "worker", "solve"): (
+        "Write a Python solution to the following problem using the given strategy. Put the "
+        "complete program in one ```python fenced block.\n\n{problem}\n\nStrategy: {strategy}"
+    ),
+    ("code", "synthesizer", "conclude"): (
+        "Several workers wrote solutions to a programming problem.\n\nProblem:\n{problem}"
+        "\n\n{solutions}\n\nCompare their solutions, decide which is right, and write the "
+        "final program in one ```python fenced block."
+    ),
 }
 
 # The tiny world's templates: short, because the tiny model reads characters.
@@ -67,6 +102,14 @@ _TINY: dict[tuple[str, str, str], str] = {
     ("math", "orchestrator", "plan"): "Q: {problem}\nPlan {n}:",
     ("math", "worker", "solve"): "Q: {problem}\nS: {strategy}\nSolve:",
     ("math", "synthesizer", "conclude"): "Q: {problem}\n{solutions}\nFinal:",
+    # code: the same shapes; the code world pre-trains its own model (marlow.tiny.pretrain)
+    ("code", "generator", "answer"): "P: {problem}",
+    ("code", "generator", "revise"): "P: {problem}\nA: {answer}\nC: {critique}\nFix:",
+    ("code", "evaluator", "review"): "P: {problem}\nA: {answer}\nCheck:",
+    ("code", "aggregator", "select"): "P: {problem}\n{candidates}\nPick:",
+    ("code", "orchestrator", "plan"): "P: {problem}\nPlan {n}:",
+    ("code", "worker", "solve"): "P: {problem}\nS: {strategy}\nSolve:",
+    ("code", "synthesizer", "conclude"): "P: {problem}\n{solutions}\nFinal:",
 }
 
 TEMPLATES: dict[str, dict[tuple[str, str, str], str]] = {"chat": _CHAT, "tiny": _TINY}

@@ -1,0 +1,295 @@
+"""The code pre-training corpus: every role of every workflow on the tiny code problems.
+
+The code twin of :mod:`marlow.tiny.corpus` (read its docstring first): examples are rendered
+with the engine's own templates (style ``tiny``, task ``code``), and the skill gaps written in
+here are RL's headroom. Greedy decoding must have headroom too, so the errors are SYSTEMATIC
+(:data:`marlow.tiny.codegen.SLIP_KINDS`): on a problem whose family has a classic bug, a
+generator writes that bug with probability ``bug`` (0.6: more often than not), so the greedy
+program of a model trained on this is wrong on those kinds while the right program is the second
+most likely continuation, one token away, and sampling finds it. Random TYPOS (one constant off
+by one, the wrong aggregate) come on top at ``typo``.
+
+Formats taught (what the workflow parsers read):
+
+* generator / answer, worker / solve, generator / revise: one fenced python block;
+* evaluator / review: ``ok; \\boxed{Correct}`` or ``fix: <right line>; \\boxed{Incorrect}`` (the
+  first line where the reviewed program differs from the program the evaluator has in mind);
+* aggregator / select: ``\\boxed{k}``;
+* orchestrator / plan: ``STRATEGY i: <strategy>`` lines;
+* synthesizer / conclude: ``use k;`` then the chosen worker's program as a fenced block.
+
+Choices of marlow: the evaluator is blind to a systematic slip at ``eval_bug_blind``; a
+revision follows the critique's line at ``revise_trust``; the aggregator and synthesizer check
+(first candidate that is right), follow the majority (identical normalised programs) or pick at
+random, as in the math corpus. Strategies: ``direct`` (the generator's rates), ``check edges``
+(never the systematic slip, more typos), ``test small`` (half the systematic rate); the bad
+strategy ``quick`` always writes the systematic slip where there is one.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+
+from marlow.rewards.code import code_key
+from marlow.tiny.codegen import Spec, fence, spec_of, train_problems
+from marlow.tiny.corpus import ROLES, Example
+from marlow.types import Problem
+from marlow.workflows.prompts import numbered, render
+
+STRATEGIES = ("direct", "check edges", "test small")
+BAD_STRATEGY = "quick"
+N_CANDIDATES = 3
+
+
+@dataclass(frozen=True)
+class CodeCorpusConfig:
+    """Skill and error rates of every role on code, and the role mixture (probabilities)."""
+
+    bug: float = 0.6  # P(a generator writes its problem's systematic slip, where there is one)
+    typo: float = 0.15  # P(a random typo, when the systematic slip was not written)
+    revise_trust: float = 0.8  # P(a revision writes the program the critique's line points to)
+    review_wrong_share: float = 0.5
+    eval_noise: float = 0.15  # P(the verdict is flipped)
+    eval_bug_blind: float = 0.6  # P(a systematic slip is passed as Correct)
+    eval_fix_noise: float = 0.15  # P(a right Incorrect verdict points to a typo'd line)
+    select_check: float = 0.3
+    select_majority: float = 0.45
+    plan_short: float = 0.1
+    plan_repeat: float = 0.1
+    plan_bad: float = 0.15
+    careful_typo: float = 0.25  # typo rate under "check edges"
+    weights: dict[str, float] = field(
+        default_factory=lambda: {
+            "generator/answer": 0.45,
+            "generator/revise": 0.07,
+            "evaluator/review": 0.10,
+            "aggregator/select": 0.12,
+            "orchestrator/plan": 0.03,
+            "worker/solve": 0.13,
+            "synthesizer/conclude": 0.07,
+        }
+    )
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if name != "weights" and not 0.0 <= value <= 1.0:
+                raise ValueError(f"CodeCorpusConfig.{name} must be a probability, got {value}")
+        if self.select_check + self.select_majority > 1.0:
+            raise ValueError("CodeCorpusConfig.select_check + select_majority must be <= 1")
+        known = {f"{r}/{v}" for r, v in ROLES}
+        if set(self.weights) - known or not sum(self.weights.values()):
+            raise ValueError(
+                f"CodeCorpusConfig.weights: keys among {', '.join(sorted(known))}, positive sum"
+            )
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def write_program(spec: Spec, rng: random.Random, bug: float, typo: float) -> str:
+    """A program for ``spec`` by a writer of the given skill (no fences)."""
+    if spec.bug is not None and rng.random() < bug:
+        return spec.bug
+    if spec.typos and rng.random() < typo:
+        return rng.choice(spec.typos)
+    return spec.right
+
+
+def expected_pass_rate(spec: Spec, cfg: CodeCorpusConfig) -> float:
+    """P(a generator/answer program of ``spec`` is right) under ``cfg``: exact, for tests."""
+    p = 1.0 - cfg.bug if spec.bug is not None else 1.0
+    return p * (1.0 - cfg.typo if spec.typos else 1.0)
+
+
+def _fields(problem: Problem, **extra: object) -> dict[str, object]:
+    return {"problem": problem.prompt, "n": N_CANDIDATES, **extra}
+
+
+def generator_answer(problem: Problem, rng: random.Random, cfg: CodeCorpusConfig) -> Example:
+    spec = spec_of(problem)
+    code = write_program(spec, rng, cfg.bug, cfg.typo)
+    prompt = render("tiny", "code", "generator", "answer", _fields(problem))
+    return Example("generator", "answer", prompt, fence(code), code == spec.right)
+
+
+def first_diff(code: str, target: str) -> str:
+    """The first line of ``target`` (stripped) where ``code`` differs from it."""
+    a, b = code.splitlines(), target.splitlines()
+    for i, line in enumerate(b):
+        if i >= len(a) or a[i] != line:
+            return line.strip()
+    return b[-1].strip()
+
+
+def critique(
+    spec: Spec, code: str, rng: random.Random, cfg: CodeCorpusConfig
+) -> tuple[str, str | None]:
+    """(the evaluator's text, the program a trusting revision writes; None when it accepts)."""
+    accept = "ok; \\boxed{Correct}"
+    if code != spec.right:
+        if (
+            code == spec.bug and rng.random() < cfg.eval_bug_blind
+        ) or rng.random() < cfg.eval_noise:
+            return accept, None
+        target = spec.right
+        if spec.typos and rng.random() < cfg.eval_fix_noise:
+            target = rng.choice(spec.typos)
+        if target == code:
+            target = spec.right
+    elif rng.random() < cfg.eval_noise and spec.typos:  # a right program rejected
+        target = rng.choice(spec.typos)
+    else:
+        return accept, None
+    return f"fix: {first_diff(code, target)}; \\boxed{{Incorrect}}", target
+
+
+def _reviewed(spec: Spec, rng: random.Random, cfg: CodeCorpusConfig) -> str:
+    """A generator program, drawn wrong with probability ``review_wrong_share``."""
+    want_wrong = rng.random() < cfg.review_wrong_share
+    wrongs = [w for w in (spec.bug, *spec.typos) if w is not None]
+    if not want_wrong or not wrongs:
+        return spec.right
+    for _ in range(50):
+        code = write_program(spec, rng, cfg.bug, max(cfg.typo, 0.5))
+        if code != spec.right:
+            return code
+    return rng.choice(wrongs)
+
+
+def evaluator_review(problem: Problem, rng: random.Random, cfg: CodeCorpusConfig) -> Example:
+    spec = spec_of(problem)
+    code = _reviewed(spec, rng, cfg)
+    text, _ = critique(spec, code, rng, cfg)
+    prompt = render("tiny", "code", "evaluator", "review", _fields(problem, answer=fence(code)))
+    right = text.endswith("{Correct}") == (code == spec.right)
+    return Example("evaluator", "review", prompt, text, right)
+
+
+def generator_revise(problem: Problem, rng: random.Random, cfg: CodeCorpusConfig) -> Example:
+    """A revision after an Incorrect critique (the only case where Eval-Opt revises)."""
+    spec = spec_of(problem)
+    for _ in range(100):
+        code = _reviewed(spec, rng, cfg)
+        text, target = critique(spec, code, rng, cfg)
+        if target is not None:
+            break
+    else:
+        text, target = "fix: check it; \\boxed{Incorrect}", None
+    if target is not None and rng.random() < cfg.revise_trust:
+        new = target
+    else:
+        new = write_program(spec, rng, cfg.bug, cfg.typo)
+    fields = _fields(problem, answer=fence(code), critique=text)
+    prompt = render("tiny", "code", "generator", "revise", fields)
+    return Example("generator", "revise", prompt, fence(new), new == spec.right)
+
+
+def pick(codes: list[str], right: str, rng: random.Random, cfg: CodeCorpusConfig) -> int:
+    """Index chosen by one of the three selection policies (check / majority / random)."""
+    u = rng.random()
+    if u < cfg.select_check:
+        for i, c in enumerate(codes):
+            if c == right:
+                return i
+    elif u >= cfg.select_check + cfg.select_majority:
+        return rng.randrange(len(codes))
+    votes = Counter(code_key(fence(c)) for c in codes)
+    top = max(votes.values())
+    return next(i for i, c in enumerate(codes) if votes[code_key(fence(c))] == top)
+
+
+def aggregator_select(problem: Problem, rng: random.Random, cfg: CodeCorpusConfig) -> Example:
+    spec = spec_of(problem)
+    codes = [write_program(spec, rng, cfg.bug, cfg.typo) for _ in range(N_CANDIDATES)]
+    k = pick(codes, spec.right, rng, cfg)
+    fields = _fields(problem, candidates=numbered([fence(c) for c in codes], "tiny"))
+    prompt = render("tiny", "code", "aggregator", "select", fields)
+    return Example("aggregator", "select", prompt, f"\\boxed{{{k + 1}}}", codes[k] == spec.right)
+
+
+def plan_lines(rng: random.Random, cfg: CodeCorpusConfig) -> list[str]:
+    lines = list(STRATEGIES)
+    rng.shuffle(lines)
+    if rng.random() < cfg.plan_repeat:
+        i = rng.randrange(3)
+        lines[i] = lines[(i + rng.choice((1, 2))) % 3]
+    if rng.random() < cfg.plan_bad:
+        lines[rng.randrange(3)] = BAD_STRATEGY
+    if rng.random() < cfg.plan_short:
+        lines = lines[: rng.choice((1, 2))]
+    return lines
+
+
+def orchestrator_plan(problem: Problem, rng: random.Random, cfg: CodeCorpusConfig) -> Example:
+    text = "\n".join(f"STRATEGY {i}: {s}" for i, s in enumerate(plan_lines(rng, cfg), 1))
+    prompt = render("tiny", "code", "orchestrator", "plan", _fields(problem))
+    return Example("orchestrator", "plan", prompt, text, None)
+
+
+def worker_program(spec: Spec, strategy: str, rng: random.Random, cfg: CodeCorpusConfig) -> str:
+    """A worker's program under a strategy; unknown strategies work as ``direct``."""
+    if strategy == "check edges":
+        return write_program(spec, rng, 0.0, cfg.careful_typo)
+    if strategy == "test small":
+        return write_program(spec, rng, cfg.bug / 2, cfg.typo)
+    if strategy == BAD_STRATEGY:
+        return write_program(spec, rng, 1.0, cfg.typo)
+    return write_program(spec, rng, cfg.bug, cfg.typo)
+
+
+def worker_solve(problem: Problem, rng: random.Random, cfg: CodeCorpusConfig) -> Example:
+    spec = spec_of(problem)
+    strategy = rng.choice((*STRATEGIES, BAD_STRATEGY))
+    code = worker_program(spec, strategy, rng, cfg)
+    prompt = render("tiny", "code", "worker", "solve", _fields(problem, strategy=strategy))
+    return Example("worker", "solve", prompt, fence(code), code == spec.right)
+
+
+def synthesizer_conclude(problem: Problem, rng: random.Random, cfg: CodeCorpusConfig) -> Example:
+    spec = spec_of(problem)
+    plan = plan_lines(rng, cfg)
+    plan += ["direct"] * (N_CANDIDATES - len(plan))  # the engine fills missing ones with "direct"
+    codes = [worker_program(spec, s, rng, cfg) for s in plan]
+    k = pick(codes, spec.right, rng, cfg)
+    fields = _fields(problem, solutions=numbered([fence(c) for c in codes], "tiny"))
+    prompt = render("tiny", "code", "synthesizer", "conclude", fields)
+    completion = f"use {k + 1};\n" + fence(codes[k])
+    return Example("synthesizer", "conclude", prompt, completion, codes[k] == spec.right)
+
+
+MAKERS = {
+    "generator/answer": generator_answer,
+    "generator/revise": generator_revise,
+    "evaluator/review": evaluator_review,
+    "aggregator/select": aggregator_select,
+    "orchestrator/plan": orchestrator_plan,
+    "worker/solve": worker_solve,
+    "synthesizer/conclude": synthesizer_conclude,
+}
+
+
+def make_example(
+    role: str, variant: str, problem: Problem, rng: random.Random, cfg: CodeCorpusConfig
+) -> Example:
+    key = f"{role}/{variant}"
+    if key not in MAKERS:
+        raise ValueError(f"no tiny code corpus role {key!r}; known: {', '.join(MAKERS)}")
+    return MAKERS[key](problem, rng, cfg)
+
+
+def examples(
+    cfg: CodeCorpusConfig | None = None, seed: int = 0, role: str | None = None
+) -> Iterator[Example]:
+    """An infinite, seeded stream of examples on training problems, roles drawn by ``weights``
+    (or only ``role``, e.g. ``"aggregator/select"``)."""
+    cfg = cfg or CodeCorpusConfig()
+    rng = random.Random(f"marlow-tiny-code-corpus-{seed}")
+    keys = [k for k in MAKERS if cfg.weights.get(k, 0.0) > 0] if role is None else [role]
+    weights = [cfg.weights.get(k, 1.0) for k in keys]
+    for problem in train_problems(seed):
+        key = rng.choices(keys, weights=weights)[0]
+        r, v = key.split("/")
+        yield make_example(r, v, problem, rng, cfg)

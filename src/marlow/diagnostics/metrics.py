@@ -59,14 +59,17 @@ class Meter:
 def episode_metrics(meter: Meter, episodes: Sequence[Episode]) -> None:
     """Reward, accuracy, completion lengths and truncation, per role and overall. ``reward`` and
     ``accuracy`` of a role are its episodes'; under per-role credit ``own_reward`` is the mean
-    reward of the role's own turns."""
+    reward of the role's own turns. ``count_<name>`` is a counter's mean per episode, an episode
+    without it counting 0 (Eval-Opt: ``count_verdict_correct`` + ``_incorrect`` + ``_unparsed``
+    = verdicts per episode, their ratio the verdict distribution)."""
+    counters = sorted({key for ep in episodes for key in ep.counters})
     for ep in episodes:
         meter.mean(ALL, "reward", ep.reward, 1, also_all=False)
         meter.mean(ALL, "accuracy", float(ep.correct), 1, also_all=False)
         for key, value in ep.info.items():
             meter.mean(ALL, key, value, 1, also_all=False)
-        for key, value in ep.counters.items():
-            meter.mean(ALL, f"count_{key}", value, 1, also_all=False)
+        for key in counters:
+            meter.mean(ALL, f"count_{key}", ep.counters.get(key, 0), 1, also_all=False)
         for role in {t.role for t in ep.turns}:
             meter.mean(role, "reward", ep.reward, 1, also_all=False)
             meter.mean(role, "accuracy", float(ep.correct), 1, also_all=False)

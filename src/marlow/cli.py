@@ -118,12 +118,13 @@ def pretrain_tiny_cmd(
     steps: Annotated[
         int | None, typer.Option(help="override the scale's pretraining steps")
     ] = None,
+    task: Annotated[str, typer.Option(help="the tiny world: math or code")] = "math",
 ) -> None:
     """Pre-train a tiny scale (cached by a hash of its config) and print its folder."""
     from marlow.tiny.pretrain import pretrain_tiny
 
     try:
-        path = pretrain_tiny(scale, steps=steps, log=_log)
+        path = pretrain_tiny(scale, steps=steps, log=_log, task=task)
     except ValueError as err:
         _fail(str(err))
     print(path)
@@ -172,7 +173,7 @@ def quickstart(
                 log=_log,
                 on_progress=on_progress,
             )
-        except _user_errors() as err:
+        except (*_user_errors(), RuntimeError) as err:
             _fail(str(err))
     table = Table(title=f"validation accuracy ({out})")
     for col in ("cell", "peak", "peak step", "final", "n val"):

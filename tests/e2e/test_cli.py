@@ -87,6 +87,7 @@ def test_quickstart_on_a_shrunk_tiny_world(tiny_cache, tmp_path: Path):
     cells = summary["cells"]
     assert set(cells) == {
         "Voting-Base-tiny-s-Math",
+        "Single-Base-tiny-s-Math",
         "Single-SA-tiny-s-Math",
         "Voting-IP-tiny-s-Math",
         "Voting-SP-tiny-s-Math",
@@ -102,6 +103,8 @@ def test_quickstart_on_a_shrunk_tiny_world(tiny_cache, tmp_path: Path):
     }
     assert (tmp_path / "qs" / "val_curves.png").stat().st_size > 1000
     assert "Voting-IP-tiny-s-Math" in done.stdout  # the printed table
+    index = json.loads((tmp_path / "qs" / "index.json").read_text())  # a grid results folder
+    assert {c["state"] for c in index["cells"].values()} == {"done"}
 
     bad = run(["quickstart", "grpo.group_sise=2", "--out", "qs2"], tiny_cache, tmp_path)
     assert (

@@ -13,13 +13,14 @@ from tests.conftest import PRETRAIN_STEPS
 from tests.e2e.test_cli import run
 
 
-def test_code_cells_are_the_four_quickstart_cells_on_the_code_world():
+def test_code_cells_are_the_quickstart_cells_on_the_code_world():
     cells = cell_configs(task="code")
     assert list(cells) == [
-        "Voting-Base-tiny-s-Code",
-        "Single-SA-tiny-s-Code",
         "Voting-IP-tiny-s-Code",
         "Voting-SP-tiny-s-Code",
+        "Single-SA-tiny-s-Code",
+        "Single-Base-tiny-s-Code",
+        "Voting-Base-tiny-s-Code",
     ]
     for cfg in cells.values():
         assert cfg.task.name == "code" and cfg.task.val_size == 200
@@ -30,7 +31,7 @@ def test_code_cells_are_the_four_quickstart_cells_on_the_code_world():
         ].task.val_size
         == 9
     )
-    assert list(cell_configs())[0] == "Voting-Base-tiny-s-Math"  # math unchanged
+    assert list(cell_configs())[0] == "Voting-IP-tiny-s-Math"  # math unchanged
     assert cell_configs()["Voting-IP-tiny-s-Math"].task.name == "math"
     with pytest.raises(ConfigError, match="valid: math, code"):
         cell_configs(task="chess")
@@ -63,9 +64,15 @@ def test_code_quickstart_on_a_shrunk_tiny_world(tiny_cache, tmp_path: Path):
     assert summary["task"] == "code"
     assert set(summary["cells"]) == {
         "Voting-Base-tiny-s-Code",
+        "Single-Base-tiny-s-Code",
         "Single-SA-tiny-s-Code",
         "Voting-IP-tiny-s-Code",
         "Voting-SP-tiny-s-Code",
     }
     assert all(row["n_val"] == 6 for row in summary["cells"].values())
     assert "Voting-IP-tiny-s-Code" in done.stdout
+
+
+def test_pretrain_tiny_names_the_valid_tasks(tmp_path):
+    done = run(["pretrain-tiny", "--task", "chess"], str(tmp_path), tmp_path)
+    assert done.returncode == 2 and "valid: math, code" in done.stderr

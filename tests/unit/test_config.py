@@ -88,7 +88,8 @@ def test_quickstart_cells_follow_the_chosen_tiny_scale():
 
     cells = cell_configs(settings={"model": {"name": "tiny-m"}, "grpo": {"credit": "broadcast"}})
     assert sorted(cells) == sorted(
-        f"{w}-tiny-m-Math" for w in ("Voting-Base", "Single-SA", "Voting-IP", "Voting-SP")
+        f"{w}-tiny-m-Math"
+        for w in ("Voting-Base", "Single-Base", "Single-SA", "Voting-IP", "Voting-SP")
     )
     assert all(c.model.name == "tiny-m" and c.grpo.credit == "broadcast" for c in cells.values())
     assert (

@@ -1,32 +1,33 @@
 """``marlow quickstart``: a real, small training comparison on the tiny world.
 
 1. pre-train (or load from cache) the tiny model;
-2. evaluate the base model through Voting (the base control);
+2. evaluate the base model through Voting and Single (the base controls);
 3. train Voting-IP, Voting-SP and Single (the SA-RL control) with the tiny preset;
 4. write ``summary.json`` (peak and final validation accuracy of each, with the evaluation size)
    and ``val_curves.png`` into the output folder.
 
-Cells run in parallel worker processes when the machine has the cores (one torch thread each);
-each cell is an ordinary run folder under ``cells/``.
+The quickstart is a small grid (:func:`quickstart_grid`) run by the grid runner: every cell in
+its own process, one torch thread each; the output folder is a grid results folder (``index.json``,
+``cells/NAME/``), so an interrupted quickstart run again finishes only what was missing.
 
-``task="code"`` runs the same four cells on the tiny code world (its own pre-trained model,
+``task="code"`` runs the same cells on the tiny code world (its own pre-trained model,
 ``marlow.tiny.codecorpus``) with :data:`CODE_SETTINGS` under the tiny preset; cells are named
 ``...-Code``.
 """
 
 from __future__ import annotations
 
-import json
-import multiprocessing
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
-from marlow.config import ConfigError, RunConfig, merge, resolve
+from marlow.config import ConfigError, RunConfig, merge
 from marlow.diagnostics.runstats import run_statistics, series
-from marlow.train.trainer import Trainer, read_metrics
+from marlow.experiments.grid import GridSpec, expand
+from marlow.experiments.runner import run_grid
+from marlow.fileio import write_json
+from marlow.train.trainer import read_metrics
 
 Log = Callable[[str], None]
 
@@ -40,11 +41,12 @@ CODE_SETTINGS: dict = {
 }
 
 
-def cell_configs(
+def quickstart_grid(
     seed: int = 0, steps: int | None = None, settings: dict | None = None, task: str = "math"
-) -> dict[str, RunConfig]:
-    """The four quickstart cells, named as SPEC §1 says. ``settings`` (nested dict) applies to
-    all; ``model.name`` may pick another tiny scale; ``task`` is math or code."""
+) -> GridSpec:
+    """The quickstart as a grid: Voting under IP and SP, with the base and SA-RL controls, on
+    one tiny scale. ``settings`` (nested dict) applies to every cell; ``model.name`` may pick
+    another tiny scale; ``task`` is math or code."""
     from marlow.tiny.model import SCALES
 
     if task not in TASKS:
@@ -52,48 +54,31 @@ def cell_configs(
     base = merge(CODE_SETTINGS, settings or {}) if task == "code" else dict(settings or {})
     if base.get("task", {}).get("name", task) != task:
         raise ConfigError(f"task.name {base['task']['name']!r} contradicts quickstart task {task}")
-    common = {"preset": "tiny", "seed": seed, **base}
-    common["model"] = {"name": SCALE, **common.get("model", {})}
-    scale = common["model"]["name"]
+    model = dict(base.get("model", {}))
+    scale = model.pop("name", SCALE)
     if scale not in SCALES:
         raise ConfigError(
             f"quickstart runs on the tiny world: model.name is {scale!r}; valid: {', '.join(SCALES)}"
         )
+    shared = {"preset": "tiny", **base, "model": model}
     if steps is not None:
-        common["steps"] = steps
-    t = task.capitalize()
-    cells = {
-        f"Voting-Base-{scale}-{t}": {
-            "workflow": {"name": "voting"},
-            "policy": {"routing": "base"},
-            "steps": 0,
-        },
-        f"Single-SA-{scale}-{t}": {"workflow": {"name": "single"}, "policy": {"routing": "ip"}},
-        f"Voting-IP-{scale}-{t}": {"workflow": {"name": "voting"}, "policy": {"routing": "ip"}},
-        f"Voting-SP-{scale}-{t}": {"workflow": {"name": "voting"}, "policy": {"routing": "sp"}},
-    }
-    return {name: resolve(merge(common, over)) for name, over in cells.items()}
+        shared["steps"] = steps
+    return GridSpec(
+        workflows=["voting"],
+        policies=["ip", "sp"],
+        scales=[scale],
+        tasks=[task],
+        seeds=[seed],
+        controls=["base", "sa-rl"],
+        settings=shared,
+    )
 
 
-def _run_cell(name: str, config_json: str, out: str, threads: int) -> str:
-    import torch
-
-    torch.set_num_threads(threads)
-    config = RunConfig.model_validate_json(config_json)
-    Trainer(config, out).run(resume=True)
-    return name
-
-
-def last_step(run_dir: Path) -> int:
-    """The last step a cell has logged (0 before it starts)."""
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return 0
-    lines = path.read_bytes().rstrip(b"\n").rsplit(b"\n", 1)
-    try:
-        return int(json.loads(lines[-1])["step"])
-    except (ValueError, KeyError):
-        return 0  # a line being written
+def cell_configs(
+    seed: int = 0, steps: int | None = None, settings: dict | None = None, task: str = "math"
+) -> dict[str, RunConfig]:
+    """The quickstart's cells by name (SPEC §1), with their resolved configs."""
+    return {c.name: c.config for c in expand(quickstart_grid(seed, steps, settings, task))}
 
 
 def accuracy_curve(run_dir: Path) -> list[tuple[int, float]]:
@@ -160,7 +145,7 @@ def plot_curves(cells: dict[str, Path], path: Path, task: str = "math") -> None:
     tmp = path.with_suffix(".tmp.png")
     fig.savefig(tmp, dpi=120)
     plt.close(fig)
-    os.replace(tmp, path)
+    os.replace(tmp, path)  # fileio writes text; a figure is saved by matplotlib itself
 
 
 def quickstart(
@@ -183,40 +168,34 @@ def quickstart(
     t0 = time.perf_counter()
     from marlow.tiny.pretrain import pretrain_tiny
 
-    configs = cell_configs(seed, steps, settings, task)
-    model = next(iter(configs.values())).model
+    grid = quickstart_grid(seed, steps, settings, task)
+    cells = expand(grid)
+    model = cells[0].config.model
     pretrain_tiny(model.name, steps=model.pretrain_steps, log=log, task=task)
     timings["pretrain_or_cache_s"] = time.perf_counter() - t0
-    dirs = {name: out / "cells" / name for name in configs}
-    # Every cell in its own process with one torch thread: tiny models gain nothing from
-    # intra-op threads, and processes with several threads each on few cores slow down 10x+
-    # (MEASURED.md). The OS shares the cores; the cells finish at about the same time.
-    workers = workers or len(configs)
+    dirs = {c.name: out / "cells" / c.name for c in cells}
+    # Every cell at once, one torch thread each: tiny models gain nothing from intra-op threads,
+    # and processes with several threads each on few cores slow down 10x+ (MEASURED.md). The OS
+    # shares the cores; the cells finish at about the same time.
     t1 = time.perf_counter()
-    log(f"training {len(configs)} cells in {workers} process(es), one thread each")
-    # spawn, not fork: the parent has run torch (pretraining) and forked OpenMP pools can hang
-    with ProcessPoolExecutor(
-        max_workers=workers, mp_context=multiprocessing.get_context("spawn")
-    ) as pool:
-        futures = {
-            pool.submit(_run_cell, name, cfg.model_dump_json(), str(dirs[name]), 1): name
-            for name, cfg in configs.items()
-        }
-        pending = set(futures)
-        while pending:
-            finished, pending = wait(pending, timeout=2.0, return_when=FIRST_COMPLETED)
-            for f in finished:
-                f.result()  # a failed cell fails the quickstart, with its own error
-                log(f"cell done: {futures[f]}")
-            if on_progress is not None:
-                for name, cfg in configs.items():
-                    on_progress(name, last_step(dirs[name]), cfg.steps)
+    states = run_grid(
+        grid,
+        out,
+        workers=workers or len(cells),
+        log=log,
+        on_progress=(lambda name, _state, step, total: on_progress(name, step, total))
+        if on_progress is not None
+        else None,
+    )
+    failed = [name for name, state in states.items() if state != "done"]
+    if failed:
+        raise RuntimeError(
+            f"quickstart cell {failed[0]} failed: see {out / 'cells' / failed[0] / 'error.txt'}"
+        )
     timings["cells_s"] = time.perf_counter() - t1
     summary = {"task": task, "cells": summarize(dirs), "timings_s": timings}
     summary["voting_gain_over_base"] = gains_over_base(summary["cells"])
     summary["timings_s"]["total_s"] = time.perf_counter() - t0
     plot_curves(dirs, out / "val_curves.png", task)
-    tmp = out / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2))
-    os.replace(tmp, out / "summary.json")
+    write_json(out / "summary.json", summary)
     return summary

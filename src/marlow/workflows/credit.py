@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from marlow.rewards.math import last_boxed
 from marlow.types import Turn
+from marlow.workflows.builtin import verdict_of
 
 ANSWERING = frozenset({"generator", "worker"})
 
@@ -36,12 +36,8 @@ def assign_role_rewards(
             if turn.role == "generator":
                 reviewed = turn.reward
         elif turn.role == "evaluator":
-            verdict = (last_boxed(turn.completion_text) or "").strip().lower()
-            right = (
-                verdict in ("correct", "incorrect")
-                and reviewed is not None
-                and ((verdict == "correct") == (reviewed >= 1.0))
-            )
+            verdict = verdict_of(turn.completion_text)  # None: unparseable, counted wrong
+            right = verdict is not None and reviewed is not None and verdict == (reviewed >= 1.0)
             turn.reward = 1.0 if right else 0.0
         else:
             turn.reward = episode_reward

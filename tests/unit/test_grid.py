@@ -189,3 +189,14 @@ def test_transfer_waits_for_its_sa_rl_cell(tmp_path):
     grid = {"workflows": ["voting"], "policies": [], "controls": ["transfer"]}
     pool, _ = drive(tmp_path, grid)
     assert pool.submitted == ["Single-SA-tiny-s-Math", "Voting-Transfer-tiny-s-Math"]
+
+
+def test_shipped_grids_expand():
+    from pathlib import Path
+
+    grids = sorted((Path(__file__).parents[2] / "configs" / "grids").glob("*.yaml"))
+    assert grids
+    for path in grids:
+        assert expand(load_grid(path))
+    matrix = expand(load_grid(grids[[p.name for p in grids].index("tiny-matrix.yaml")]))
+    assert len(matrix) == 168 and len({c.name for c in matrix}) == 168

@@ -271,6 +271,8 @@ def run_grid(
         skipped = len(cells) - len(todo)
         if skipped:
             log(f"{skipped} of {len(cells)} cells already done: skipped")
+        if todo and runner == "local":
+            pretrain_worlds(todo, log)
         if todo:
             n = workers or plan_workers(todo)
             threads = max(1, (os.cpu_count() or 1) // n)
@@ -281,6 +283,22 @@ def run_grid(
             finally:
                 pool.close()
         return dict(results.state)
+
+
+def pretrain_worlds(cells: list[Cell], log: Log) -> None:
+    """Pre-train each tiny (scale, task, steps) the cells need, once, with every core, before
+    the cells start (else the first cell pre-trains on one thread while the others wait for its
+    lock). Ray cells pre-train on their own node instead: its cache is its own."""
+    from marlow.models import is_tiny
+    from marlow.tiny.pretrain import pretrain_tiny
+
+    worlds = {
+        (c.config.model.name, c.config.task.name, c.config.model.pretrain_steps)
+        for c in cells
+        if is_tiny(c.config.model.name)
+    }
+    for scale, task, steps in sorted(worlds, key=str):
+        pretrain_tiny(scale, steps=steps, task=task, log=log)
 
 
 def _drive(

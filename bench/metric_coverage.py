@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 
 from marlow.config import resolve
-from marlow.diagnostics.inspect import inspect_run
+from marlow.diagnostics.inspect import ROLE_METRICS, inspect_run
 from marlow.train.trainer import Trainer, read_metrics
 
 CELLS = [
@@ -25,22 +25,8 @@ CELLS = [
     ("orch_workers", "ip"),
     ("orch_workers", "sp"),
 ]
-PER_ROLE = (
-    "reward",
-    "accuracy",
-    "chi2_rollout",
-    "chi2_update",
-    "perplexity",
-    "entropy",
-    "kl_to_base",
-    "clipfrac_low",
-    "clipfrac_high",
-    "ratio_max",
-    "length_mean",
-    "length_p50",
-    "length_p95",
-    "length_max",
-    "truncation_rate",
+PER_ROLE = tuple(
+    m for m in ROLE_METRICS if m not in ("own_reward", "grad_mass_share", "grad_norm_own")
 )
 SP_ONLY = ("grad_mass_share", "grad_norm_own")
 

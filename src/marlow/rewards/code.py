@@ -236,6 +236,16 @@ _PRELUDE = (
     "from functools import lru_cache\n"
 )
 
+_PLAIN = """\
+def _plain(x):
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    return x
+"""
+"""A return value as plain JSON data (tuples become lists, keys strings), in both harnesses."""
+
 _CALL_HARNESS = """\
 import io, json, sys
 _marker = {marker!r}
@@ -248,13 +258,7 @@ _fn = _ns.get({fn!r})
 if not callable(_fn) and isinstance(_ns.get("Solution"), type):
     _fn = getattr(_ns["Solution"](), {fn!r})
 _result = _fn(*_args)
-def _plain(x):
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    if isinstance(x, dict):
-        return {{str(k): _plain(v) for k, v in x.items()}}
-    return x
-sys.stdout.flush()
+{plain}sys.stdout.flush()
 sys.stdout.write("\\n" + _marker + json.dumps(_plain(_result), default=repr) + "\\n")
 sys.stdout.flush()
 """
@@ -279,13 +283,7 @@ class _Capped(io.StringIO):
         if self.tell() + len(s) > {cap}:
             raise _Overflow()
         return super().write(s)
-def _plain(x):
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    if isinstance(x, dict):
-        return {{str(k): _plain(v) for k, v in x.items()}}
-    return x
-def _report(i, status, value):
+{plain}def _report(i, status, value):
     line = json.dumps({{"i": i, "status": status, "value": value}}, default=repr)
     os.write(_report_fd, ("\\n" + _marker + line + "\\n").encode())
 _code = compile({code!r}, "solution.py", "exec")
@@ -334,7 +332,9 @@ def _suite_job(code: str, cases: list[TestCase], limits: Limits, marker: str) ->
     """All (stdin or call) tests of one program in one sandbox run; see the module docstring."""
     fn = cases[0].fn_name if cases[0].kind == "call" else None
     spec = {"fn": fn, "timeout": limits.cpu_s, "cases": [c.input for c in cases]}
-    src = _SUITE_HARNESS.format(marker=marker, cap=SUITE_OUTPUT_CAP, code=code, prelude=_PRELUDE)
+    src = _SUITE_HARNESS.format(
+        marker=marker, cap=SUITE_OUTPUT_CAP, code=code, prelude=_PRELUDE, plain=_PLAIN
+    )
     total = limits.cpu_s * len(cases)
     return Job(src, json.dumps(spec), replace(limits, cpu_s=total, wall_s=total + 1.0))
 
@@ -375,7 +375,9 @@ def _job(code: str, case: TestCase, limits: Limits, marker: str) -> Job:
     if case.kind == "stdin":
         return Job(code, case.input, limits)
     if case.kind == "call":
-        src = _CALL_HARNESS.format(marker=marker, prelude=_PRELUDE, code=code, fn=case.fn_name)
+        src = _CALL_HARNESS.format(
+            marker=marker, prelude=_PRELUDE, code=code, fn=case.fn_name, plain=_PLAIN
+        )
         return Job(src, json.dumps(case.input), limits)
     return Job(f"{code}\n\n{case.input}\n\ncheck({case.expected})\n", "", limits)
 

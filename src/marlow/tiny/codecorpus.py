@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 
 from marlow.rewards.code import code_key
 from marlow.tiny.codegen import Spec, fence, spec_of, train_problems
-from marlow.tiny.corpus import ROLES, Example
+from marlow.tiny.corpus import ROLES, Example, draw_examples, make_from
 from marlow.types import Problem
 from marlow.workflows.prompts import numbered, render
 
@@ -274,10 +274,7 @@ MAKERS = {
 def make_example(
     role: str, variant: str, problem: Problem, rng: random.Random, cfg: CodeCorpusConfig
 ) -> Example:
-    key = f"{role}/{variant}"
-    if key not in MAKERS:
-        raise ValueError(f"no tiny code corpus role {key!r}; known: {', '.join(MAKERS)}")
-    return MAKERS[key](problem, rng, cfg)
+    return make_from(MAKERS, "tiny code corpus", f"{role}/{variant}", problem, rng, cfg)
 
 
 def examples(
@@ -287,9 +284,4 @@ def examples(
     (or only ``role``, e.g. ``"aggregator/select"``)."""
     cfg = cfg or CodeCorpusConfig()
     rng = random.Random(f"marlow-tiny-code-corpus-{seed}")
-    keys = [k for k in MAKERS if cfg.weights.get(k, 0.0) > 0] if role is None else [role]
-    weights = [cfg.weights.get(k, 1.0) for k in keys]
-    for problem in train_problems(seed):
-        key = rng.choices(keys, weights=weights)[0]
-        r, v = key.split("/")
-        yield make_example(r, v, problem, rng, cfg)
+    return draw_examples(MAKERS, "tiny code corpus", train_problems(seed), rng, cfg, role)

@@ -330,10 +330,7 @@ def make_example(
     role: str, variant: str, problem: Problem, rng: random.Random, cfg: CorpusConfig
 ) -> Example:
     """One example of (role, variant) on ``problem``; the error lists the known pairs."""
-    key = f"{role}/{variant}"
-    if key not in MAKERS:
-        raise ValueError(f"no tiny corpus role {key!r}; known: {', '.join(MAKERS)}")
-    return MAKERS[key](problem, rng, cfg)
+    return make_from(MAKERS, "tiny corpus", f"{role}/{variant}", problem, rng, cfg)
 
 
 def examples(
@@ -343,9 +340,23 @@ def examples(
     (or only ``role``, e.g. ``"aggregator/select"``)."""
     cfg = cfg or CorpusConfig()
     rng = random.Random(f"marlow-tiny-corpus-{seed}")
-    keys = [k for k in MAKERS if cfg.weights.get(k, 0.0) > 0] if role is None else [role]
+    return draw_examples(MAKERS, "tiny corpus", train_problems(seed), rng, cfg, role)
+
+
+def make_from(makers: dict, what: str, key: str, problem: Problem, rng: random.Random, cfg):
+    """``makers[key](problem, rng, cfg)``; an unknown key names ``what`` and the known keys."""
+    if key not in makers:
+        raise ValueError(f"no {what} role {key!r}; known: {', '.join(makers)}")
+    return makers[key](problem, rng, cfg)
+
+
+def draw_examples(
+    makers: dict, what: str, problems, rng: random.Random, cfg, role: str | None = None
+) -> Iterator[Example]:
+    """One example per problem, its role drawn by ``cfg.weights`` (or always ``role``). Shared
+    by the math and code corpora."""
+    keys = [k for k in makers if cfg.weights.get(k, 0.0) > 0] if role is None else [role]
     weights = [cfg.weights.get(k, 1.0) for k in keys]
-    for problem in train_problems(seed):
+    for problem in problems:
         key = rng.choices(keys, weights=weights)[0]
-        r, v = key.split("/")
-        yield make_example(r, v, problem, rng, cfg)
+        yield make_from(makers, what, key, problem, rng, cfg)

@@ -119,99 +119,146 @@ def _spec_fn(
     return Spec(family, text, name, right, wrong, typos)
 
 
+def _lin(rng: random.Random, name: str, k: int, c: int, op: str) -> Spec:
+    family = "lin"
+    text = f"{name}(x) = {k}x{op}{c}"
+    return _spec_fn(family, text, name, "x", f"{{K}}*x{op}{{C}}", None, k, c)
+
+
+def _par(rng: random.Random, name: str, k: int, c: int, op: str) -> Spec:
+    family = "par"
+    c = rng.randint(1, 9)
+    text = f"{name}(x) = {k}(x{op}{c})"
+    return _spec_fn(family, text, name, "x", f"{{K}}*(x{op}{{C}})", f"{{K}}*x{op}{{C}}", k, c)
+
+
+def _sq(rng: random.Random, name: str, k: int, c: int, op: str) -> Spec:
+    family = "sq"
+    text = f"{name}(x) = x^2{op}{c}"
+    return _spec_fn(family, text, name, "x", f"x**2{op}{{C}}", f"x^2{op}{{C}}", None, c)
+
+
+def _div(rng: random.Random, name: str, k: int, c: int, op: str) -> Spec:
+    family = "div"
+    text = f"{name}(x) = floor(x/{k}){op}{c}"
+    return _spec_fn(family, text, name, "x", f"x//{{K}}{op}{{C}}", f"x/{{K}}{op}{{C}}", k, c)
+
+
+def _sum(rng: random.Random, name: str, k: int, c: int, op: str) -> Spec:
+    family = "sum"
+    form = rng.choice(("Ki", "i+C", "i"))
+    term, tk, tc = {
+        "Ki": (f"{k}i", "{K}*i", (k, None)),
+        "i+C": (f"i+{c}", "i+{C}", (None, c)),
+        "i": ("i", "i", (None, None)),
+    }[form]
+    text = f"{name}(n) = sum {term}, i=1..n"
+    body = f"sum({tk} for i in range(1, n+1))"
+    bug = f"sum({tk} for i in range(1, n))"
+    spec = _spec_fn(family, text, name, "n", body, bug, *tc)
+    if not spec.typos:  # plain i: the range start is the typo
+        typo = _fn(name, "n", "sum(i for i in range(2, n+1))")
+        spec = Spec(family, text, name, spec.right, spec.bug, (typo,))
+    return spec
+
+
+def _two(rng: random.Random, name: str, k: int, c: int, op: str) -> Spec:
+    family = "two"
+    form = rng.choice(("Ka+b", "a+Kb", "ab+C", "a-b+C", "Ka-b"))
+    shown = form.replace("K", str(k)).replace("C", str(c))
+    body = {
+        "Ka+b": "{K}*a+b",
+        "a+Kb": "a+{K}*b",
+        "ab+C": "a*b+{C}",
+        "a-b+C": "a-b+{C}",
+        "Ka-b": "{K}*a-b",
+    }[form]
+    kk, cc = (k if "K" in form else None), (c if "C" in form else None)
+    return _spec_fn(family, f"{name}(a,b) = {shown}", name, "a, b", body, None, kk, cc)
+
+
+def _cnt(rng: random.Random, name: str, k: int, c: int, op: str) -> Spec:
+    family = "cnt"
+    if rng.random() < 0.5:
+        text = f"{name}(a,b) = count a..b"
+        spec = _spec_fn(family, text, name, "a, b", "b-a+1", "b-a", None, None)
+        return Spec(family, text, name, spec.right, spec.bug, (_fn(name, "a, b", "b-a+2"),))
+    text = f"{name}(a,b) = {k}*count a..b"
+    return _spec_fn(family, text, name, "a, b", "{K}*(b-a+1)", "{K}*(b-a)", k, None)
+
+
+def _io1(rng: random.Random, name: str, k: int, c: int, op: str) -> Spec:
+    family = "io1"
+    text = f"read x; print {k}x{op}{c}"
+    tpl = "x = int(input())\nprint({K}*x" + op + "{C})"
+    return Spec(family, text, None, tpl.format(K=k, C=c), None, _typos(tpl, k, c))
+
+
+def _io2(rng: random.Random, name: str, k: int, c: int, op: str) -> Spec:
+    family = "io2"
+    form = rng.choice(("ab+C", "a+b+C", "Ka+b", "a-b+C"))
+    shown = form.replace("K", str(k)).replace("C", str(c))
+    expr = {"ab+C": "a*b+{C}", "a+b+C": "a+b+{C}", "Ka+b": "{K}*a+b", "a-b+C": "a-b+{C}"}[form]
+    kk, cc = (k if "K" in form else None), (c if "C" in form else None)
+    head = "a, b = map(int, input().split())\n"
+    tpl = head + f"print({expr})"
+    bug = f"a = int(input())\nb = int(input())\nprint({expr})"
+    return Spec(
+        family,
+        f"read a b; print {shown}",
+        None,
+        tpl.format(K=kk, C=cc),
+        bug.format(K=kk, C=cc),
+        _typos(tpl, kk, cc),
+    )
+
+
+def _ion(rng: random.Random, name: str, k: int, c: int, op: str) -> Spec:
+    family = "ion"
+    agg = rng.choice(("sum", "max", "min"))
+    plus = rng.random() < 0.5
+    shown = f"{agg}+{c}" if plus else agg
+    tail = "+{C}" if plus else ""
+    read = f"{{A}}(map(int, input().split())){tail}"
+    right = f"input()\nprint({read})"
+    bug = f"print({read})"
+    typos = [right.format(A=a, C=c) for a in ("sum", "max", "min") if a != agg]
+    if plus:
+        typos += [right.format(A=agg, C=c + d) for d in (1, -1) if c + d >= 1]
+    return Spec(
+        family,
+        f"read n, then n ints; print {shown}",
+        None,
+        right.format(A=agg, C=c),
+        bug.format(A=agg, C=c),
+        tuple(typos),
+    )
+
+
+_FAMILIES = {
+    "lin": _lin,
+    "par": _par,
+    "sq": _sq,
+    "div": _div,
+    "sum": _sum,
+    "two": _two,
+    "cnt": _cnt,
+    "io1": _io1,
+    "io2": _io2,
+    "ion": _ion,
+}
+"""One statement sampler per family: (rng, name, k, c, op) -> Spec."""
+
+
 def sample_spec(rng: random.Random, family: str | None = None) -> Spec:
     """A statement of ``family`` (or one drawn by :data:`FAMILY_WEIGHTS`)."""
     if family is None:
         family = rng.choices(list(FAMILY_WEIGHTS), weights=list(FAMILY_WEIGHTS.values()))[0]
+    if family not in _FAMILIES:
+        raise ValueError(f"code family {family!r} is unknown; valid: {', '.join(FAMILY_WEIGHTS)}")
     name = rng.choice(FN_NAMES)
     k, c, op = rng.randint(2, 9), rng.randint(1, 50), rng.choice("+-")
-    if family == "lin":
-        text = f"{name}(x) = {k}x{op}{c}"
-        return _spec_fn(family, text, name, "x", f"{{K}}*x{op}{{C}}", None, k, c)
-    if family == "par":
-        c = rng.randint(1, 9)
-        text = f"{name}(x) = {k}(x{op}{c})"
-        return _spec_fn(family, text, name, "x", f"{{K}}*(x{op}{{C}})", f"{{K}}*x{op}{{C}}", k, c)
-    if family == "sq":
-        text = f"{name}(x) = x^2{op}{c}"
-        return _spec_fn(family, text, name, "x", f"x**2{op}{{C}}", f"x^2{op}{{C}}", None, c)
-    if family == "div":
-        text = f"{name}(x) = floor(x/{k}){op}{c}"
-        return _spec_fn(family, text, name, "x", f"x//{{K}}{op}{{C}}", f"x/{{K}}{op}{{C}}", k, c)
-    if family == "sum":
-        form = rng.choice(("Ki", "i+C", "i"))
-        term, tk, tc = {
-            "Ki": (f"{k}i", "{K}*i", (k, None)),
-            "i+C": (f"i+{c}", "i+{C}", (None, c)),
-            "i": ("i", "i", (None, None)),
-        }[form]
-        text = f"{name}(n) = sum {term}, i=1..n"
-        body = f"sum({tk} for i in range(1, n+1))"
-        bug = f"sum({tk} for i in range(1, n))"
-        spec = _spec_fn(family, text, name, "n", body, bug, *tc)
-        if not spec.typos:  # plain i: the range start is the typo
-            typo = _fn(name, "n", "sum(i for i in range(2, n+1))")
-            spec = Spec(family, text, name, spec.right, spec.bug, (typo,))
-        return spec
-    if family == "two":
-        form = rng.choice(("Ka+b", "a+Kb", "ab+C", "a-b+C", "Ka-b"))
-        shown = form.replace("K", str(k)).replace("C", str(c))
-        body = {
-            "Ka+b": "{K}*a+b",
-            "a+Kb": "a+{K}*b",
-            "ab+C": "a*b+{C}",
-            "a-b+C": "a-b+{C}",
-            "Ka-b": "{K}*a-b",
-        }[form]
-        kk, cc = (k if "K" in form else None), (c if "C" in form else None)
-        return _spec_fn(family, f"{name}(a,b) = {shown}", name, "a, b", body, None, kk, cc)
-    if family == "cnt":
-        if rng.random() < 0.5:
-            text = f"{name}(a,b) = count a..b"
-            spec = _spec_fn(family, text, name, "a, b", "b-a+1", "b-a", None, None)
-            return Spec(family, text, name, spec.right, spec.bug, (_fn(name, "a, b", "b-a+2"),))
-        text = f"{name}(a,b) = {k}*count a..b"
-        return _spec_fn(family, text, name, "a, b", "{K}*(b-a+1)", "{K}*(b-a)", k, None)
-    if family == "io1":
-        text = f"read x; print {k}x{op}{c}"
-        tpl = "x = int(input())\nprint({K}*x" + op + "{C})"
-        return Spec(family, text, None, tpl.format(K=k, C=c), None, _typos(tpl, k, c))
-    if family == "io2":
-        form = rng.choice(("ab+C", "a+b+C", "Ka+b", "a-b+C"))
-        shown = form.replace("K", str(k)).replace("C", str(c))
-        expr = {"ab+C": "a*b+{C}", "a+b+C": "a+b+{C}", "Ka+b": "{K}*a+b", "a-b+C": "a-b+{C}"}[form]
-        kk, cc = (k if "K" in form else None), (c if "C" in form else None)
-        head = "a, b = map(int, input().split())\n"
-        tpl = head + f"print({expr})"
-        bug = f"a = int(input())\nb = int(input())\nprint({expr})"
-        return Spec(
-            family,
-            f"read a b; print {shown}",
-            None,
-            tpl.format(K=kk, C=cc),
-            bug.format(K=kk, C=cc),
-            _typos(tpl, kk, cc),
-        )
-    if family == "ion":
-        agg = rng.choice(("sum", "max", "min"))
-        plus = rng.random() < 0.5
-        shown = f"{agg}+{c}" if plus else agg
-        tail = "+{C}" if plus else ""
-        read = f"{{A}}(map(int, input().split())){tail}"
-        right = f"input()\nprint({read})"
-        bug = f"print({read})"
-        typos = [right.format(A=a, C=c) for a in ("sum", "max", "min") if a != agg]
-        if plus:
-            typos += [right.format(A=agg, C=c + d) for d in (1, -1) if c + d >= 1]
-        return Spec(
-            family,
-            f"read n, then n ints; print {shown}",
-            None,
-            right.format(A=agg, C=c),
-            bug.format(A=agg, C=c),
-            tuple(typos),
-        )
-    raise ValueError(f"code family {family!r} is unknown; valid: {', '.join(FAMILY_WEIGHTS)}")
+    return _FAMILIES[family](rng, name, k, c, op)
 
 
 # ---- running OUR programs in-process (expected outputs, slip checks) ---------------------

@@ -60,4 +60,5 @@ def test_a_code_voting_run_trains_and_validates(small_config, tmp_path):
     assert records[1]["train/shared/updates"] >= 1
     assert 0.0 <= records[1]["train/all/reward"] <= 1.0
     assert any(k.endswith("pass_at_n") for k in records[1])
+    assert records[1]["train/all/sandbox_errors"] == 0.0  # every program got a verdict
     assert "task:\n  name: code" in (out / "config.yaml").read_text()

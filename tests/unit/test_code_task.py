@@ -103,6 +103,27 @@ def test_grader_batches_dedups_and_caches(monkeypatch):
     assert len(small._cache) == 1
 
 
+def test_a_sandbox_failure_scores_zero_is_counted_and_never_cached(monkeypatch):
+    problem = next(p for p in codegen.val_problems(40) if p.meta["bug"] is not None)
+    right = codegen.fence(codegen.spec_of(problem).right)
+    real = code_reward.score_code_batch
+    broken = {"on": True}
+
+    def flaky(items, **kw):
+        if broken["on"]:  # as when the sandbox cannot set up: no verdict on the program
+            failed = code_reward.TestOutcome(False, "sandbox_error", "unshare failed")
+            return [code_reward.CodeScore(0.0, [failed]) for _ in items]
+        return real(items, **kw)
+
+    monkeypatch.setattr(code_reward, "score_code_batch", flaky)
+    grade = CodeGrader(2.0)
+    grade.prefetch([(right, problem)])
+    assert grade(right, problem) == 0.0 and grade.sandbox_errors == 1
+    broken["on"] = False
+    assert grade(right, problem) == 1.0  # graded again, not served a cached 0
+    assert grade.sandbox_errors == 1
+
+
 class ScriptedEngine:
     def __init__(self, script):
         self.script = script

@@ -45,13 +45,19 @@ class CodeGrader:
     sandbox run per program; the runs spread over the cores); the workflow engine calls it with
     every text of a step before asking text by text. The cache keeps the newest ``cache_size``
     entries; a text without code scores 0 without running anything.
+
+    A program whose run hit a sandbox failure (the sandbox could not set up: no verdict on the
+    program) scores 0 for that call but is never cached, so a passing failure cannot stick to
+    a program; ``sandbox_errors`` counts such programs (the trainer logs it per step).
     """
 
     def __init__(self, timeout_s: float, cache_size: int = 20_000, max_workers: int | None = None):
         self.timeout_s = timeout_s
         self.cache_size = cache_size
         self.max_workers = max_workers
+        self.sandbox_errors = 0
         self._cache: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._uncached: dict[tuple[str, str], float] = {}
 
     def _key(self, text: str, problem: Problem) -> tuple[str, str] | None:
         from marlow.rewards.code import extract_code
@@ -62,6 +68,7 @@ class CodeGrader:
     def prefetch(self, pairs: Sequence[tuple[str, Problem]]) -> None:
         """Grade every (text, problem) not in the cache yet, in one batch."""
         from marlow.rewards.code import score_code_batch
+        from marlow.rewards.sandbox import SANDBOX_ERROR
 
         todo: dict[tuple[str, str], tuple[str, object]] = {}
         for text, problem in pairs:
@@ -77,7 +84,11 @@ class CodeGrader:
             max_workers=self.max_workers,
         )
         for key, score in zip(todo, scores, strict=True):
-            self._remember(key, score.reward)
+            if any(t.status == SANDBOX_ERROR for t in score.tests):
+                self.sandbox_errors += 1
+                self._uncached[key] = score.reward
+            else:
+                self._remember(key, score.reward)
 
     def _remember(self, key: tuple[str, str], reward: float) -> None:
         self._cache[key] = reward
@@ -90,7 +101,11 @@ class CodeGrader:
         if key is None:
             return 0.0
         if key not in self._cache:
+            if key in self._uncached:  # graded by this step's prefetch, not cached
+                return self._uncached.pop(key)
             self.prefetch([(text, problem)])
+            if key in self._uncached:
+                return self._uncached.pop(key)
         return self._cache[key]
 
 

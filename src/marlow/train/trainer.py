@@ -99,6 +99,7 @@ class Trainer:
         self.events = JsonlSink(self.out / "events.jsonl")  # detector alarms, with evidence
         self.val_set = self.task.val_problems()
         self.step = 0
+        self._sandbox_errors = 0  # programs whose sandbox failed to set up, up to the last step
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -130,6 +131,10 @@ class Trainer:
             step_seed(self.cfg.seed, step),
         )
         record = self.learn(step, episodes)
+        errors = getattr(self.grade, "sandbox_errors", None)  # the code grader's count so far
+        if errors is not None:
+            record["train/all/sandbox_errors"] = float(errors - self._sandbox_errors)
+            self._sandbox_errors = errors
         record["time/rollout_s"] = time.perf_counter() - t0 - record["time/learn_s"]
         tokens = sum(len(t.completion_ids) for ep in episodes for t in ep.turns)
         record["time/rollout_tokens_per_s"] = tokens / max(record["time/rollout_s"], 1e-9)

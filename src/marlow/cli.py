@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -238,6 +239,7 @@ def grid(
                 tasks[name] = bars.add_task(name, total=max(total, 1), state=state)
             bars.update(tasks[name], completed=step if total else 1, state=state)
 
+        started = time.monotonic()
         with bars:
             states = run_grid(
                 spec,
@@ -252,9 +254,10 @@ def grid(
     except (*_user_errors(), RuntimeError) as err:
         _fail(str(err))
     counts = {s: sum(v == s for v in states.values()) for s in ("done", "failed", "pending")}
+    minutes = (time.monotonic() - started) / 60
     console.print(
-        f"{counts['done']} done, {counts['failed']} failed of {len(states)} cells; index in "
-        f"{out / 'index.json'}"
+        f"{counts['done']} done, {counts['failed']} failed of {len(states)} cells in "
+        f"{minutes:.1f} min; index in {out / 'index.json'}"
     )
     if counts["failed"]:
         raise typer.Exit(1)

@@ -45,6 +45,8 @@ def test_a_grid_runs_then_resumes_only_what_was_missing(tiny_cache, tmp_path):
     assert json.loads((trained / "cell.json").read_text())["kind"] == "trained"
     index = json.loads((out / "index.json").read_text())
     assert index["cells"]["Voting-Base-tiny-s-Math"]["state"] == "done"
+    seconds = json.loads((trained / "DONE").read_text())["seconds"]
+    assert 0 < seconds == index["cells"]["Voting-IP-tiny-s-Math"]["seconds"]
     uninterrupted = records(trained / "metrics.jsonl")
     assert [r["step"] for r in uninterrupted] == [0, 1, 2]
 

@@ -119,9 +119,29 @@ def test_a_sandbox_failure_scores_zero_is_counted_and_never_cached(monkeypatch):
     grade = CodeGrader(2.0)
     grade.prefetch([(right, problem)])
     assert grade(right, problem) == 0.0 and grade.sandbox_errors == 1
+    assert grade.last_sandbox_error == "unshare failed"
     broken["on"] = False
     assert grade(right, problem) == 1.0  # graded again, not served a cached 0
     assert grade.sandbox_errors == 1
+
+
+def test_the_pretraining_check_counts_programs_the_sandbox_failed_on(monkeypatch):
+    from marlow.tiny import codeeval
+
+    problems = codegen.val_problems(6)
+    rights = [codegen.fence(codegen.spec_of(p).right) for p in problems]
+    monkeypatch.setattr(codeeval, "generator_texts", lambda *a, **k: rights)
+    assert codeeval.generator_scores(None, None, problems)["sandbox_errors"] == 0
+    real = codeeval.score_code_batch
+
+    def half_broken(items, **kw):  # the sandbox fails to set up for the first program only
+        scores = real(items, **kw)
+        failed = code_reward.TestOutcome(False, "sandbox_error", "unshare failed")
+        return [code_reward.CodeScore(0.0, [failed])] + scores[1:]
+
+    monkeypatch.setattr(codeeval, "score_code_batch", half_broken)
+    scores = codeeval.generator_scores(None, None, problems)
+    assert scores["sandbox_errors"] == 1 and scores["accuracy"] == 5 / 6
 
 
 class ScriptedEngine:

@@ -3,11 +3,12 @@
 The results folder::
 
     DIR/grid.yaml              the grid as given
-    DIR/index.json             every cell: identity, state (pending|running|done|failed), error
+    DIR/index.json             every cell: identity, state (pending|running|done|failed), error,
+                               and, once done, seconds (wall time of the cell's last process)
     DIR/cells/NAME/            an ordinary run folder (config.yaml, metrics.jsonl, checkpoints/,
                                signatures/, events.jsonl) plus cell.json (the cell's identity),
                                log.txt (the trainer's log), error.txt (a failure's traceback)
-                               and, once it has finished, DONE
+                               and, once it has finished, DONE (JSON: its wall seconds)
 
 ``DONE`` is the only proof that a cell finished (written by the cell itself, last); the index
 is a view the parent process rewrites atomically after every change. Running a grid again skips
@@ -58,6 +59,7 @@ def run_cell(cell_json: dict, config_json: str, out: str, threads: int, sa_rl: s
 
     _die_with_parent()
     torch.set_num_threads(threads)
+    started = time.monotonic()
     run_dir = Path(out)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json(run_dir / "cell.json", cell_json)
@@ -68,7 +70,9 @@ def run_cell(cell_json: dict, config_json: str, out: str, threads: int, sa_rl: s
             log_file.flush()
 
         _run(cell_json, RunConfig.model_validate_json(config_json), run_dir, sa_rl, log)
-    write_text(run_dir / "DONE", "done\n")
+        seconds = round(time.monotonic() - started, 1)
+        log(f"finished in {seconds} s")
+    write_json(run_dir / "DONE", {"seconds": seconds})
     return cell_json["name"]
 
 
@@ -215,6 +219,16 @@ class Results:
     def done(self, name: str) -> bool:
         return (self.dir(name) / "DONE").exists()
 
+    def seconds(self, name: str) -> float | None:
+        """A finished cell's wall seconds (its last process only: a resumed cell's earlier
+        processes are not counted), or None."""
+        if self.state[name] != "done":
+            return None
+        try:
+            return float(json.loads((self.dir(name) / "DONE").read_text())["seconds"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # a DONE from before marlow timed cells
+
     def set(self, name: str, state: str, error: str | None = None) -> None:
         self.state[name], self.error[name] = state, error
         self.write_index()
@@ -225,6 +239,7 @@ class Results:
                 **c.describe(),
                 "state": self.state[name],
                 "error": self.error[name],
+                "seconds": self.seconds(name),
                 "path": f"cells/{name}",
             }
             for name, c in self.cells.items()

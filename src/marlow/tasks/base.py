@@ -48,7 +48,8 @@ class CodeGrader:
 
     A program whose run hit a sandbox failure (the sandbox could not set up: no verdict on the
     program) scores 0 for that call but is never cached, so a passing failure cannot stick to
-    a program; ``sandbox_errors`` counts such programs (the trainer logs it per step).
+    a program; ``sandbox_errors`` counts such programs (the trainer logs it per step, and warns
+    with ``last_sandbox_error``, the newest failure's reason).
     """
 
     def __init__(self, timeout_s: float, cache_size: int = 20_000, max_workers: int | None = None):
@@ -56,6 +57,7 @@ class CodeGrader:
         self.cache_size = cache_size
         self.max_workers = max_workers
         self.sandbox_errors = 0
+        self.last_sandbox_error: str | None = None
         self._cache: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._uncached: dict[tuple[str, str], float] = {}
 
@@ -84,8 +86,10 @@ class CodeGrader:
             max_workers=self.max_workers,
         )
         for key, score in zip(todo, scores, strict=True):
-            if any(t.status == SANDBOX_ERROR for t in score.tests):
+            failed = [t for t in score.tests if t.status == SANDBOX_ERROR]
+            if failed:
                 self.sandbox_errors += 1
+                self.last_sandbox_error = failed[0].detail
                 self._uncached[key] = score.reward
             else:
                 self._remember(key, score.reward)

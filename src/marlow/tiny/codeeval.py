@@ -13,8 +13,9 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from marlow.rewards.code import code_key, extract_code, score_code_batch
+from marlow.rewards.code import CodeScore, code_key, extract_code, score_code_batch
 from marlow.rewards.math import last_boxed
+from marlow.rewards.sandbox import SANDBOX_ERROR
 from marlow.tiny.codecorpus import CodeCorpusConfig, make_example
 from marlow.tiny.evaluate import generate
 from marlow.types import Problem
@@ -26,6 +27,11 @@ TIMEOUT_S = 2.0  # per test: the tiny programs run in microseconds
 
 def grade(texts: Sequence[str], problems: Sequence[Problem]) -> list[float]:
     """Reward (fraction of hidden tests passed) of each completion; equal programs run once."""
+    return [score.reward for score in grade_details(texts, problems)]
+
+
+def grade_details(texts: Sequence[str], problems: Sequence[Problem]) -> list[CodeScore]:
+    """The ``CodeScore`` of each completion; equal programs run once."""
     unique: dict[tuple[str, str | None], int] = {}
     items = []
     for t, p in zip(texts, problems, strict=True):
@@ -34,9 +40,7 @@ def grade(texts: Sequence[str], problems: Sequence[Problem]) -> list[float]:
             unique[key] = len(items)
             items.append((t, p.meta["tests"]))
     scores = score_code_batch(items, suite=True, timeout_s=TIMEOUT_S)
-    return [
-        scores[unique[(p.id, extract_code(t))]].reward for t, p in zip(texts, problems, strict=True)
-    ]
+    return [scores[unique[(p.id, extract_code(t))]] for t, p in zip(texts, problems, strict=True)]
 
 
 def generator_texts(
@@ -52,12 +56,15 @@ def generator_scores(
     model: Any, tokenizer: Any, problems: Sequence[Problem], *, temperature: float = 0.0, seed=0
 ) -> dict[str, float]:
     """The generator through the Single workflow's prompt: mean reward and full-pass accuracy,
-    overall and per family (``accuracy/<family>``)."""
+    overall and per family (``accuracy/<family>``), and ``sandbox_errors``: completions whose
+    program got no verdict because the sandbox failed to set up (they count as 0)."""
     texts = generator_texts(model, tokenizer, problems, temperature=temperature, seed=seed)
-    rewards = grade(texts, problems)
+    scores = grade_details(texts, problems)
+    rewards = [s.reward for s in scores]
     out = {
         "reward": sum(rewards) / max(1, len(rewards)),
         "accuracy": sum(r >= 1.0 for r in rewards) / max(1, len(rewards)),
+        "sandbox_errors": sum(any(t.status == SANDBOX_ERROR for t in s.tests) for s in scores),
     }
     fams: dict[str, list[float]] = {}
     for p, r in zip(problems, rewards, strict=True):

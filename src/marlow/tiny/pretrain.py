@@ -340,7 +340,16 @@ def _train_and_save(
             problems = codegen.val_problems(EVAL_PROBLEMS)
             scores = generator_scores(model, tokenizer, problems, temperature=0.0)
             greedy = scores["accuracy"]
-            extra = {"task": "code", "greedy_generator_reward": scores["reward"]}
+            extra = {
+                "task": "code",
+                "greedy_generator_reward": scores["reward"],
+                "sandbox_errors": scores["sandbox_errors"],
+            }
+            if scores["sandbox_errors"]:
+                log(
+                    f"WARNING {scale}: {scores['sandbox_errors']} of {EVAL_PROBLEMS} programs got "
+                    "no verdict (the sandbox failed to set up): the accuracy below undercounts"
+                )
         else:
             problems = mathgen.val_problems(EVAL_PROBLEMS)
             greedy = generator_accuracy(model, tokenizer, problems, temperature=0.0)

@@ -133,8 +133,15 @@ class Trainer:
         record = self.learn(step, episodes)
         errors = getattr(self.grade, "sandbox_errors", None)  # the code grader's count so far
         if errors is not None:
-            record["train/all/sandbox_errors"] = float(errors - self._sandbox_errors)
+            new = errors - self._sandbox_errors
+            record["train/all/sandbox_errors"] = float(new)
             self._sandbox_errors = errors
+            if new:
+                self.log(
+                    f"WARNING step {step}: {new} program(s) got no verdict because the sandbox "
+                    f"failed to set up ({self.grade.last_sandbox_error}); they scored 0 and "
+                    "were not cached"
+                )
         record["time/rollout_s"] = time.perf_counter() - t0 - record["time/learn_s"]
         tokens = sum(len(t.completion_ids) for ep in episodes for t in ep.turns)
         record["time/rollout_tokens_per_s"] = tokens / max(record["time/rollout_s"], 1e-9)

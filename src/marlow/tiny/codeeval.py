@@ -8,7 +8,6 @@ the report were measured with).
 
 from __future__ import annotations
 
-import random
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -17,7 +16,7 @@ from marlow.rewards.code import CodeScore, code_key, extract_code, score_code_ba
 from marlow.rewards.math import last_boxed
 from marlow.rewards.sandbox import SANDBOX_ERROR
 from marlow.tiny.codecorpus import CodeCorpusConfig, make_example
-from marlow.tiny.evaluate import generate
+from marlow.tiny.evaluate import generate, probe_roles
 from marlow.types import Problem
 from marlow.workflows.builtin import majority_index
 from marlow.workflows.prompts import numbered, render
@@ -133,20 +132,11 @@ def role_rates(
 ) -> dict[str, float]:
     """Greedy output of every role on corpus-style prompts: the share that parses, per role;
     for roles that write programs, their accuracy; for the evaluator, verdict accuracy."""
-    cfg = cfg or CodeCorpusConfig()
-    rng = random.Random(seed)
     out: dict[str, float] = {}
-    for key in (
-        "generator/revise",
-        "evaluator/review",
-        "aggregator/select",
-        "orchestrator/plan",
-        "worker/solve",
-        "synthesizer/conclude",
+    cfg = cfg or CodeCorpusConfig()
+    for key, role, exs, texts in probe_roles(
+        make_example, model, tokenizer, problems, cfg, seed, 128
     ):
-        role, variant = key.split("/")
-        exs = [make_example(role, variant, p, rng, cfg) for p in problems]
-        texts = generate(model, tokenizer, [e.prompt for e in exs], max_new_tokens=128)
         out[f"{key}/parse_rate"] = sum(parses(role, t) for t in texts) / max(1, len(texts))
         if role in ("generator", "worker", "synthesizer"):
             rewards = grade(texts, problems)

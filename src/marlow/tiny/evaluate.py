@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from marlow.chat import chat_prompt_ids
 from marlow.rewards.math import grade_math, last_boxed
 from marlow.rollout.hf import HFEngine
-from marlow.tiny.corpus import CorpusConfig, Example, make_example
+from marlow.tiny.corpus import CorpusConfig, make_example
 from marlow.types import BASE, GenRequest, Problem, SamplingParams
 from marlow.workflows.builtin import majority_index
 from marlow.workflows.prompts import numbered, render
@@ -130,6 +130,33 @@ def voting_eval(
     }
 
 
+PROBED_ROLES = (
+    "generator/revise",
+    "evaluator/review",
+    "aggregator/select",
+    "orchestrator/plan",
+    "worker/solve",
+    "synthesizer/conclude",
+)
+
+
+def probe_roles(
+    make: Callable, model: Any, tokenizer: Any, problems: Sequence[Problem], cfg, seed: int, tokens
+) -> Iterator[tuple[str, str, list, list[str]]]:
+    """For each role of ``PROBED_ROLES``: (key, role, corpus examples ``make`` wrote on
+    ``problems`` with one seeded rng, the model's greedy completions of their prompts)."""
+    rng = random.Random(seed)
+    for key in PROBED_ROLES:
+        role, variant = key.split("/")
+        exs = [make(role, variant, p, rng, cfg) for p in problems]
+        yield (
+            key,
+            role,
+            exs,
+            generate(model, tokenizer, [e.prompt for e in exs], max_new_tokens=tokens),
+        )
+
+
 def role_format_rates(
     model: Any,
     tokenizer: Any,
@@ -139,20 +166,9 @@ def role_format_rates(
 ) -> dict[str, float]:
     """Greedy output of every role on corpus-style prompts: the share that parses, per role,
     and the share agreeing with the corpus's skilled answer where one exists (``*_right``)."""
-    cfg = cfg or CorpusConfig()
-    rng = random.Random(seed)
     out: dict[str, float] = {}
-    for key in (
-        "generator/revise",
-        "evaluator/review",
-        "aggregator/select",
-        "orchestrator/plan",
-        "worker/solve",
-        "synthesizer/conclude",
-    ):
-        role, variant = key.split("/")
-        exs: list[Example] = [make_example(role, variant, p, rng, cfg) for p in problems]
-        texts = generate(model, tokenizer, [e.prompt for e in exs], max_new_tokens=160)
+    probes = probe_roles(make_example, model, tokenizer, problems, cfg or CorpusConfig(), seed, 160)
+    for key, role, _exs, texts in probes:
         ok = [_parses(role, t) for t in texts]
         out[f"{key}/parse_rate"] = sum(ok) / max(1, len(ok))
         if role in ("generator", "worker", "synthesizer"):

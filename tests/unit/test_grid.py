@@ -139,7 +139,7 @@ class FakePool:
             raise RuntimeError(f"{name} broke\nsecond line")
         folder = self.results.dir(name)
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "DONE").write_text("done\n")
+        (folder / "DONE").write_text('{"seconds": 2.4}')
         return name
 
     def close(self):
@@ -154,8 +154,9 @@ def drive(tmp_path, grid: dict, fail=(), done=()):
         (tmp_path / "cells" / name / "DONE").write_text("done\n")
     results = Results(tmp_path, cells, spec)
     pool = FakePool(results, set(fail))
+    pool.log = []
     todo = [c for c in cells if results.state[c.name] != "done"]
-    _drive(pool, todo, results, 1, lambda _m: None, None)
+    _drive(pool, todo, results, 1, pool.log.append, None)
     index = json.loads((tmp_path / "index.json").read_text())["cells"]
     return pool, index
 
@@ -170,6 +171,9 @@ def test_finished_cells_are_skipped_and_the_rest_run_two_at_a_time(tmp_path):
     ]
     assert pool.peak == 2
     assert {v["state"] for v in index.values()} == {"done"}
+    assert index["Voting-SP-tiny-s-Math"]["seconds"] == 2.4
+    assert index["Voting-IP-tiny-s-Math"]["seconds"] is None  # finished by an older marlow
+    assert pool.log[0] == "[3/5] Voting-SP-tiny-s-Math: done in 2 s"
 
 
 def test_a_failed_cell_does_not_stop_the_grid_and_blocks_its_transfers(tmp_path):

@@ -353,6 +353,10 @@ def _drive(
             try:
                 pool.result(handle)
                 results.set(cell.name, "done")
+                finished = sum(s in ("done", "failed") for s in results.state.values())
+                seconds = results.seconds(cell.name)
+                took = "" if seconds is None else f" in {seconds:.0f} s"
+                log(f"[{finished}/{len(results.state)}] {cell.name}: done{took}")
             except Exception as err:  # noqa: BLE001 - a cell's failure must not stop the grid
                 message = f"{type(err).__name__}: {err}".splitlines()[0]
                 write_text(results.dir(cell.name) / "error.txt", traceback.format_exc())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -76,3 +77,29 @@ def test_the_same_grid_runs_on_a_local_ray_instance(tiny_cache, tmp_path):
         json.loads((out / "index.json").read_text())["cells"]["Voting-IP-tiny-s-Math"]["state"]
         == "done"
     )
+
+
+def fake_pretrain(scale, task, steps):
+    """Stands in for a pre-training child: records its pid; the code world fails."""
+    import os
+
+    if task == "code":
+        raise SystemExit(3)
+    marker = Path(os.environ["MARLOW_CACHE"]) / f"{scale}-{task}.pid"
+    marker.write_text(str(os.getpid()))
+
+
+def test_missing_worlds_are_pre_trained_in_child_processes(tmp_path, monkeypatch):
+    import os
+
+    from marlow.experiments import runner
+    from marlow.experiments.grid import expand
+
+    monkeypatch.setenv("MARLOW_CACHE", str(tmp_path))
+    monkeypatch.setattr(runner, "_pretrain_world", fake_pretrain)  # pickled by name: the child
+    grid = {**GRID, "tasks": ["math", "code"]}  # imports this module's fake_pretrain
+    grid["settings"] = {**GRID["settings"], "model": {"pretrain_steps": 2}}
+    lines = []
+    runner.pretrain_worlds(expand(parse_grid(grid)), lines.append)
+    assert int((tmp_path / "tiny-s-math.pid").read_text()) != os.getpid()
+    assert lines == ["pre-training tiny-s (code) failed (exit 3)"]

@@ -136,6 +136,26 @@ def load_tiny(path: str | Path) -> tuple[Qwen3ForCausalLM, PreTrainedTokenizerFa
     return model.eval(), tokenizer
 
 
+def tiny_path(
+    scale: str = "tiny-s",
+    *,
+    cache_dir: str | Path | None = None,
+    steps: int | None = None,
+    seed: int = 0,
+    corpus: CorpusConfig | CodeCorpusConfig | None = None,
+    task: str = "math",
+) -> Path:
+    """The cache folder of a pre-trained tiny world (it holds ``meta.json`` once trained)."""
+    spec = get_scale(scale)  # ValueError listing the valid names
+    steps = spec.pretrain_steps if steps is None else steps
+    if steps < 0:
+        raise ValueError(f"pretraining steps must be >= 0, got {steps}")
+    corpus = _check_task(task, corpus)
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    tag = scale if task == "math" else f"{scale}-{task}"
+    return root / f"{tag}-{cache_key(scale, steps, seed, corpus, task)}"
+
+
 def pretrain_tiny(
     scale: str = "tiny-s",
     *,
@@ -149,15 +169,12 @@ def pretrain_tiny(
     """Pre-train ``scale`` for ``task`` (or find it in the cache) and return its folder."""
     spec = get_scale(scale)  # ValueError listing the valid names
     steps = spec.pretrain_steps if steps is None else steps
-    if steps < 0:
-        raise ValueError(f"pretraining steps must be >= 0, got {steps}")
     corpus = _check_task(task, corpus)
-    log = log or (lambda _msg: None)
-    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    tag = scale if task == "math" else f"{scale}-{task}"
-    final = root / f"{tag}-{cache_key(scale, steps, seed, corpus, task)}"
+    final = tiny_path(scale, cache_dir=cache_dir, steps=steps, seed=seed, corpus=corpus, task=task)
     if (final / "meta.json").exists():
         return final
+    log = log or (lambda _msg: None)
+    root = final.parent
     root.mkdir(parents=True, exist_ok=True)
     with _locked(root / f".{final.name}.lock"):
         if (final / "meta.json").exists():  # another process finished it while we waited

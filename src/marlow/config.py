@@ -359,3 +359,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 def dump_config(config: RunConfig) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def differences(old: RunConfig, new: RunConfig) -> list[str]:
+    """The dotted fields where two configs differ, as ``"steps: 12 -> 8"``, in field order."""
+
+    def walk(a: Any, b: Any, path: str) -> list[str]:
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys = list(a) + [k for k in b if k not in a]
+            return [d for k in keys for d in walk(a.get(k), b.get(k), f"{path}{k}.")]
+        return [] if a == b else [f"{path[:-1]}: {a!r} -> {b!r}"]
+
+    return walk(old.model_dump(mode="json"), new.model_dump(mode="json"), "")

@@ -204,3 +204,21 @@ def test_shipped_grids_expand():
         assert expand(load_grid(path))
     matrix = expand(load_grid(grids[[p.name for p in grids].index("tiny-matrix.yaml")]))
     assert len(matrix) == 168 and len({c.name for c in matrix}) == 168
+
+
+def test_a_grid_refuses_a_folder_whose_cells_ran_under_other_settings(tmp_path):
+    from marlow.config import dump_config
+    from marlow.experiments.runner import run_grid
+
+    grid = {"workflows": ["voting"], "policies": ["ip"], "controls": [], "settings": {"steps": 8}}
+    (cell,) = expand(parse_grid(grid))
+    folder = tmp_path / "cells" / cell.name
+    folder.mkdir(parents=True)
+    older = cell.config.model_copy(update={"steps": 12})
+    (folder / "config.yaml").write_text(dump_config(older))
+    with pytest.raises(ConfigError, match=r"Voting-IP-tiny-s-Math \(steps: 12 -> 8\).*another"):
+        run_grid(parse_grid(grid), tmp_path)
+    assert not (tmp_path / "index.json").exists()  # nothing written
+    (folder / "config.yaml").write_text(dump_config(cell.config))
+    with pytest.raises(ConfigError, match="lr: 0.001 -> 0.0005"):
+        run_grid(parse_grid({**grid, "settings": {"steps": 8, "optim": {"lr": 5e-4}}}), tmp_path)

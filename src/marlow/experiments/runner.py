@@ -14,7 +14,9 @@ The results folder::
 is a view the parent process rewrites atomically after every change. Running a grid again skips
 cells with ``DONE``, resumes the others from their last checkpoint (``Trainer.run(resume=True)``
 continues exactly as if never stopped) and retries failed ones. A transfer cell waits for its
-SA-RL cell; when that failed, the transfer fails with a message naming it.
+SA-RL cell; when that failed, the transfer fails with a message naming it. A folder whose cells
+ran under other settings than the grid now gives them (their ``config.yaml`` differs) is refused,
+naming the cells and fields, so one table never mixes two grids.
 
 Cell processes die with the grid process (Linux ``PR_SET_PDEATHSIG``), so a killed grid leaves
 no orphan writing into the folder, and a lock file keeps two grid processes off one folder.
@@ -280,6 +282,7 @@ def run_grid(
     with _locked(root):
         if grid_text is not None:
             write_text(root / "grid.yaml", grid_text)
+        _refuse_changed_cells(root, cells)
         results = Results(root, cells, grid)
         results.write_index()
         todo = [c for c in cells if results.state[c.name] != "done"]
@@ -298,6 +301,27 @@ def run_grid(
             finally:
                 pool.close()
         return dict(results.state)
+
+
+def _refuse_changed_cells(root: Path, cells: list[Cell]) -> None:
+    """A cell folder that ran (or began) under another config than the grid now gives it would
+    be skipped or resumed under the wrong settings, mixing two grids in one table: refuse,
+    naming the cells and the fields (``config.yaml`` is what each cell ran with)."""
+    from marlow.config import ConfigError, differences, load_config
+
+    changed = []
+    for cell in cells:
+        stored = root / "cells" / cell.name / "config.yaml"
+        if stored.exists():
+            diffs = differences(load_config(stored), cell.config)
+            if diffs:
+                changed.append(f"{cell.name} ({', '.join(diffs[:3])})")
+    if changed:
+        raise ConfigError(
+            f"{len(changed)} cell(s) in {root} ran under other settings than this grid gives "
+            f"them: {'; '.join(changed[:3])}{' ...' if len(changed) > 3 else ''}. Use another "
+            "--out, or delete those cell folders to run them again"
+        )
 
 
 def pretrain_worlds(cells: list[Cell], log: Log) -> None:

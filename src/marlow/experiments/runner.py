@@ -327,9 +327,9 @@ def _refuse_changed_cells(root: Path, cells: list[Cell]) -> None:
 def pretrain_worlds(cells: list[Cell], log: Log) -> None:
     """Pre-train each tiny (scale, task, steps) the cells need, once, with every core, before
     the cells start (else the first cell pre-trains on one thread while the others wait for its
-    lock). Each world trains in a child process of its own: pre-training peaks at several GiB
-    (9.5 GiB resident for tiny-m), which the grid process would otherwise hold for the rest of
-    the grid. Ray cells pre-train on their own node instead: its cache is its own."""
+    lock). Each world trains in a child process of its own: a grid process that pre-trained
+    in-process stood at 9.5 GiB resident during its second world (tiny-m math, after tiny-m
+    code) and would have held that for the rest of the grid. Ray cells pre-train on their own node instead: its cache is its own."""
     import multiprocessing
 
     from marlow.models import is_tiny

@@ -103,3 +103,16 @@ def test_missing_worlds_are_pre_trained_in_child_processes(tmp_path, monkeypatch
     runner.pretrain_worlds(expand(parse_grid(grid)), lines.append)
     assert int((tmp_path / "tiny-s-math.pid").read_text()) != os.getpid()
     assert lines == ["pre-training tiny-s (code) failed (exit 3)"]
+
+
+def test_an_orch_workers_transfer_cell_equals_its_base_cell(tiny_cache, tmp_path):
+    grid = {**GRID, "workflows": ["orch_workers"], "policies": [], "controls": ["base", "transfer"]}
+    grid["settings"] = {**GRID["settings"], "steps": 1}
+    states = run_grid(parse_grid(grid), tmp_path, workers=2)
+    assert states["Orch-Workers-Transfer-tiny-s-Math"] == "done"
+    cells = tmp_path / "cells"
+    transfer = records(cells / "Orch-Workers-Transfer-tiny-s-Math" / "metrics.jsonl")
+    assert transfer == records(cells / "Orch-Workers-Base-tiny-s-Math" / "metrics.jsonl")
+    assert (
+        "no generator role" in (cells / "Orch-Workers-Transfer-tiny-s-Math" / "log.txt").read_text()
+    )

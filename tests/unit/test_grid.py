@@ -67,6 +67,13 @@ def test_transfer_cells_put_the_sa_rl_adapter_on_the_generator_only():
     assert "Single-SA-tiny-s-Math-s4" in [c.name for c in cells]  # transfer brings its SA-RL
 
 
+def test_an_orch_workers_transfer_runs_every_role_on_the_base_and_needs_no_sa_rl():
+    grid = parse_grid({"workflows": ["orch_workers"], "policies": [], "controls": ["transfer"]})
+    (t,) = [c for c in expand(grid) if c.kind == "transfer"]
+    assert t.name == "Orch-Workers-Transfer-tiny-s-Math" and t.needs == ()
+    assert set(t.config.policy.role_map.values()) == {BASE}
+
+
 def test_settings_layer_under_the_axes():
     cells = expand(
         parse_grid({"workflows": ["voting"], "seeds": [7], "settings": {"steps": 5, "seed": 1}})

@@ -18,7 +18,10 @@ expands to, for every (task, scale, seed):
 * the **SA-RL** control: Single trained with the same settings: ``Single-SA-tiny-s-Math``;
 * **transfer** diagnostics: the SA-RL adapter on the generator role of each multi-agent workflow,
   every other role on the base, validation only: ``Voting-Transfer-tiny-s-Math`` (runs after its
-  SA-RL cell).
+  SA-RL cell). Orch-Workers has no generator role, so, to the letter of the paper (A.2: "the
+  evaluator, aggregator, orchestrator, worker, and synthesizer roles fall through to the base
+  model"), its transfer cell runs every role on the base and needs no SA-RL cell: it must equal
+  its base cell, a check on the pair.
 
 Names follow SPEC §1, ``{Workflow}-{Policy}-{Scale}-{Task}[-s{seed}]``; the seed suffix is
 written when the grid has more than one seed. Choices of marlow: ``single`` in ``workflows``
@@ -222,10 +225,10 @@ class _Point:
         if "transfer" in self.grid.controls:
             sa_name = self.name("single", "sa-rl")
             for w in self.multi:
-                routing = {"routing": "map", "role_map": _transfer_map(w)}
-                out.append(
-                    self.cell("transfer", w, "transfer", (sa_name,), policy=routing, steps=0)
-                )
+                role_map = _transfer_map(w)
+                needs = (sa_name,) if "generator" in role_map else ()
+                routing = {"routing": "map", "role_map": role_map}
+                out.append(self.cell("transfer", w, "transfer", needs, policy=routing, steps=0))
         return out
 
 

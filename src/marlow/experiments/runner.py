@@ -84,7 +84,9 @@ def _run(cell_json: dict, config, run_dir: Path, sa_rl: str | None, log) -> None
     from marlow.train.trainer import Trainer
 
     trainer = Trainer(config, run_dir, log=log)
-    if cell_json["kind"] == "transfer":
+    if cell_json["kind"] == "transfer" and "generator" not in (config.policy.role_map or {}):
+        log(f"{config.workflow.name} has no generator role: every role runs on the base model")
+    elif cell_json["kind"] == "transfer":
         found = checkpoint.latest(Path(sa_rl)) if sa_rl else None
         if found is None:
             raise FileNotFoundError(f"SA-RL cell {sa_rl} has no checkpoint to transfer")

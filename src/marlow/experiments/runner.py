@@ -213,9 +213,9 @@ class Results:
         self.grid = grid
         self.state: dict[str, str] = {}
         self.error: dict[str, str | None] = {}
+        self.seconds: dict[str, float | None] = {}  # a done cell's, read from its DONE once
         for c in cells:
-            self.state[c.name] = "done" if self.done(c.name) else "pending"
-            self.error[c.name] = None
+            self.set(c.name, "done" if self.done(c.name) else "pending", write=False)
 
     def dir(self, name: str) -> Path:
         return self.root / "cells" / name
@@ -223,19 +223,19 @@ class Results:
     def done(self, name: str) -> bool:
         return (self.dir(name) / "DONE").exists()
 
-    def seconds(self, name: str) -> float | None:
+    def set(self, name: str, state: str, error: str | None = None, *, write=True) -> None:
+        self.state[name], self.error[name] = state, error
+        self.seconds[name] = self._read_seconds(name) if state == "done" else None
+        if write:
+            self.write_index()
+
+    def _read_seconds(self, name: str) -> float | None:
         """A finished cell's wall seconds (its last process only: a resumed cell's earlier
         processes are not counted), or None."""
-        if self.state[name] != "done":
-            return None
         try:
             return float(json.loads((self.dir(name) / "DONE").read_text())["seconds"])
         except (OSError, ValueError, KeyError, TypeError):
             return None  # a DONE from before marlow timed cells
-
-    def set(self, name: str, state: str, error: str | None = None) -> None:
-        self.state[name], self.error[name] = state, error
-        self.write_index()
 
     def write_index(self) -> None:
         cells = {
@@ -243,7 +243,7 @@ class Results:
                 **c.describe(),
                 "state": self.state[name],
                 "error": self.error[name],
-                "seconds": self.seconds(name),
+                "seconds": self.seconds[name],
                 "path": f"cells/{name}",
             }
             for name, c in self.cells.items()
@@ -400,7 +400,7 @@ def _drive(
                 pool.result(handle)
                 results.set(cell.name, "done")
                 finished = sum(s in ("done", "failed") for s in results.state.values())
-                seconds = results.seconds(cell.name)
+                seconds = results.seconds[cell.name]
                 took = "" if seconds is None else f" in {seconds:.0f} s"
                 log(f"[{finished}/{len(results.state)}] {cell.name}: done{took}")
             except Exception as err:  # noqa: BLE001 - a cell's failure must not stop the grid

@@ -331,7 +331,8 @@ def pretrain_worlds(cells: list[Cell], log: Log) -> None:
     the cells start (else the first cell pre-trains on one thread while the others wait for its
     lock). Each world trains in a child process of its own: a grid process that pre-trained
     in-process stood at 9.5 GiB resident during its second world (tiny-m math, after tiny-m
-    code) and would have held that for the rest of the grid. Ray cells pre-train on their own node instead: its cache is its own."""
+    code) and would have held that for the rest of the grid. Ray cells pre-train on their own
+    node instead: its cache is its own."""
     import multiprocessing
 
     from marlow.models import is_tiny

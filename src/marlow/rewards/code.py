@@ -53,7 +53,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from marlow.rewards.sandbox import Job, Limits, RunResult, run_many
+from marlow.rewards.sandbox import SANDBOX_ERROR, Job, Limits, RunResult, run_many
 
 DEFAULT_TIMEOUT_S = 6.0
 
@@ -129,6 +129,11 @@ class CodeScore:
     @property
     def passed(self) -> int:
         return sum(t.passed for t in self.tests)
+
+    @property
+    def sandbox_error(self) -> str | None:
+        """Why the sandbox could not set up for this program (no verdict on it), or None."""
+        return next((t.detail for t in self.tests if t.status == SANDBOX_ERROR), None)
 
 
 def parse_tests(tests: Any) -> list[TestCase]:

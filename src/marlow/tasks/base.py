@@ -70,7 +70,6 @@ class CodeGrader:
     def prefetch(self, pairs: Sequence[tuple[str, Problem]]) -> None:
         """Grade every (text, problem) not in the cache yet, in one batch."""
         from marlow.rewards.code import score_code_batch
-        from marlow.rewards.sandbox import SANDBOX_ERROR
 
         todo: dict[tuple[str, str], tuple[str, object]] = {}
         for text, problem in pairs:
@@ -86,10 +85,9 @@ class CodeGrader:
             max_workers=self.max_workers,
         )
         for key, score in zip(todo, scores, strict=True):
-            failed = [t for t in score.tests if t.status == SANDBOX_ERROR]
-            if failed:
+            if score.sandbox_error is not None:
                 self.sandbox_errors += 1
-                self.last_sandbox_error = failed[0].detail
+                self.last_sandbox_error = score.sandbox_error
                 self._uncached[key] = score.reward
             else:
                 self._remember(key, score.reward)

@@ -14,7 +14,6 @@ from typing import Any
 
 from marlow.rewards.code import CodeScore, code_key, extract_code, score_code_batch
 from marlow.rewards.math import last_boxed
-from marlow.rewards.sandbox import SANDBOX_ERROR
 from marlow.tiny.codecorpus import CodeCorpusConfig, make_example
 from marlow.tiny.evaluate import generate, probe_roles
 from marlow.types import Problem
@@ -63,7 +62,7 @@ def generator_scores(
     out = {
         "reward": sum(rewards) / max(1, len(rewards)),
         "accuracy": sum(r >= 1.0 for r in rewards) / max(1, len(rewards)),
-        "sandbox_errors": sum(any(t.status == SANDBOX_ERROR for t in s.tests) for s in scores),
+        "sandbox_errors": sum(s.sandbox_error is not None for s in scores),
     }
     fams: dict[str, list[float]] = {}
     for p, r in zip(problems, rewards, strict=True):

@@ -33,7 +33,9 @@ class ConfigError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Non-finite numbers (nan, inf) are refused in every float field: an inf learning rate
+    # would train one step of non-finite adapters before anything noticed (issue 13).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ModelConfig(_Section):
@@ -41,7 +43,16 @@ class ModelConfig(_Section):
         "tiny-s", description="a tiny scale (tiny-s, tiny-m, tiny-l) or an HF id/path"
     )
     dtype: Literal["float32", "bfloat16"] = "float32"
-    pretrain_steps: int | None = Field(None, description="tiny scales: override pretraining steps")
+    pretrain_steps: int | None = Field(
+        None, ge=1, description="tiny scales: override pretraining steps"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _named(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("is empty; valid: tiny-s, tiny-m, tiny-l, a hub id or a folder")
+        return v
 
 
 MATH_DATASETS = ("gsm8k", "math500", "dapo")
@@ -66,6 +77,11 @@ class TaskConfig(_Section):
     format_penalty: float = Field(-0.1, le=0.0, description="math: reward of an unboxed answer")
     code_timeout_s: float | None = Field(
         None, gt=0.0, description="code: seconds per hidden test; None: 2 (tiny), 6 (datasets)"
+    )
+    strict: bool = Field(
+        False,
+        description="a dataset row the loader would skip (bad JSON, a missing field, a "
+        "duplicate...) is an error instead of a counted skip (SPEC §9)",
     )
 
     @model_validator(mode="after")
@@ -133,6 +149,20 @@ class PolicyConfig(_Section):
     lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
     target_modules: str | list[str] = "all-linear"
 
+    @model_validator(mode="after")
+    def _map_needs_role_map(self) -> PolicyConfig:
+        if self.routing == "map" and not self.role_map:
+            raise ValueError(
+                "policy.routing is 'map' but policy.role_map is empty; give role -> adapter "
+                "(e.g. {generator: gen, aggregator: __base__}) or use routing sp, ip or base"
+            )
+        if self.routing != "map" and self.role_map:
+            raise ValueError(
+                f"policy.role_map is only read with policy.routing=map (routing is "
+                f"{self.routing!r}); valid: drop role_map, or set policy.routing=map"
+            )
+        return self
+
 
 class RolloutConfig(_Section):
     backend: Literal["hf"] = "hf"
@@ -152,13 +182,26 @@ class GRPOConfig(_Section):
     aggregation: str = "seq-mean-token-mean"
     minibatch_turns: int = Field(64, ge=1, description="M: turns per optimizer update (paper: 64)")
     epochs: int = Field(1, ge=1)
-    eps: float = 1e-6
+    eps: float = Field(
+        1e-6, ge=0.0, description="added to the group std, not the variance (verl: 1e-6)"
+    )
+    clip_ratio_c: float | None = Field(
+        None,
+        gt=1.0,
+        description="dual-clip (Ye et al. 2020; verl's clip_ratio_c, 3.0 there): for A < 0 the "
+        "per-token loss is capped at c * |A|; None: off",
+    )
     credit: Literal["broadcast", "role"] = Field(
         "broadcast",
         description="broadcast: every turn gets the episode reward (paper); role: each "
         "turn its own (marlow.workflows.credit), normalised per slot",
     )
-    advantage_scope: Literal["problem", "role", "slot"] = "problem"
+    advantage_scope: Literal["problem", "role", "slot"] = Field(
+        "problem",
+        description="the group a reward is normalised in: problem, (problem, role) or (problem, "
+        "role, slot, round); under credit=role, problem and slot coincide (a turn's own "
+        "reward is compared with its slot's)",
+    )
     same_role_weighting: bool = Field(
         False, description="scale each turn by 1/N for N same-role slots"
     )
@@ -174,18 +217,37 @@ class GRPOConfig(_Section):
             raise ValueError(f"unknown aggregation {v!r}; valid: {', '.join(AGGREGATIONS)}")
         return v
 
+    @field_validator("role_weights")
+    @classmethod
+    def _weights(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {role: w for role, w in v.items() if w < 0}
+        if bad:
+            raise ValueError(
+                f"role weights must be >= 0 (a negative one flips the sign), got {bad}"
+            )
+        return v
+
 
 class OptimConfig(_Section):
     lr: float = Field(2e-5, gt=0.0)
     warmup_steps: int = Field(15, ge=0)
     grad_clip: float = Field(1.0, gt=0.0)
     weight_decay: float = Field(0.01, ge=0.0)
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas, each in [0, 1)")
     schedule_stepping: Literal["per-step", "per-role-update"] = Field(
         "per-step",
         description="per-role-update reproduces the paper's released code: one shared schedule "
         "stepped once per role update",
     )
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in v):
+            raise ValueError(
+                f"each beta must be in [0, 1), got {list(v)}; AdamW default: 0.9, 0.999"
+            )
+        return v
 
 
 class DetectConfig(_Section):
@@ -236,10 +298,27 @@ class SinksConfig(_Section):
     )
 
 
+class TrainConfig(_Section):
+    max_nonfinite: int = Field(
+        3,
+        ge=1,
+        description="consecutive steps an adapter's update may be skipped for a non-finite loss "
+        "or gradient before the run stops (its last good checkpoint kept)",
+    )
+    keep_checkpoints: int | None = Field(
+        2,
+        ge=2,
+        description="checkpoints kept (the newest ones, plus the best validation's); "
+        "null keeps every one",
+    )
+
+
 class RunConfig(_Section):
     preset: Literal["paper", "tiny"] = "tiny"
     seed: int = 0
-    steps: int = Field(500, ge=0)
+    steps: int = Field(
+        500, ge=0, description="training steps; 0 only for an evaluation run (routing base or map)"
+    )
     val_every: int = Field(10, ge=1)
     ckpt_every: int = Field(5, ge=1)
     threads: int | None = Field(None, ge=1, description="torch threads; default: all cores")
@@ -254,6 +333,18 @@ class RunConfig(_Section):
     detect: DetectConfig = DetectConfig()
     diagnostics: DiagnosticsConfig = DiagnosticsConfig()
     sinks: SinksConfig = SinksConfig()
+    train: TrainConfig = TrainConfig()
+
+    @model_validator(mode="after")
+    def _trains_something(self) -> RunConfig:
+        # steps 0 is the grid's evaluation-only cells (base and transfer controls); a run that
+        # trains its own adapters with no step would only validate the untrained start.
+        if self.steps == 0 and self.policy.routing in ("sp", "ip"):
+            raise ValueError(
+                f"steps is 0 but policy.routing={self.policy.routing} trains adapters; valid: "
+                "steps >= 1 (0 only for an evaluation run with routing base or map)"
+            )
+        return self
 
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -303,17 +394,34 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like key=value (e.g. optim.lr=1e-3)")
         key, raw = item.split("=", 1)
-        node = out
         parts = key.strip().split(".")
-        for part in parts[:-1]:
+        if not all(parts):
+            raise ConfigError(
+                f"override {item!r} has an empty key part; keys are dotted field names "
+                "(e.g. optim.lr=1e-3)"
+            )
+        node = out
+        for depth, part in enumerate(parts[:-1]):
             node = node.setdefault(part, {})
-        node[parts[-1]] = _scalar(raw)
+            if not isinstance(node, dict):
+                raise ConfigError(
+                    f"override {item!r}: {'.'.join(parts[: depth + 1])} was already set to a "
+                    "value, so it has no fields to set; give one of the two"
+                )
+        node[parts[-1]] = _scalar(raw, key)
     return out
 
 
-def _scalar(raw: str) -> Any:
+def _scalar(raw: str, key: str = "value") -> Any:
     """YAML value, except that ``1e-3`` is a float (YAML 1.1 would keep it a string)."""
-    value = yaml.safe_load(raw) if raw else ""
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or type(err).__name__
+        raise ConfigError(
+            f"override {key}={raw!r} is not a YAML value ({problem}); quote text, write lists "
+            "as [a, b] and mappings as {k: v}"
+        ) from None
     if isinstance(value, str) and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+", value):
         return float(value)
     return value
@@ -329,7 +437,34 @@ def _one_line(err: ValidationError) -> str:
         valid = ", ".join(section.model_fields)
         return f"config field {where!r} is unknown; valid here: {valid}"
     more = f" (and {len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
-    return f"config field {where!r}: {first['msg']}{more}"
+    msg = first["msg"].removeprefix("Value error, ")
+    got = (
+        "" if first["type"].startswith("value_error") else f", got {repr(first.get('input'))[:80]}"
+    )
+    valid = _valid_range(first["loc"])
+    valid = f"; valid: {valid}" if valid and first["type"] == "finite_number" else ""
+    field = f"config field {where!r}: " if first["loc"] else "config: "
+    return f"{field}{msg}{got}{valid}{more}".replace("\n", " ")
+
+
+def _valid_range(loc: tuple) -> str:
+    """The bounds declared on the field at ``loc`` (``> 0``, ``>= 0 and < 1``), or ""."""
+    model: Any = RunConfig
+    info = None
+    for part in loc:
+        fields = getattr(model, "model_fields", None)
+        if not fields or str(part) not in fields:
+            break
+        info = fields[str(part)]
+        model = info.annotation
+    symbols = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+    bounds = [
+        f"{sym} {getattr(m, name)}"
+        for m in (info.metadata if info else [])
+        for name, sym in symbols.items()
+        if getattr(m, name, None) is not None
+    ]
+    return " and ".join(bounds) or "a finite number"
 
 
 def resolve(data: dict[str, Any]) -> RunConfig:
@@ -343,17 +478,29 @@ def resolve(data: dict[str, Any]) -> RunConfig:
         raise ConfigError(_one_line(err)) from None
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Preset (named in the file or an override; default tiny) <- file <- overrides."""
-    data: dict[str, Any] = {}
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    *,
+    base: RunConfig | None = None,
+) -> RunConfig:
+    """Preset (named in the file or an override; default tiny) <- file <- overrides. With
+    ``base`` (a resumed run's own config) the file and overrides are layered over it instead."""
+    data: dict[str, Any] = base.model_dump(mode="json") if base is not None else {}
     if path is not None:
         try:
-            loaded = yaml.safe_load(Path(path).read_text()) or {}
-        except (OSError, yaml.YAMLError) as err:
-            raise ConfigError(f"cannot read config {path}: {err}") from None
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        except (OSError, UnicodeDecodeError) as err:
+            reason = getattr(err, "strerror", None) or type(err).__name__
+            raise ConfigError(f"cannot read config {path}: {reason}") from None
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            problem = getattr(err, "problem", None) or type(err).__name__
+            raise ConfigError(f"config {path} is not valid YAML{where}: {problem}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config {path} must be a YAML mapping, got {type(loaded).__name__}")
-        data = loaded
+        data = merge(data, loaded)
     return resolve(merge(data, parse_overrides(overrides or [])))
 
 

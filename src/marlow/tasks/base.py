@@ -12,6 +12,11 @@ synthetic code, ``marlow.tiny.codegen``; endless and seeded), or a dataset file 
 ``task.split_seed``, into validation (``task.val_size`` problems) and train. Train batches walk
 the train problems in epochs, each epoch in its own seeded order; a batch may straddle two
 epochs. Choices of marlow, not fixed by the spec.
+
+Bad rows: the loader skips and counts them by reason (``marlow.tasks.loaders``); ``build_task``
+logs the counts and keeps them in ``Task.data_report`` (the trainer records them in the run's
+``events.jsonl``). The data settings live in ``task.*``, so the strict switch is ``task.strict``:
+with it, the first row that would be skipped is an error naming the row and the reason.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from types import ModuleType
@@ -117,6 +122,7 @@ class Task:
     config: TaskConfig
     _train: list[Problem] = field(default_factory=list, repr=False)
     _val: list[Problem] = field(default_factory=list, repr=False)
+    data_report: dict | None = None  # a dataset's rows read, kept and skipped by reason
 
     def grader(self):
         """A picklable (text, problem) -> reward function."""
@@ -160,14 +166,16 @@ def _epoch_order(seed: int, epoch: int, n: int) -> list[int]:
     return order
 
 
-def build_task(config: TaskConfig) -> Task:
+def build_task(config: TaskConfig, log: Callable[[str], None] | None = None) -> Task:
+    """The task of ``config``; a dataset is loaded and split here, and ``log`` gets one line of
+    its row counts (``WARNING`` first when rows were skipped)."""
     if config.source == "tiny":
         return Task(config.name, config)
     from marlow.tasks.loaders import DatasetError, load, split
 
     try:
         kwargs = {"subset": config.subset} if config.dataset == "deepcoder" else {}
-        problems, _report = load(config.dataset, config.source, **kwargs)
+        problems, report = load(config.dataset, config.source, strict=config.strict, **kwargs)
         if len(problems) <= config.val_size:
             raise DatasetError(
                 f"task.val_size is {config.val_size} but {config.source} has only "
@@ -175,5 +183,16 @@ def build_task(config: TaskConfig) -> Task:
             )
         train, val = split(problems, config.val_size, config.split_seed)
     except DatasetError as err:
-        raise ConfigError(str(err)) from None
-    return Task(config.name, config, train, val)
+        strict = "task.strict is true and " if config.strict and "rejected" in str(err) else ""
+        raise ConfigError(f"{strict}{err}") from None
+    if log is not None:
+        hint = "; task.strict=true makes a skipped row an error" if report.n_skipped else ""
+        log(f"{'WARNING ' if report.n_skipped else ''}data {report.summary()}{hint}")
+    data = {
+        "dataset": report.dataset,
+        "source": report.source,
+        "rows_read": report.rows_read,
+        "kept": report.kept,
+        "skipped": dict(sorted(report.skipped.items())),
+    }
+    return Task(config.name, config, train, val, data)

@@ -48,7 +48,7 @@ from marlow.train.grpo import (
 )
 from marlow.train.optim import AdapterOptimizers
 from marlow.types import Episode, SamplingParams
-from marlow.workflows import build_workflow
+from marlow.workflows.check import check_run_config
 from marlow.workflows.engine import run_episodes
 
 Log = Callable[[str], None]
@@ -68,11 +68,12 @@ class Trainer:
         if config.threads:
             torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
+        # What can be refused without the model is refused first: role-level settings, data.
+        self.workflow = check_run_config(config)
+        self.task = build_task(config.task, log=self.log)
         self.base, self.tokenizer = load_base(config.model, log=self.log, task=config.task.name)
         self.style = prompt_style(config.model.name)
-        self.task = build_task(config.task)
         self.grade = self.task.grader()
-        self.workflow = build_workflow(config.workflow.name, **config.workflow.params)
         pol = config.policy
         self.routing: Routing = make_routing(pol.routing, self.workflow.roles, pol.role_map)
         spec = LoraSpec(pol.lora_rank, pol.lora_alpha, pol.lora_dropout, pol.target_modules)
@@ -301,6 +302,8 @@ class Trainer:
 
     def _loop(self, on_step: Callable[[int, dict], None] | None) -> None:
         if self.step == 0:
+            if self.task.data_report is not None:  # rows read, kept, skipped by reason
+                self.events.write({"step": 0, "action": "data", **self.task.data_report})
             self._record(0, self.validate(0), on_step)
         for step in range(self.step + 1, self.cfg.steps + 1):
             record = self.train_step(step)

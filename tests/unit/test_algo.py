@@ -42,14 +42,14 @@ def close(actual: torch.Tensor, expected: object, tol: float = TOL) -> None:
 #     group 3, R = [2, 4]: mean 3, deviations [-1, 1], sum sq = 2, var = 2 / 1, std = sqrt(2)
 #   flat group [0.1, 0.1, 0.1]: float64 mean 0.10000000000000002, so the naive formula gives
 #     -1.4e-11, not 0; a 2-item group [1, 0] beside it: std = sqrt(0.5), A = +-0.5 / (std + eps)
-#   singleton [3]: no Bessel std, A = 0 (not NaN); beside it [1, 0] as above
+#   singleton [3]: no Bessel std; verl's mean 0, std 1: A = 3 / (1 + eps); beside it [1, 0]
 S3, S2, SH = 1 / math.sqrt(3) + EPS, math.sqrt(2) + EPS, math.sqrt(0.5) + EPS
 G7 = (1 / 3) / S3  # a deviation of 1/3 in group 7 of the two-group case
 ADV_CASES = {
     "one_group": ([1, 0, 0, 1], [0, 0, 0, 0], [0.5 / S3, -0.5 / S3, -0.5 / S3, 0.5 / S3]),
     "two_groups": ([1, 2, 0, 4, 0], [7, 3, 7, 3, 7], [2 * G7, -1 / S2, -G7, 1 / S2, -G7]),
     "flat_group": ([0.1, 0.1, 0.1, 1, 0], [0, 0, 0, 1, 1], [0, 0, 0, 0.5 / SH, -0.5 / SH]),
-    "singleton": ([3, 1, 0], [0, 1, 1], [0, 0.5 / SH, -0.5 / SH]),
+    "singleton": ([3, 1, 0], [0, 1, 1], [3 / (1 + EPS), 0.5 / SH, -0.5 / SH]),
 }
 
 
@@ -80,9 +80,9 @@ def test_group_advantages_contract() -> None:
 
 
 def test_zero_std_fraction_group_keys_and_scopes() -> None:
-    # groups: {1, 1} flat, {0, 1} not, {5} singleton (flat) -> 2 / 3
+    # groups: {1, 1} flat, {0, 1} not, {5} a singleton (A = R, not flat) -> 1 / 3
     frac = algo.zero_std_fraction(t64([1, 0, 1, 1, 5]), ids([0, 1, 0, 1, 2]))
-    assert frac == pytest.approx(2 / 3, abs=1e-15)
+    assert frac == pytest.approx(1 / 3, abs=1e-15)
     keys = [("p1", "gen", 0), ("p0", "gen", 0), ("p1", "gen", 0), ("p1", "agg", 0)]
     assert algo.group_keys(keys).dtype == torch.long
     assert algo.group_keys(keys).tolist() == [0, 1, 0, 2]  # first-seen order
@@ -131,6 +131,30 @@ def test_clipped_tokens_have_zero_gradient_and_bad_shapes_raise() -> None:
         algo.clipped_surrogate(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3))
     with pytest.raises(ValueError, match="logp_old"):
         algo.clipped_surrogate(torch.zeros(2, 3), torch.zeros(2, 4), torch.zeros(2))
+
+
+# Dual-clip, c = 3, the default clip [0.8, 1.28]; logp_old = 0, logp_new = log r.
+# Row 0, A = -1, r = [0.5, 2.0, 4.0, 5.0]: the clipped loss is -min(rA, clip(r)A) =
+#   [0.8 (clipped low), 2.0, 4.0, 5.0]; the cap c|A| = 3 binds at r = 4 and 5 -> [0.8, 2, 3, 3].
+# Row 1, A = +2, r as above: -min(2r, 2 clip(r)) = [-1.0, -2.56, -2.56, -2.56]; no cap for A > 0.
+# Gradients d loss / d logp_new: row 0 [0 (clipped low), -A r = 2.0, 0 (capped), 0 (capped)];
+#   row 1 [-A r = -1.0, 0, 0, 0] (clipped high from r = 2 on).
+DUAL_RATIOS = [[0.5, 2.0, 4.0, 5.0], [0.5, 2.0, 4.0, 5.0]]
+
+
+def test_dual_clip_caps_the_loss_of_negative_advantages_at_c_times_abs_a() -> None:
+    logp_new = t64(DUAL_RATIOS).log().requires_grad_()
+    adv = t64([-1.0, 2.0])
+    out = algo.clipped_surrogate(logp_new, torch.zeros(2, 4, dtype=F64), adv, clip_ratio_c=3.0)
+    close(out.loss, [[0.8, 2.0, 3.0, 3.0], [-1.0, -2.56, -2.56, -2.56]])
+    assert out.clipped_dual.tolist() == [[False, False, True, True], [False] * 4]
+    out.loss.sum().backward()
+    close(logp_new.grad, [[0.0, 2.0, 0.0, 0.0], [-1.0, 0.0, 0.0, 0.0]])
+    off = algo.clipped_surrogate(t64(DUAL_RATIOS).log(), torch.zeros(2, 4, dtype=F64), adv)
+    close(off.loss[0], [0.8, 2.0, 4.0, 5.0])  # without c the loss grows with r
+    assert not off.clipped_dual.any()
+    with pytest.raises(ValueError, match="clip_ratio_c > 1"):
+        algo.clipped_surrogate(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), 0.2, 0.28, 1.0)
 
 
 # --- aggregation -------------------------------------------------------------------------------

@@ -96,3 +96,49 @@ def test_own_reward_is_reported_per_role():
     out = meter.result("train")
     assert out["train/generator/own_reward"] == 0.5 and out["train/aggregator/own_reward"] == 1.0
     assert out["train/generator/reward"] == 1.0 and "train/all/own_reward" not in out
+
+
+def _role_credit_episodes(own: list[tuple[float, float, float]], episode_reward: float):
+    """One problem; each episode: generators at slots 0 and 1, then the aggregator, with the
+    given own rewards and the same episode reward for every episode."""
+    episodes = []
+    for sample, rewards in enumerate(own):
+        ts = [turn("generator", "", 0), turn("generator", "", 1), turn("aggregator", "")]
+        for t, r in zip(ts, rewards, strict=True):
+            t.reward = r
+        episodes.append(
+            Episode(problem_id="p", group=0, sample=sample, turns=ts, reward=episode_reward)
+        )
+    return episodes
+
+
+def test_frac_reward_zero_std_counts_the_groups_that_define_the_advantages():
+    # Every episode reward is 1.0, so the old count (episode rewards per problem) said 1.0. The
+    # advantages come from the own rewards per slot: slot 0 (1, 0) varies, slot 1 (1, 1) and the
+    # aggregator (1, 1) are flat -> 2 of 3 groups give no gradient.
+    episodes = _role_credit_episodes([(1.0, 1.0, 1.0), (0.0, 1.0, 1.0)], episode_reward=1.0)
+    adv, frac = turn_advantages(episodes, "problem", eps=1e-6)
+    assert frac == pytest.approx(2 / 3, abs=1e-12)
+    assert adv[id(episodes[0].turns[0])] > 0 and adv[id(episodes[0].turns[1])] == 0
+    # Broadcast credit, two problems: one with rewards (1, 0), one flat (1, 1) -> 1 / 2.
+    for ep in episodes:
+        for t in ep.turns:
+            t.reward = None
+    flat = [Episode("q", 1, s, [turn("generator", "")], reward=1.0) for s in range(2)]
+    episodes[1].reward = 0.0
+    assert turn_advantages([*episodes, *flat], "problem", eps=1e-6)[1] == 0.5
+    # Per-slot scope on broadcast rewards: the same two groups per role-slot as per problem.
+    assert turn_advantages([*episodes, *flat], "slot", eps=1e-6)[1] == pytest.approx(1 / 4)
+
+
+def test_role_scope_is_honoured_under_role_credit():
+    # Own generator rewards: slot 0 (1, 0), slot 1 (0, 0). Per slot, slot 1 is flat (A = 0);
+    # per role, the four generator turns (1, 0, 0, 0) are one group: mean 1/4,
+    # Bessel std sqrt((9/16 + 3 * 1/16) / 3) = 1/2, so slot 1's turns get (0 - 1/4) / (1/2 + eps).
+    episodes = _role_credit_episodes([(1.0, 0.0, 1.0), (0.0, 0.0, 0.0)], episode_reward=0.0)
+    per_slot, _ = turn_advantages(episodes, "slot", eps=1e-6)
+    per_role, _ = turn_advantages(episodes, "role", eps=1e-6)
+    assert per_slot[id(episodes[0].turns[1])] == 0.0
+    assert per_role[id(episodes[0].turns[1])] == pytest.approx(-0.25 / (0.5 + 1e-6), abs=1e-12)
+    assert per_role[id(episodes[0].turns[0])] == pytest.approx(0.75 / (0.5 + 1e-6), abs=1e-12)
+    assert turn_advantages(episodes, "problem", eps=1e-6)[0] == per_slot

@@ -13,7 +13,11 @@ Departures from the textbook formula, both deliberate:
   every item, so std = sqrt(n / (n - 1)) * |c| and A = c / (std + eps): tiny while |c| << eps, but
   close to +-1 once |c| >> eps (seven float32 rewards of 1000.1 leave c = -6.1e-5). Flat groups are
   therefore detected by min == max and zeroed; `zero_std_fraction` counts them.
-* A group of one item has no Bessel std (n - 1 = 0); it is treated as all-equal, so A = 0.
+* A group of one item has no Bessel std (n - 1 = 0). It follows verl
+  (``compute_grpo_outcome_advantage``): mean 0 and std 1, so A = R / (1 + eps). Such groups
+  arise from the data, not the config (``grpo.group_size`` >= 2): an Eval-Opt revision round
+  reached by one episode of a problem, grouped per slot and round. A singleton is therefore not
+  "zero std" for `zero_std_fraction` (its advantage is R, not 0).
 
 What a "group" is (per problem, per role, per slot) is the trainer's *advantage scope*: it builds
 one hashable key per item, e.g. (problem, role, slot), and `group_keys` turns the keys into ids.
@@ -79,8 +83,9 @@ def group_advantages(rewards: Tensor, group_index: Tensor, eps: float = 1e-6) ->
 
     Returns:
         (K,) advantages in the rewards' floating dtype (float32 for integer rewards). Items of a
-        group whose rewards are all equal, including a group of one, get exactly 0. The result
-        carries no gradient (advantages are constants in the policy loss).
+        group of two or more whose rewards are all equal get exactly 0; the item of a group of
+        one gets R / (1 + eps) (verl). The result carries no gradient (advantages are constants
+        in the policy loss).
     """
     _check_inputs(rewards, group_index)
     out_dtype = rewards.dtype if rewards.is_floating_point() else torch.get_default_dtype()
@@ -96,27 +101,36 @@ def group_advantages(rewards: Tensor, group_index: Tensor, eps: float = 1e-6) ->
     mean = total / count  # (G,)
     centred = r - mean[inverse]  # (K,)
     sq_dev = r.new_zeros(n_groups).index_add_(0, inverse, centred * centred)  # (G,)
-    # Bessel: divide by n - 1. Singletons would divide by zero; they are zeroed below anyway.
+    # Bessel: divide by n - 1. Singletons would divide by zero; verl's mean 0, std 1 instead.
     var = sq_dev / (count - 1).clamp_min(1)  # (G,)
-    std = var.sqrt()  # (G,)
+    single = count == 1  # (G,)
+    std = torch.where(single, torch.ones_like(var), var.sqrt())  # (G,)
+    centred = torch.where(single[inverse], r, centred)  # (K,) R - 0 for a singleton
 
-    lo, hi = _group_extrema(r, inverse, n_groups)  # (G,), (G,)
-    flat = lo == hi  # (G,) all rewards equal (a singleton is trivially flat)
+    flat = _flat_groups(r, inverse, n_groups, count)  # (G,)
     adv = centred / (std[inverse] + eps)  # (K,)
     adv = torch.where(flat[inverse], torch.zeros_like(adv), adv)  # (K,) exact zeros, never NaN
     return adv.to(out_dtype)
 
 
-def zero_std_fraction(rewards: Tensor, group_index: Tensor) -> float:
-    """Fraction of groups whose rewards are all equal (TRL's `frac_reward_zero_std`).
+def _flat_groups(r: Tensor, inverse: Tensor, n_groups: int, count: Tensor) -> Tensor:
+    """(G,) bool: groups of two or more items whose rewards are all equal."""
+    lo, hi = _group_extrema(r, inverse, n_groups)  # (G,), (G,)
+    return (lo == hi) & (count > 1)
 
-    These groups get A = 0 and so contribute no gradient. Groups of one item count as all-equal.
-    Returns 0.0 when there are no items.
+
+def zero_std_fraction(rewards: Tensor, group_index: Tensor) -> float:
+    """Fraction of groups of two or more items whose rewards are all equal (TRL's
+    `frac_reward_zero_std`), over all groups.
+
+    These groups get A = 0 and so contribute no gradient. A group of one is not counted (it gets
+    A = R, see the module docstring). Returns 0.0 when there are no items.
     """
     _check_inputs(rewards, group_index)
     if rewards.numel() == 0:
         return 0.0
     _, inverse = torch.unique(group_index, return_inverse=True)  # (K,)
     n_groups = int(inverse.max()) + 1
-    lo, hi = _group_extrema(rewards.detach().to(torch.float64), inverse, n_groups)  # (G,), (G,)
-    return float((lo == hi).double().mean())
+    count = torch.bincount(inverse, minlength=n_groups)  # (G,)
+    flat = _flat_groups(rewards.detach().to(torch.float64), inverse, n_groups, count)  # (G,)
+    return float(flat.double().mean())

@@ -12,6 +12,15 @@ branch is the active one (its gradient is zero) exactly when
     r < 1 - eps_low  and A < 0     -> `clipped_low`
     r > 1 + eps_high and A > 0     -> `clipped_high`
 
+Dual-clip (Ye et al. 2020, "Mastering Complex Control in MOBA Games"; verl's ``clip_ratio_c``),
+off unless a c > 1 is given. For A < 0 the clipped loss above grows without bound as r grows
+(-min(rA, clip(r)A) = r|A| once r > 1 + eps_high); dual-clip caps it:
+
+    loss_it = min(loss_it, c * |A_it|)     where A_it < 0     -> `clipped_dual` where the cap binds
+
+so a token whose ratio has run far past c under a negative advantage stops pushing (its gradient
+is 0), as in verl's ``compute_policy_loss``.
+
 Aggregation turns the (T, L) per-token loss into a scalar. With m_it in {0, 1} the loss mask,
 n_i = sum_t m_it the tokens of turn i and N = #{i : n_i > 0} the turns with at least one token:
 
@@ -50,6 +59,7 @@ class SurrogateOut(NamedTuple):
     ratio: Tensor  # (T, L) float, r = exp(logp_new - logp_old)
     clipped_low: Tensor  # (T, L) bool, r < 1 - clip_low and A < 0 (clipped branch active)
     clipped_high: Tensor  # (T, L) bool, r > 1 + clip_high and A > 0 (clipped branch active)
+    clipped_dual: Tensor  # (T, L) bool, A < 0 and the dual-clip cap c * |A| binds
 
 
 def clipped_surrogate(
@@ -58,6 +68,7 @@ def clipped_surrogate(
     advantages: Tensor,
     clip_low: float = 0.2,
     clip_high: float = 0.28,
+    clip_ratio_c: float | None = None,
 ) -> SurrogateOut:
     """PPO clipped surrogate per token (see the module docstring for the formula).
 
@@ -68,6 +79,7 @@ def clipped_surrogate(
         advantages: (T, L) per-token or (T,) per-turn advantages, broadcast over tokens.
             Treated as a constant (detached).
         clip_low, clip_high: the ratio is clipped to [1 - clip_low, 1 + clip_high].
+        clip_ratio_c: dual-clip constant c > 1 (verl uses 3.0), or None for no dual-clip.
 
     Padded positions are computed like any other; mask them when aggregating.
     """
@@ -81,6 +93,8 @@ def clipped_surrogate(
             f"need 0 <= clip_low < 1 and clip_high >= 0, got clip_low={clip_low}, "
             f"clip_high={clip_high} (paper: 0.2 and 0.28)"
         )
+    if clip_ratio_c is not None and not clip_ratio_c > 1.0:
+        raise ValueError(f"dual-clip needs clip_ratio_c > 1 (verl: 3.0), got {clip_ratio_c}")
     adv = advantages.detach().to(logp_new.dtype)
     if adv.dim() == 1:
         adv = adv.unsqueeze(-1)  # (T, 1), one advantage per turn
@@ -99,11 +113,17 @@ def clipped_surrogate(
     unclipped = ratio * adv  # (T, L)
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv  # (T, L)
     loss = -torch.minimum(unclipped, clipped)  # (T, L)
+    clipped_dual = torch.zeros_like(loss, dtype=torch.bool)  # (T, L)
+    if clip_ratio_c is not None:
+        cap = -adv * clip_ratio_c  # (T, L) c * |A| where A < 0
+        with torch.no_grad():
+            clipped_dual = (adv < 0) & (loss > cap)  # (T, L) bool
+        loss = torch.where(clipped_dual, cap, loss)  # (T, L)
 
     with torch.no_grad():
         clipped_low = (ratio < 1.0 - clip_low) & (adv < 0)  # (T, L) bool
         clipped_high = (ratio > 1.0 + clip_high) & (adv > 0)  # (T, L) bool
-    return SurrogateOut(loss=loss, ratio=ratio, clipped_low=clipped_low, clipped_high=clipped_high)
+    return SurrogateOut(loss, ratio, clipped_low, clipped_high, clipped_dual)
 
 
 # --- aggregation modes -------------------------------------------------------------------------

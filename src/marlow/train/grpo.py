@@ -58,14 +58,21 @@ def turn_advantages(
     Scopes: ``problem`` groups the n episodes of a problem; ``role`` groups (problem, role)
     items; ``slot`` groups (problem, role, slot, round) items, as the paper's code keeps
     ``generator0``, ``generator1``, ... apart. The reward is broadcast: every item of an episode
-    carries the episode's reward. Turns that carry their own reward (per-role credit) are grouped
-    per slot whatever the scope. Then, optionally, each turn's advantage is multiplied by its
-    role's weight and divided by the number of same-role slots in its round.
+    carries the episode's reward. Turns that carry their own reward (per-role credit) are one item
+    each, grouped per (problem, role) under scope ``role`` and per (problem, role, slot, round)
+    under ``slot`` and ``problem`` (a turn's own reward is only comparable with its own slot's, so
+    per problem means per slot there, as it does for a broadcast reward). Then, optionally, each
+    turn's advantage is multiplied by its role's weight and divided by the number of same-role
+    slots in its round.
+
+    ``frac_reward_zero_std`` is counted on these very items and groups (the rewards that define
+    the advantages), so under per-role credit or a finer scope it is the fraction of groups that
+    give no gradient, not the fraction of problems whose episode rewards are equal.
     """
     items: list[tuple[object, float, list[Turn]]] = []
     for ep in episodes:
         if any(t.reward is not None for t in ep.turns):  # per-role credit: one item per turn
-            items.extend(((ep.group, t.role, t.slot, t.round), _own(t, ep), [t]) for t in ep.turns)
+            items.extend((_own_key(ep, t, scope), _own(t, ep), [t]) for t in ep.turns)
             continue
         if scope == "problem":
             items.append(((ep.group,), ep.reward, ep.turns))
@@ -78,8 +85,7 @@ def turn_advantages(
     rewards = torch.tensor([r for _, r, _ in items], dtype=torch.float64)
     index = group_keys([k for k, _, _ in items])
     adv = group_advantages(rewards, index, eps=eps)
-    problem_index = group_keys([(ep.group,) for ep in episodes])
-    frac_zero = zero_std_fraction(torch.tensor([ep.reward for ep in episodes]), problem_index)
+    frac_zero = zero_std_fraction(rewards, index)
     out: dict[int, float] = {}
     for (_, _, turns), a in zip(items, adv.tolist(), strict=True):
         for t in turns:
@@ -96,6 +102,13 @@ def turn_advantages(
             for t in ep.turns:
                 out[id(t)] /= slots[(t.role, t.round)]
     return out, frac_zero
+
+
+def _own_key(episode: Episode, turn: Turn, scope: str) -> tuple:
+    """The group of a turn that carries its own reward (per-role credit)."""
+    if scope == "role":
+        return (episode.group, turn.role)
+    return (episode.group, turn.role, turn.slot, turn.round)
 
 
 def _own(turn: Turn, episode: Episode) -> float:
@@ -225,7 +238,9 @@ def update_adapter(
                     width = s.mask.shape[1]
                     old_lp = pad_rows([old[i].tolist() for i in rows], width, s.logp.dtype)
                     adv = torch.tensor([batch.advantages[i] for i in rows], dtype=s.logp.dtype)
-                    out = clipped_surrogate(s.logp, old_lp, adv, cfg.clip_low, cfg.clip_high)
+                    out = clipped_surrogate(
+                        s.logp, old_lp, adv, cfg.clip_low, cfg.clip_high, cfg.clip_ratio_c
+                    )
                     w = weights[local, :width].to(s.logp.dtype)
                     loss = (w * out.loss).sum()
                     if not torch.isfinite(loss):

@@ -1,24 +1,55 @@
 """The ``marlow`` command. It only parses arguments and calls library functions.
 
-Errors a user can fix (config, model id, run folder) print one line and exit 2.
+Errors a user can fix (config, model id, run folder, a command-line flag) print one line and
+exit 2, with rich markup escaped (a hint such as ``pip install 'marlow[data]'`` keeps its
+``[data]``). A run folder that ``train`` or ``eval`` created is removed again when the command
+then fails on such an error before the run wrote its first record (``metrics.jsonl``): a failed
+start leaves nothing behind, a run that trained keeps its files.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 console = Console(stderr=True)
+
+
+class _OneLineErrors(typer.core.TyperGroup):
+    """Click's usage errors (an unknown option, a missing argument, a value of the wrong type) in
+    marlow's one-line form instead of a usage box, with the same exit code (2)."""
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except typer.Abort:
+            sys.exit(1)
+        except typer.TyperException as err:  # typer's own click: its usage errors derive from it
+            where = f" (see {err.ctx.command_path} --help)" if getattr(err, "ctx", None) else ""
+            message = " ".join(err.format_message().split())
+            console.print(
+                f"[red]error:[/red] {escape(message)}{where}", highlight=False, soft_wrap=True
+            )
+            sys.exit(getattr(err, "exit_code", 2))
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, cls=_OneLineErrors)
 
 
 @app.callback()
@@ -29,15 +60,47 @@ def _quiet_libraries() -> None:
 
 
 def _fail(message: str) -> None:
-    console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
+
+
+def _check_out(out: Path) -> None:
+    """An ``--out`` folder that can be made: not empty or the current folder, not a file, and no
+    file on the way to it."""
+    if str(out) in ("", ".") or out.resolve() == Path.cwd().resolve():
+        _fail(f"--out {str(out)!r} is the current folder; give a folder for the run's files")
+    if out.exists() and not out.is_dir():
+        _fail(f"--out {out} is a file; give a folder (new or a run's)")
+    for parent in out.parents:
+        if parent.exists() and not parent.is_dir():
+            _fail(f"--out {out}: {parent} is a file, not a folder; give a folder path")
+
+
+def _run_folder(command: Callable) -> Callable:
+    """Check ``--out`` first; when the command made it and then exits 2 before the run wrote its
+    first record, remove it (a failed start leaves nothing behind)."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        out: Path = kwargs["out"]
+        _check_out(out)
+        existed = out.exists()
+        try:
+            return command(*args, **kwargs)
+        except typer.Exit as stop:
+            if stop.exit_code == 2 and not existed and not (out / "metrics.jsonl").exists():
+                shutil.rmtree(out, ignore_errors=True)
+            raise
+
+    return wrapper
 
 
 def _user_errors():
     from marlow.config import ConfigError
+    from marlow.fileio import DamagedFileError
     from marlow.models import ModelLoadError
 
-    return (ConfigError, ModelLoadError, FileExistsError, FileNotFoundError)
+    return (ConfigError, DamagedFileError, ModelLoadError, FileExistsError, FileNotFoundError)
 
 
 def _split_args(args: list[str] | None) -> tuple[Path | None, list[str]]:
@@ -53,10 +116,11 @@ def _split_args(args: list[str] | None) -> tuple[Path | None, list[str]]:
 
 
 def _log(message: str) -> None:
-    console.print(f"[dim]{message}[/dim]", highlight=False)
+    console.print(f"[dim]{escape(message)}[/dim]", highlight=False)
 
 
 @app.command()
+@_run_folder
 def train(
     args: Annotated[
         list[str] | None, typer.Argument(help="[CONFIG.yaml] [key=value ...]", show_default=False)
@@ -92,6 +156,7 @@ def train(
 
 
 @app.command("eval")
+@_run_folder
 def evaluate(
     args: Annotated[
         list[str] | None,
@@ -146,6 +211,8 @@ def quickstart(
     """Pre-train the tiny model, train Voting-IP, Voting-SP and SA-RL, compare with the base."""
     from marlow.config import parse_overrides
     from marlow.experiments.quickstart import quickstart as run_quickstart
+
+    _check_out(out)
 
     bars = Progress(
         TextColumn("{task.description:<28}"),
@@ -216,6 +283,8 @@ def grid(
     """Run every cell of a grid (skipping finished ones, resuming interrupted ones)."""
     from marlow.experiments.grid import expand, load_grid
     from marlow.experiments.runner import run_grid
+
+    _check_out(out)
 
     try:
         spec = load_grid(file)

@@ -9,6 +9,11 @@ from pathlib import Path
 from typing import Any
 
 
+class DamagedFileError(ValueError):
+    """A run's file that cannot be read back (a malformed line, a truncated file); the message is
+    one line naming the file."""
+
+
 def write_text(path: str | Path, text: str) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -2,13 +2,22 @@
 
 A tiny scale name (``tiny-s``, ``tiny-m``, ``tiny-l``) is pre-trained on first use and cached
 (``marlow.tiny.pretrain``), one model per task (the math and the code world each have their own
-corpus). Anything else goes to ``from_pretrained``; when that fails offline the
-error says so in one line instead of a deep traceback.
+corpus). Anything else goes to ``from_pretrained``, after checks that fail fast in one line:
+
+* a name that looks like a path (starts with ``/``, ``.`` or ``~``) must be an existing folder
+  ("no such folder" otherwise, never the hub's "Repo id must be..." message);
+* a hub id must be in the local Hugging Face cache, or the hub must answer within
+  ``HUB_PROBE_TIMEOUT_S`` (one metadata request, no retries): without this a model that is not
+  cached took 66-70 s of download retries to fail offline. With ``HF_HUB_OFFLINE`` set no
+  request is made at all. The message says how to fix it (download it, or use a folder or a tiny
+  scale).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -17,6 +26,59 @@ from marlow.config import ModelConfig
 
 class ModelLoadError(RuntimeError):
     pass
+
+
+HUB_PROBE_TIMEOUT_S = 3.0
+VALID_MODELS = "a folder, a hub id owner/name, or a tiny scale: tiny-s, tiny-m, tiny-l"
+
+
+def _hub_offline() -> bool:
+    from huggingface_hub import constants
+
+    env = os.environ.get("HF_HUB_OFFLINE", "").strip().lower()
+    return bool(constants.HF_HUB_OFFLINE) or env in ("1", "true", "yes", "on")
+
+
+def check_model_source(name: str) -> str:
+    """What ``from_pretrained`` should be given for ``name`` (a folder or a hub id), or a
+    one-line ModelLoadError when it cannot load: a missing folder, a hub id neither cached nor
+    reachable."""
+    path = Path(name).expanduser()
+    if name.startswith(("/", ".", "~")) or path.is_dir():
+        if not path.is_dir():
+            raise ModelLoadError(
+                f"model.name {name!r}: no such folder ({path.resolve()}); valid: {VALID_MODELS}"
+            )
+        return str(path)
+    from huggingface_hub import model_info, try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError, RepositoryNotFoundError
+
+    try:
+        cached = try_to_load_from_cache(name, "config.json")
+    except HFValidationError:
+        raise ModelLoadError(
+            f"model.name {name!r} is neither a folder nor a hub id; valid: {VALID_MODELS}"
+        ) from None
+    if isinstance(cached, str):
+        return name
+    fix = f"download it first (huggingface-cli download {name}) or use a folder or a tiny scale (tiny-s)"
+    if _hub_offline():
+        raise ModelLoadError(
+            f"model.name {name!r} is not in the Hugging Face cache and HF_HUB_OFFLINE is set; {fix}"
+        )
+    try:
+        model_info(name, timeout=HUB_PROBE_TIMEOUT_S)
+    except RepositoryNotFoundError:
+        raise ModelLoadError(
+            f"model.name {name!r}: no such model on the Hugging Face hub (or it is private: "
+            f"log in with huggingface-cli login); valid: {VALID_MODELS}"
+        ) from None
+    except Exception as err:  # no network, DNS, timeout, proxy: all one line
+        raise ModelLoadError(
+            f"model.name {name!r} is not in the Hugging Face cache and the hub cannot be reached "
+            f"({type(err).__name__}); {fix}"
+        ) from None
+    return name
 
 
 def is_tiny(name: str) -> bool:
@@ -41,10 +103,11 @@ def load_base(config: ModelConfig, log: Callable[[str], None] | None = None, tas
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        source = check_model_source(config.name)
         dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
         try:
-            tokenizer = AutoTokenizer.from_pretrained(config.name, padding_side="left")
-            model = AutoModelForCausalLM.from_pretrained(config.name, dtype=dtype)
+            tokenizer = AutoTokenizer.from_pretrained(source, padding_side="left")
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
         except (OSError, ValueError) as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise ModelLoadError(

@@ -51,7 +51,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from marlow.config import ConfigError, SinksConfig
-from marlow.fileio import write_text
+from marlow.fileio import DamagedFileError, write_text
 
 # -- JSONL (always on) --------------------------------------------------------------------------
 
@@ -97,7 +97,10 @@ def read_jsonl(path: Path) -> Iterable[dict]:
     for n, line in enumerate(lines, 1):
         record = _parse(line)
         if record is None and n < len(lines):
-            raise ValueError(f"{path}: line {n} is not JSON")
+            raise DamagedFileError(
+                f"{path}: line {n} of {len(lines)} is not JSON (only a half-written last line is "
+                "tolerated); the file is damaged"
+            )
         if record is not None:
             yield record
 
@@ -214,23 +217,32 @@ class WandbSink:
         self._wandb = _require("sinks.wandb")
         self.run_dir = Path(run_dir)
         id_file = self.run_dir / "wandb" / "run_id"
-        if id_file.exists():  # a resumed run continues its W&B run
+        resumed = id_file.exists()  # a resumed run continues its W&B run
+        if resumed:
             run_id = id_file.read_text().strip()
         else:
             alphabet = string.ascii_lowercase + string.digits
             run_id = "".join(secrets.choice(alphabet) for _ in range(8))
-            id_file.parent.mkdir(parents=True, exist_ok=True)
-            id_file.write_text(run_id + "\n")
-        self.run = self._wandb.init(
-            project=project,
-            dir=str(self.run_dir),
-            mode=mode,
-            id=run_id,
-            name=self.run_dir.resolve().name,
-            config=config or {},
-            resume="allow",
-            settings=self._wandb.Settings(silent=True),
-        )
+        try:
+            self.run = self._wandb.init(
+                project=project,
+                dir=str(self.run_dir),
+                mode=mode,
+                id=run_id,
+                name=self.run_dir.resolve().name,
+                config=config or {},
+                resume="allow",
+                settings=self._wandb.Settings(silent=True),
+            )
+        except Exception as err:  # no API key, no network, a W&B server error: one line
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise ConfigError(
+                f"sinks.wandb_mode={mode}: W&B could not start a run ({first}); log in with "
+                "`wandb login` and check the network, or use sinks.wandb_mode=offline and "
+                "`wandb sync` later"
+            ) from None
+        if not resumed:  # only once W&B holds the run, so a failed start leaves no id behind
+            write_text(id_file, run_id + "\n")
         self._closed = False
 
     def write(self, record: dict) -> None:

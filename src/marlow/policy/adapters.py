@@ -35,6 +35,7 @@ from peft.utils import get_peft_model_state_dict, load_peft_weights, set_peft_mo
 from torch import nn
 from transformers import PreTrainedModel
 
+from marlow.config import ConfigError
 from marlow.types import BASE
 
 CONFIG_NAME = "adapter_config.json"
@@ -109,7 +110,16 @@ def attach_adapters(
             warnings.filterwarnings(
                 "ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning
             )
-            model = get_peft_model(base, config, adapter_name=names[0])
+            try:
+                model = get_peft_model(base, config, adapter_name=names[0])
+            except ValueError as err:
+                if "target module" not in str(err).lower():
+                    raise
+                raise ConfigError(
+                    f"config field 'policy.target_modules': {spec.target_modules!r} matches no "
+                    f"module of the model; valid: all-linear or names among "
+                    f"{', '.join(linear_module_names(base))}"
+                ) from None
         for i, name in enumerate(names[1:], start=1):
             torch.manual_seed(seed + i)
             model.add_adapter(name, spec.to_peft())
@@ -120,6 +130,13 @@ def attach_adapters(
     _lora_state(model, refresh=True)  # caches the LoRA layers, makes every LoRA param trainable
     activate(model, names[0])
     return model
+
+
+def linear_module_names(model: nn.Module) -> list[str]:
+    """The distinct last names of the model's linear layers (LoRA targets), sorted."""
+    return sorted(
+        {path.rsplit(".", 1)[-1] for path, m in model.named_modules() if isinstance(m, nn.Linear)}
+    )
 
 
 def adapter_names(model: nn.Module) -> list[str]:

@@ -32,10 +32,10 @@ def evaluate(
     if checkpoint is None:
         overrides = [*overrides, "policy.routing=base"]
     cfg = load_config(config, overrides)
+    if checkpoint is not None and not (checkpoint / "DONE").exists():  # before loading a model
+        raise FileNotFoundError(f"{checkpoint} is not a complete marlow checkpoint")
     trainer = Trainer(cfg, out, log=log)
     if checkpoint is not None:
-        if not (checkpoint / "DONE").exists():
-            raise FileNotFoundError(f"{checkpoint} is not a complete marlow checkpoint")
         trainer.step = ckpt.load(checkpoint, trainer.model, trainer.adapters, trainer.optim)
     result = trainer.validate(trainer.step)
     write_json(out / "eval.json", {"checkpoint": str(checkpoint) if checkpoint else None, **result})

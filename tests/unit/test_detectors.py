@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from marlow.config import DetectConfig
@@ -143,3 +145,56 @@ def test_run_detectors_runs_all_three_with_the_config_thresholds():
     assert not any(
         v.fired for v in run_detectors(records, {0: sigs(0.9), 2: sigs(0.5)}, SLOTS, strict)
     )
+
+
+def scheduled_run(gen_after_warmup, warmup=15, steps=20, lr=1e-3):
+    """An IP Voting run on one fixed batch under a linear warmup from 0 then a cosine decay. To
+    first order an update's size is proportional to the learning rate and chi2_update to its
+    square, so the generator's chi2 is k * lr(t)^2 times ``gen_after_warmup(t)`` (1: no dynamics
+    of its own). The aggregator's turns carry no advantage: its chi2 stays at a noise floor.
+    Validation falls a little at the end, so only the ratios decide."""
+    records = []
+    for t in range(1, steps + 1):
+        if t <= warmup + 1:
+            rate = lr * (t - 1) / warmup  # 0 at step 1, the peak at step warmup + 1
+        else:
+            rate = lr * 0.5 * (1 + math.cos(math.pi * (t - warmup - 1) / (steps - warmup)))
+        records.append(
+            {
+                "step": t,
+                "train/generator/lr": rate,
+                "train/aggregator/lr": rate,
+                "train/generator/chi2_update": 1e4 * rate**2 * gen_after_warmup(t),
+                "train/aggregator/chi2_update": 1e-4,
+                "train/generator/perplexity": 1.1,
+                "train/aggregator/perplexity": 1.1,
+            }
+        )
+    records += [{"step": s, "val/all/accuracy": a} for s, a in ((0, 0.5), (10, 0.6), (20, 0.5))]
+    return records
+
+
+def test_gradient_amplification_does_not_fire_on_the_warmup_of_a_fixed_batch():
+    records = scheduled_run(lambda t: 1.0)
+    # Measured from the first positive value (step 2, lr = 1e-3 / 15) the warmup alone gives a
+    # ratio of 15^2 = 225, which fired; from the end of the warmup (step 16) it is 1.
+    first = records[1]["train/generator/chi2_update"]
+    assert max(r["train/generator/chi2_update"] for r in records[:20]) / first == pytest.approx(225)
+    v = gradient_amplification(records, SLOTS)
+    assert not v.fired
+    assert v.evidence["ratios"]["generator"]["chi2_update"] == pytest.approx(1.0)
+
+
+def test_gradient_amplification_fires_on_a_rise_past_the_warmup():
+    # Same schedule, but past the warmup the 3-slot generator's chi2 grows by its own dynamics
+    # (factors 2, 6, 30 at steps 17-19) while the learning rate decays: (lr(t) / lr(16))^2 =
+    # ((1 + cos(pi (t - 16) / 5)) / 2)^2 = 0.818, 0.428, 0.119 -> ratios 1.64, 2.57, 3.58: the
+    # peak 3.58 at step 19 clears rise = 3, before validation falls at step 20.
+    rise = {17: 2.0, 18: 6.0, 19: 30.0, 20: 30.0}
+    records = scheduled_run(lambda t: rise.get(t, 1.0))
+    v = gradient_amplification(records, SLOTS)
+    assert v.fired and v.evidence["role"] == "generator"
+    lr = {r["step"]: r["train/generator/lr"] for r in records if "train/generator/lr" in r}
+    peak = max(rise[t] * (lr[t] / lr[16]) ** 2 for t in rise)
+    assert v.evidence["ratios"]["generator"]["chi2_update"] == pytest.approx(peak)
+    assert peak == pytest.approx(30 * ((1 + math.cos(3 * math.pi / 5)) / 2) ** 2) and v.step == 19

@@ -106,3 +106,20 @@ def test_sp_roles_use_their_own_gradient_and_ratios_start_at_the_first_positive_
     assert flat["chi2_update"]["peak_over_first"] is None
     assert gen["grad_norm"]["peak_over_first"] == pytest.approx(3.0)  # own gradient: 1.2 / 0.4
     assert run_statistics(records)["max_grad_norm"] == pytest.approx(1.0)  # the adapter's norm
+
+
+def test_ratio_baseline_is_taken_once_the_learning_rate_warmup_is_over():
+    # lr 0, 0.5, 1.0 (warmup ends at step 3), then 0.8: the baseline is step 3's chi2 (0.04), not
+    # step 2's (0.01), and the peak is looked for from step 3 on: 0.06 at step 4 -> 1.5.
+    records = [
+        {"step": s, "train/g/lr": lr, "train/g/chi2_update": c}
+        for s, lr, c in ((1, 0.0, 0.0), (2, 0.5, 0.01), (3, 1.0, 0.04), (4, 0.8, 0.06))
+    ]
+    stats = run_statistics(records)
+    assert stats["warmup_end_step"] == 3
+    chi2 = stats["roles"]["g"]["chi2_update"]
+    assert (chi2["first_step"], chi2["peak_step"]) == (3, 4)
+    assert chi2["peak_over_first"] == pytest.approx(1.5)
+    no_lr = run_statistics([{k: v for k, v in r.items() if k != "train/g/lr"} for r in records])
+    assert no_lr["warmup_end_step"] is None
+    assert no_lr["roles"]["g"]["chi2_update"]["peak_over_first"] == pytest.approx(6.0)

@@ -9,7 +9,8 @@ inspect`` and reports run them on finished runs.
   too): a role with several slots has a peak-over-first ratio of ``chi2_update`` or
   ``perplexity`` of at least ``rise``, every single-slot role stays under ``flat`` on both, and
   the multi-slot role's peak comes no later than the first validation that is ``drop`` below
-  the peak accuracy. Ratios are ``runstats``' (from the first positive value).
+  the peak accuracy. Ratios are ``runstats``' (baseline: the first positive value once
+  the learning-rate warmup is over, so the schedule alone cannot fire it).
 * ``sp_role_capture`` (SP): at a signature step s, one role's ``grad_mass_share`` has been at
   least ``share`` on each of the last ``patience`` training steps up to s (the dominant role),
   and another role of the same adapter (the captured one) has moved toward the dominant role's

@@ -146,7 +146,7 @@ def render(report: dict) -> list:
         table.add_row(f"val {m}", *(_fmt(r["val"].get(m)) for r in roles.values()))
     out.append(table)
 
-    table = Table(title="run level per role (peak over first positive value)")
+    table = Table(title="run level per role (peak over first positive value after warmup)")
     for col in ("role", "metric", "first (step)", "peak (step)", "peak/first"):
         table.add_column(col)
     for role, r in roles.items():

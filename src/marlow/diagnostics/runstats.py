@@ -11,10 +11,16 @@
   Fig. 5), entropy collapse depth (first minus minimum of ``train/all/entropy``, and per role).
 
 Choices of marlow: "chi2" in run-level statistics means ``chi2_update`` (new vs old policy over a
-step's updates, the training-side amplitude). The "first" value of a ratio is the first
-*positive* logged value (and its step): the warmup starts at learning rate 0, as in verl and
-Hugging Face, so the first step does not move the policy and its ``chi2_update`` is 0; a series
-never positive has no ratio (None).
+step's updates, the training-side amplitude). The "first" value of a ratio (its baseline) is the
+first *positive* logged value at or after the **end of the learning-rate warmup**, and the peak is
+taken from that step on. Why: on a fixed batch an update's size grows with the learning rate, and
+``chi2_update`` with its square, so during the warmup (which starts at learning rate 0, as in verl
+and Hugging Face) the peak-over-first ratio measured the schedule, not the dynamics (8.3 with 15
+warmup steps, 2.8 with 3, on one fixed batch; issue 13, D2). The warmup's end is read from the
+run's own records: the first step at which the largest logged adapter learning rate
+(``train/<adapter>/lr``) reaches its maximum over the run (the cosine schedule only falls after
+it). A run that logs no learning rate keeps the first positive value of the whole series. A
+series never positive from there has no ratio (None).
 """
 
 from __future__ import annotations
@@ -40,7 +46,25 @@ def _roles(records: Sequence[dict]) -> list[str]:
     return out
 
 
-def _peak_over_first(points: list[tuple[int, float]]) -> dict[str, float | int | None]:
+def warmup_end(records: Sequence[dict]) -> int | None:
+    """The first step at which the largest logged adapter learning rate is at its run maximum
+    (None when no learning rate is logged)."""
+    lrs: dict[int, float] = {}
+    for r in records:
+        values = [v for k, v in r.items() if k.startswith("train/") and k.endswith("/lr")]
+        if values:
+            lrs[int(r["step"])] = max(values)
+    if not lrs:
+        return None
+    top = max(lrs.values())
+    return min(step for step, lr in lrs.items() if lr >= top * (1 - 1e-9))
+
+
+def _peak_over_first(
+    points: list[tuple[int, float]], start: int | None = None
+) -> dict[str, float | int | None]:
+    if start is not None and any(step >= start for step, _ in points):
+        points = [(step, v) for step, v in points if step >= start]
     base = next(((step, v) for step, v in points if v > 0), None)
     peak_step, peak = max(points, key=lambda sv: (sv[1], -sv[0]))
     return {
@@ -70,6 +94,8 @@ def run_statistics(records: Sequence[dict]) -> dict:
             "terminal_drop": peak - final,
         }
     roles: dict[str, dict] = {}
+    start = warmup_end(records)
+    out["warmup_end_step"] = start
     for role in _roles(records):
         stats: dict = {}
         for metric in RATIO_METRICS:
@@ -78,7 +104,7 @@ def run_statistics(records: Sequence[dict]) -> dict:
                 key = f"train/{role}/grad_norm_own"
             points = series(records, key)
             if points:
-                stats[metric] = _peak_over_first(points)
+                stats[metric] = _peak_over_first(points, start)
         depth = _collapse(series(records, f"train/{role}/entropy"))
         if depth is not None:
             stats["entropy_collapse_depth"] = depth

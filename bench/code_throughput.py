@@ -32,11 +32,11 @@ def main() -> None:
     items = [
         (
             f"```python\n{r['prompt']}{r['canonical_solution']}\n```",
-            {"check": r["test"], "entry_point": r["entry_point"]},
+            {"check": r["test"], "entry_point": r["entry_point"], "prompt": r["prompt"]},
         )
         for r in rows
     ]
-    print(f"cores {os.cpu_count()}, workers {args.workers}, isolation {isolation_in_force()}")
+    print(f"cores {os.cpu_count()}, workers {args.workers}; {isolation_in_force().line()}")
     for workers in sorted({1, args.workers}):
         best = float("inf")
         for _ in range(args.repeats):

@@ -215,7 +215,7 @@ def _humaneval() -> list[dict]:
 
 
 def _he_tests(row: dict) -> dict:
-    return {"check": row["test"], "entry_point": row["entry_point"]}
+    return {"check": row["test"], "entry_point": row["entry_point"], "prompt": row["prompt"]}
 
 
 def _canonical(row: dict) -> str:

@@ -87,7 +87,11 @@ def test_humaneval_real_file():
     assert p.id == "humaneval/HumanEval/0"
     assert p.meta["entry_point"] == "has_close_elements"
     assert p.prompt.startswith("from typing import List")
-    assert p.meta["tests"] == {"check": p.meta["test"], "entry_point": "has_close_elements"}
+    assert p.meta["tests"] == {
+        "check": p.meta["test"],
+        "entry_point": "has_close_elements",
+        "prompt": p.prompt,
+    }
     assert all(p.meta["canonical_solution"] and "def check" in p.meta["test"] for p in problems)
 
 

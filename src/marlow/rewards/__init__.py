@@ -9,15 +9,26 @@ from marlow.rewards.math import (
     last_boxed,
     normalize_answer,
 )
-from marlow.rewards.sandbox import Job, Limits, RunResult, isolation_in_force, run_many, run_program
+from marlow.rewards.sandbox import (
+    Isolation,
+    Job,
+    Limits,
+    RunResult,
+    SandboxUnavailable,
+    isolation_in_force,
+    run_many,
+    run_program,
+)
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "FORMAT_PENALTY",
     "CodeScore",
+    "Isolation",
     "Job",
     "Limits",
     "RunResult",
+    "SandboxUnavailable",
     "code_details",
     "extract_code",
     "grade_math",

@@ -15,12 +15,14 @@ import os
 import resource
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 
 _NO_NET_WRAPPER = """\
@@ -59,19 +61,30 @@ def _boot_main(cfg: dict) -> None:
     try:
         libc = _Libc()
         iso: list[str] = []
-        if os.geteuid() == 0 and cfg["limits"]["namespaces"]:
-            for name, flag in (
-                ("netns", CLONE_NEWNET),
-                ("mountns", CLONE_NEWNS),
-                ("pidns", CLONE_NEWPID),
-                ("ipcns", CLONE_NEWIPC),
-                ("utsns", CLONE_NEWUTS),
-            ):
+        failed: list[str] = []
+        # RLIMIT_NPROC counts every process of the real uid on the host: count the caller's
+        # own now, while the host's /proc is still in view (root is not bound by it).
+        own_tasks = 0 if os.geteuid() == 0 else _count_own_tasks()
+        if cfg["limits"]["namespaces"]:
+            if os.geteuid() != 0:
                 try:
-                    libc.call("unshare", flag)
-                    iso.append(name)
-                except OSError:
-                    pass
+                    _enter_userns(libc)
+                    iso.append("userns")
+                except OSError as exc:
+                    failed.append(f"userns: {exc}")
+            if os.geteuid() == 0 or "userns" in iso:
+                for name, flag in (
+                    ("netns", CLONE_NEWNET),
+                    ("mountns", CLONE_NEWNS),
+                    ("pidns", CLONE_NEWPID),
+                    ("ipcns", CLONE_NEWIPC),
+                    ("utsns", CLONE_NEWUTS),
+                ):
+                    try:
+                        libc.call("unshare", flag)
+                        iso.append(name)
+                    except OSError as exc:
+                        failed.append(f"{name}: {exc}")
         with open(os.path.join(cfg["dir"], "program.py"), "rb") as f:
             source = f.read()
     except Exception as exc:
@@ -80,7 +93,7 @@ def _boot_main(cfg: dict) -> None:
     pid = os.fork()
     if pid == 0:
         try:
-            code = _init_main(cfg, libc, iso, source)
+            code = _init_main(cfg, libc, iso, failed, source, own_tasks)
         except BaseException as exc:
             _report(status_fd, {"error": f"init: {type(exc).__name__}: {exc}"})
             code = 111
@@ -96,6 +109,21 @@ def _boot_main(cfg: dict) -> None:
     os._exit(code if code >= 0 else 128 - code)
 
 
+def _enter_userns(libc: _Libc) -> None:
+    """A user namespace of our own (no root needed): the caller's uid and gid map to themselves,
+    so this process holds every capability inside it (to make the other namespaces, mount and
+    chroot), and the program, exec'd as that same non-zero uid, holds none."""
+    uid, gid = os.getuid(), os.getgid()
+    libc.call("unshare", CLONE_NEWUSER)
+    for name, text in (
+        ("setgroups", "deny"),
+        ("uid_map", f"{uid} {uid} 1"),
+        ("gid_map", f"{gid} {gid} 1"),
+    ):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+
+
 def _report(fd: int, payload: dict) -> None:
     try:  # noqa: SIM105 (boot code: no contextlib import)
         os.write(fd, marshal.dumps(payload))
@@ -103,7 +131,9 @@ def _report(fd: int, payload: dict) -> None:
         pass
 
 
-def _init_main(cfg: dict, libc: _Libc, iso: list[str], source: bytes) -> int:
+def _init_main(
+    cfg: dict, libc: _Libc, iso: list[str], failed: list[str], source: bytes, own_tasks: int
+) -> int:
     """Process 2 (PID 1 of the new PID namespace, still privileged): build the root, run, reap."""
     libc.call("prctl", PR_SET_PDEATHSIG, 9, 0, 0, 0)  # the boot died: go too
     lim = cfg["limits"]
@@ -111,7 +141,7 @@ def _init_main(cfg: dict, libc: _Libc, iso: list[str], source: bytes) -> int:
     work = cfg["dir"]
     chroot_to = None
     if "mountns" in iso:
-        chroot_to = _build_root(cfg, libc, iso, source)
+        chroot_to = _build_root(cfg, libc, iso, failed, source)
         iso.append("chroot")
         work = "/work"
     elif uid is not None:
@@ -131,7 +161,8 @@ def _init_main(cfg: dict, libc: _Libc, iso: list[str], source: bytes) -> int:
         try:
             os.close(status_fd)
             token = None if "pidns" in iso else cfg["token"]
-            _exec_program(cfg["python"], lim, uid, chroot_to, work, wrap, token, libc)
+            nproc = int(lim["nproc"]) + (own_tasks if uid is None else 0)
+            _exec_program(cfg["python"], lim, nproc, uid, chroot_to, work, wrap, token, libc)
         except BaseException as exc:
             os.write(2, f"sandbox: could not start the program: {exc}\n".encode())
         os._exit(112)
@@ -152,13 +183,14 @@ def _init_main(cfg: dict, libc: _Libc, iso: list[str], source: bytes) -> int:
             else:
                 exit_code = os.waitstatus_to_exitcode(st)
             break  # leaving kills whatever is still in the PID namespace
-    _report(status_fd, {"isolation": iso, "exit": exit_code, "signal": sig, "cpu_s": cpu})
+    st = {"isolation": iso, "failed": failed, "exit": exit_code, "signal": sig, "cpu_s": cpu}
+    _report(status_fd, st)
     if sig is not None:
         return 128 + sig
     return exit_code if exit_code is not None and 0 <= exit_code < 256 else 1
 
 
-def _build_root(cfg: dict, libc: _Libc, iso: list[str], source: bytes) -> str:
+def _build_root(cfg: dict, libc: _Libc, iso: list[str], failed: list[str], source: bytes) -> str:
     """A tmpfs root with /work, /tmp, /dev, /proc and read-only binds of /usr and Python."""
     lim = cfg["limits"]
     uid = cfg["uid"]
@@ -187,6 +219,9 @@ def _build_root(cfg: dict, libc: _Libc, iso: list[str], source: bytes) -> str:
         open(target, "w").close()
         libc.mount(f"/dev/{name}", target, None, MS_BIND, None)
     ro = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV
+    # A remount inside a user namespace must keep the flags the host locked on the source mount
+    # (atime, noexec...), or it fails with EPERM: read them back as statvfs ST_* bits.
+    keep = ((8, MS_NOEXEC), (1024, MS_NOATIME), (2048, MS_NODIRATIME), (4096, MS_RELATIME))
     binds = ["/usr", *cfg["prefixes"]]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(top):
@@ -200,13 +235,16 @@ def _build_root(cfg: dict, libc: _Libc, iso: list[str], source: bytes) -> str:
         target = root + src
         os.makedirs(target, 0o755, exist_ok=True)
         libc.mount(src, target, None, MS_BIND | MS_REC, None)
-        libc.mount(None, target, None, ro, None)
+        st_flags = os.statvfs(target).f_flag
+        libc.mount(None, target, None, ro | sum(ms for st, ms in keep if st_flags & st), None)
         done.append(src)
     os.mkdir(os.path.join(root, "proc"))
     if "pidns" in iso:
-        libc.mount(
-            "proc", os.path.join(root, "proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None
-        )
+        try:  # refused in a user namespace when the host's /proc has parts masked (containers)
+            flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+            libc.mount("proc", os.path.join(root, "proc"), "proc", flags, None)
+        except OSError as exc:
+            failed.append(f"proc: {exc}")
     os.chmod(root, 0o755)
     return root
 
@@ -214,6 +252,7 @@ def _build_root(cfg: dict, libc: _Libc, iso: list[str], source: bytes) -> str:
 def _exec_program(
     python: str,
     lim: dict,
+    nproc: int,
     uid: int | None,
     chroot_to: str | None,
     work: str,
@@ -228,9 +267,6 @@ def _exec_program(
     cpu = max(1, math.ceil(lim["cpu_s"]))
     mem = int(lim["memory_mb"]) << 20
     fsize = int(lim["disk_mb"]) << 20
-    nproc = int(lim["nproc"])
-    if uid is None:  # RLIMIT_NPROC counts all processes of the user: add the caller's
-        nproc += _count_own_tasks()
     for res, value in (
         (resource.RLIMIT_CORE, (0, 0)),
         (resource.RLIMIT_CPU, (cpu, cpu + 1)),
@@ -276,9 +312,19 @@ def _count_own_tasks() -> int:
     return n
 
 
-_BOOT_PARTS = (_Libc, _boot_main, _report, _init_main, _build_root, _exec_program, _count_own_tasks)
+_BOOT_PARTS = (
+    _Libc,
+    _boot_main,
+    _enter_userns,
+    _report,
+    _init_main,
+    _build_root,
+    _exec_program,
+    _count_own_tasks,
+)
 _BOOT_CONSTANTS = (
     "CLONE_NEWNS",
+    "CLONE_NEWUSER",
     "CLONE_NEWUTS",
     "CLONE_NEWIPC",
     "CLONE_NEWPID",
@@ -291,6 +337,9 @@ _BOOT_CONSTANTS = (
     "MS_BIND",
     "MS_REC",
     "MS_PRIVATE",
+    "MS_NOATIME",
+    "MS_NODIRATIME",
+    "MS_RELATIME",
     "PR_SET_PDEATHSIG",
     "PR_SET_NO_NEW_PRIVS",
     "_NO_NET_WRAPPER",

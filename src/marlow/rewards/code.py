@@ -48,12 +48,12 @@ import ast
 import json
 import math
 import re
-import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from marlow.rewards.sandbox import SANDBOX_ERROR, Job, Limits, RunResult, run_many
+from marlow.rewards.harness import CandidateFailed, Session, run_check, serve_source
+from marlow.rewards.sandbox import SANDBOX_ERROR, Channel, Job, Limits, RunResult, run_many
 
 DEFAULT_TIMEOUT_S = 6.0
 
@@ -106,6 +106,7 @@ class TestCase:
     input: Any  # stdin text | list of args | the check source
     expected: Any  # stdout text | return value | entry point name
     fn_name: str = ""
+    prompt: str = ""  # check: trusted source run before the test (HumanEval's prompt, helpers)
 
     __test__ = False  # not a pytest class
 
@@ -141,7 +142,8 @@ def parse_tests(tests: Any) -> list[TestCase]:
     if isinstance(tests, str | bytes):
         tests = json.loads(tests)
     if isinstance(tests, dict) and "check" in tests:
-        return [TestCase("check", str(tests["check"]), str(tests["entry_point"]))]
+        prompt = str(tests.get("prompt") or "")
+        return [TestCase("check", str(tests["check"]), str(tests["entry_point"]), "", prompt)]
     if isinstance(tests, dict):
         inputs, outputs = tests.get("inputs"), tests.get("outputs")
         if not isinstance(inputs, list) or not isinstance(outputs, list):
@@ -213,9 +215,19 @@ def same_stdout(actual: str, expected: str) -> bool:
 
 def same_value(actual: Any, expected: Any) -> bool:
     """Equality by value: JSON shapes, float tolerance; ``[x]`` expected also accepts ``x``."""
+    actual = _as_json(actual)
     if _eq(actual, expected):
         return True
     return isinstance(expected, list) and len(expected) == 1 and _eq(actual, expected[0])
+
+
+def _as_json(x: Any) -> Any:
+    """A returned value as the JSON it would be: tuples are lists, dict keys strings."""
+    if isinstance(x, list | tuple):
+        return [_as_json(v) for v in x]
+    if isinstance(x, dict):
+        return {k if isinstance(k, str) else json.dumps(k): _as_json(v) for k, v in x.items()}
+    return x
 
 
 def _eq(a: Any, b: Any) -> bool:
@@ -241,132 +253,41 @@ _PRELUDE = (
     "from functools import lru_cache\n"
 )
 
-_PLAIN = """\
-def _plain(x):
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    if isinstance(x, dict):
-        return {str(k): _plain(v) for k, v in x.items()}
-    return x
-"""
-"""A return value as plain JSON data (tuples become lists, keys strings), in both harnesses."""
-
-_CALL_HARNESS = """\
-import io, json, sys
-_marker = {marker!r}
-_args = json.loads(sys.stdin.read())
-sys.stdin = io.StringIO("")
-_ns = {{"__name__": "solution", "__builtins__": __builtins__}}
-exec(compile({prelude!r}, "<prelude>", "exec"), _ns)
-exec(compile({code!r}, "solution.py", "exec"), _ns)
-_fn = _ns.get({fn!r})
-if not callable(_fn) and isinstance(_ns.get("Solution"), type):
-    _fn = getattr(_ns["Solution"](), {fn!r})
-_result = _fn(*_args)
-{plain}sys.stdout.flush()
-sys.stdout.write("\\n" + _marker + json.dumps(_plain(_result), default=repr) + "\\n")
-sys.stdout.flush()
-"""
+SUITE_OUTPUT_CAP = 1 << 16  # characters of captured stdout per stdin test run by the harness
 
 
-SUITE_OUTPUT_CAP = 1 << 16  # characters of captured stdout per test in suite mode
+class _Conversation:
+    """The tests of one sandboxed harness process, asked in order; ``outcomes[i]`` stays None
+    for a test the conversation never reached (the run's status explains it)."""
 
-_SUITE_HARNESS = """\
-import io, json, os, signal, sys
-_marker = {marker!r}
-_spec = json.loads(sys.stdin.read())
-_report_fd = os.dup(1)
-class _Timeout(BaseException):
-    pass
-class _Overflow(BaseException):
-    pass
-def _alarm(signum, frame):
-    raise _Timeout()
-signal.signal(signal.SIGALRM, _alarm)
-class _Capped(io.StringIO):
-    def write(self, s):
-        if self.tell() + len(s) > {cap}:
-            raise _Overflow()
-        return super().write(s)
-{plain}def _report(i, status, value):
-    line = json.dumps({{"i": i, "status": status, "value": value}}, default=repr)
-    os.write(_report_fd, ("\\n" + _marker + line + "\\n").encode())
-_code = compile({code!r}, "solution.py", "exec")
-_prelude = compile({prelude!r}, "<prelude>", "exec")
-_stdin, _stdout = sys.stdin, sys.stdout
-for _i, _case in enumerate(_spec["cases"]):
-    _buf = _Capped()
-    _status, _value = "ok", None
-    try:
-        sys.stdin = io.StringIO(_case if _spec["fn"] is None else "")
-        sys.stdout = _buf
-        signal.setitimer(signal.ITIMER_REAL, _spec["timeout"])
+    def __init__(self, cases: list[TestCase], timeout_s: float) -> None:
+        self.cases, self.timeout_s = cases, timeout_s
+        self.outcomes: list[TestOutcome | None] = [None] * len(cases)
+
+    def __call__(self, channel: Channel) -> None:
+        session = Session(channel)
+        for i, case in enumerate(self.cases):
+            try:
+                self.outcomes[i] = _ask(session, case, self.timeout_s)
+            except CandidateFailed as exc:
+                self.outcomes[i] = TestOutcome(False, exc.status, exc.detail)
+
+
+def _ask(session: Session, case: TestCase, timeout_s: float) -> TestOutcome:
+    """One test: the sandbox computes, this process compares (``CandidateFailed`` if no value)."""
+    if case.kind == "stdin":
+        value = session.request("stdin", case.input, timeout_s)
+        good = type(value) is str and same_stdout(value, case.expected)
+    elif case.kind == "call":
+        value = session.request("call", (case.fn_name, case.input, True), timeout_s)
+        good = same_value(value, case.expected)
+    else:
         try:
-            if _spec["fn"] is None:
-                exec(_code, {{"__name__": "__main__", "__builtins__": __builtins__}})
-                _value = _buf.getvalue()
-            else:
-                _ns = {{"__name__": "solution", "__builtins__": __builtins__}}
-                exec(_prelude, _ns)
-                exec(_code, _ns)
-                _fn = _ns.get(_spec["fn"])
-                if not callable(_fn) and isinstance(_ns.get("Solution"), type):
-                    _fn = getattr(_ns["Solution"](), _spec["fn"])
-                _value = _plain(_fn(*_case))
-        except SystemExit as _e:
-            _ok = _e.code is None or _e.code == 0
-            _status, _value = ("ok", _buf.getvalue()) if _ok and _spec["fn"] is None else (
-                "runtime_error", "SystemExit")
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-    except _Timeout:
-        _status, _value = "timeout", None
-    except _Overflow:
-        _status, _value = "output_limit", None
-    except BaseException as _e:
-        _status, _value = "runtime_error", type(_e).__name__
-    sys.stdin, sys.stdout = _stdin, _stdout
-    try:
-        _report(_i, _status, _value)
-    except BaseException:
-        _report(_i, "runtime_error", "unreportable value")
-"""
-
-
-def _suite_job(code: str, cases: list[TestCase], limits: Limits, marker: str) -> Job:
-    """All (stdin or call) tests of one program in one sandbox run; see the module docstring."""
-    fn = cases[0].fn_name if cases[0].kind == "call" else None
-    spec = {"fn": fn, "timeout": limits.cpu_s, "cases": [c.input for c in cases]}
-    src = _SUITE_HARNESS.format(
-        marker=marker, cap=SUITE_OUTPUT_CAP, code=code, prelude=_PRELUDE, plain=_PLAIN
-    )
-    total = limits.cpu_s * len(cases)
-    return Job(src, json.dumps(spec), replace(limits, cpu_s=total, wall_s=total + 1.0))
-
-
-def _judge_suite(cases: list[TestCase], run: RunResult, marker: str) -> list[TestOutcome]:
-    reports: dict[int, dict] = {}
-    for chunk in run.stdout.split(marker)[1:]:
-        try:
-            row = json.loads(chunk.split("\n", 1)[0])
-            reports.setdefault(int(row["i"]), row)
-        except (ValueError, KeyError, TypeError):
-            continue
-    out = []
-    for i, case in enumerate(cases):
-        row = reports.get(i)
-        if row is None:  # the process died or was killed before this test reported
-            status = run.status if not run.ok else "no_result"
-            out.append(TestOutcome(False, status, run.detail or run.stderr[-300:], run))
-        elif row["status"] != "ok":
-            out.append(TestOutcome(False, str(row["status"]), str(row.get("value")), run))
-        elif case.kind == "stdin":
-            good = isinstance(row["value"], str) and same_stdout(row["value"], case.expected)
-            out.append(TestOutcome(good, "ok" if good else "wrong_answer", "", run))
-        else:
-            good = same_value(row["value"], case.expected)
-            out.append(TestOutcome(good, "ok" if good else "wrong_answer", "", run))
-    return out
+            run_check(session, case.input, case.expected, case.prompt)
+            good = True
+        except Exception as exc:  # an assertion (or any error) of the trusted test code
+            return TestOutcome(False, "wrong_answer", f"{type(exc).__name__}: {exc}"[:300])
+    return TestOutcome(good, "ok" if good else "wrong_answer")
 
 
 def _suitable(cases: list[TestCase]) -> bool:
@@ -376,57 +297,64 @@ def _suitable(cases: list[TestCase]) -> bool:
     return all(c.kind == cases[0].kind and c.fn_name == cases[0].fn_name for c in cases)
 
 
-def _job(code: str, case: TestCase, limits: Limits, marker: str) -> Job:
-    if case.kind == "stdin":
-        return Job(code, case.input, limits)
-    if case.kind == "call":
-        src = _CALL_HARNESS.format(
-            marker=marker, prelude=_PRELUDE, code=code, fn=case.fn_name, plain=_PLAIN
-        )
-        return Job(src, json.dumps(case.input), limits)
-    return Job(f"{code}\n\n{case.input}\n\ncheck({case.expected})\n", "", limits)
-
-
-def _judge(case: TestCase, run: RunResult, marker: str) -> TestOutcome:
-    if case.kind == "check":
-        return TestOutcome(run.ok, run.status, run.stderr[-300:] if not run.ok else "", run)
-    if not run.ok:
-        return TestOutcome(False, run.status, run.detail or run.stderr[-300:], run)
-    if case.kind == "stdin":
-        good = same_stdout(run.stdout, case.expected)
-        return TestOutcome(good, "ok" if good else "wrong_answer", "", run)
-    at = run.stdout.rfind(marker)
-    if at < 0:
-        return TestOutcome(False, "wrong_answer", "no return value reported", run)
-    try:
-        value = json.loads(run.stdout[at + len(marker) :].strip())
-    except ValueError:
-        return TestOutcome(False, "wrong_answer", "return value is not JSON", run)
-    good = same_value(value, case.expected)
-    return TestOutcome(good, "ok" if good else "wrong_answer", "", run)
+def _harness_job(code: str, cases: list[TestCase], limits: Limits) -> tuple[Job, _Conversation]:
+    conv = _Conversation(cases, limits.cpu_s)
+    if len(cases) > 1:  # a suite: the process may use every test's time
+        total = limits.cpu_s * len(cases)
+        limits = replace(limits, cpu_s=total, wall_s=total + 1.0)
+    source = serve_source(code, _PRELUDE, SUITE_OUTPUT_CAP)
+    return Job(source, "", limits, converse=conv), conv
 
 
 def _plan(
     completion: str, tests: Any, limits: Limits, suite: bool = False
-) -> tuple[str | None, list, list[Job]]:
+) -> tuple[str | None, list[TestCase], list[tuple[Job, _Conversation | None]]]:
+    """The runs of one program: a stdin test alone is the program itself on that stdin; every
+    other run is the harness (one per test, or one for all with ``suite``)."""
     cases = parse_tests(tests)
     code = extract_code(completion)
     if code is None or not _parses(code):
         return code, cases, []
-    marker = f"\x00marlow-return-{secrets.token_hex(8)}\x00"
     if suite and _suitable(cases):
-        return code, [(c, marker) for c in cases], [_suite_job(code, cases, limits, marker)]
-    return code, [(c, marker) for c in cases], [_job(code, c, limits, marker) for c in cases]
+        return code, cases, [_harness_job(code, cases, limits)]
+    runs = [
+        (Job(code, c.input, limits), None) if c.kind == "stdin" else _harness_job(code, [c], limits)
+        for c in cases
+    ]
+    return code, cases, runs
 
 
-def _finish(code: str | None, planned: list, runs: Sequence[RunResult]) -> CodeScore:
-    if not runs:  # no code, or it does not parse: every test fails without running
+def _outcomes(case_runs: list, run: RunResult) -> list[TestOutcome]:
+    """The outcomes of one run's tests (``case_runs``: its cases and conversation)."""
+    cases, conv = case_runs
+    if conv is None:  # the program itself on a stdin test: its exit and its output
+        (case,) = cases
+        if not run.ok:
+            return [TestOutcome(False, run.status, run.detail or run.stderr[-300:], run)]
+        good = same_stdout(run.stdout, case.expected)
+        return [TestOutcome(good, "ok" if good else "wrong_answer", "", run)]
+    out = []
+    for got in conv.outcomes:
+        if got is None or got.status == "no_result":  # the process died before answering
+            status = run.status if not run.ok else "no_result"
+            got = TestOutcome(False, status, run.detail or run.stderr[-300:])
+        got.run = run
+        out.append(got)
+    return out
+
+
+def _finish(code: str | None, cases: list[TestCase], planned: list, runs: list) -> CodeScore:
+    if not planned:  # no code, or it does not parse: every test fails without running
         status = "no_code" if code is None else "syntax_error"
-        outcomes = [TestOutcome(False, status) for _ in planned]
-    elif len(runs) == 1 and len(planned) > 1:  # one suite run for all tests
-        outcomes = _judge_suite([c for c, _ in planned], runs[0], planned[0][1])
+        outcomes = [TestOutcome(False, status) for _ in cases]
+    elif len(planned) == 1 and len(cases) > 1:  # one suite run for all tests
+        outcomes = _outcomes([cases, planned[0][1]], runs[0])
     else:
-        outcomes = [_judge(c, r, m) for (c, m), r in zip(planned, runs, strict=True)]
+        outcomes = [
+            o
+            for case, (_, conv), run in zip(cases, planned, runs, strict=True)
+            for o in _outcomes([[case], conv], run)
+        ]
     reward = sum(o.passed for o in outcomes) / len(outcomes) if outcomes else 0.0
     return CodeScore(reward, outcomes, code)
 
@@ -457,10 +385,10 @@ def score_code_batch(
     limits.setdefault("timeout_s", DEFAULT_TIMEOUT_S)
     lim = Limits.from_kwargs(**limits)
     plans = [_plan(c, t, lim, suite) for c, t in items]
-    jobs = [j for _, _, js in plans for j in js]
+    jobs = [job for _, _, planned in plans for job, _ in planned]
     runs = run_many(jobs, max_workers=max_workers)
     out, at = [], 0
-    for code, planned, js in plans:
-        out.append(_finish(code, planned, runs[at : at + len(js)]))
-        at += len(js)
+    for code, cases, planned in plans:
+        out.append(_finish(code, cases, planned, runs[at : at + len(planned)]))
+        at += len(planned)
     return out

@@ -87,16 +87,18 @@ import secrets
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
+from marlow.rewards._channel import OUTPUT_LIMIT as OUTPUT_LIMIT  # statuses a channel sets
+from marlow.rewards._channel import TIMEOUT as TIMEOUT
+from marlow.rewards._channel import Channel
 from marlow.rewards._sandbox_boot import boot_code
 
 # Statuses of a run.
 OK = "ok"
 RUNTIME_ERROR = "runtime_error"
-TIMEOUT = "timeout"
 MEMORY = "memory"
-OUTPUT_LIMIT = "output_limit"
 KILLED = "killed"
 SANDBOX_ERROR = "sandbox_error"  # the sandbox itself could not set up (reported, never raised)
 
@@ -135,11 +137,13 @@ class Limits:
 
 @dataclass(frozen=True)
 class Job:
-    """One program to run: its source text and what it reads on stdin."""
+    """One program to run: its source text and what it reads on stdin (or, with ``converse``,
+    the function that talks to it while it runs; see ``run_program``)."""
 
     source: str
     stdin: str | bytes = ""
     limits: Limits = field(default_factory=Limits)
+    converse: Callable[[Channel], None] | None = None
 
 
 @dataclass
@@ -152,6 +156,7 @@ class RunResult:
     cpu_s: float | None  # user + system of the program and its reaped children; None if killed
     signal: int | None = None  # the signal that ended the program, if any
     isolation: tuple[str, ...] = ()  # the mechanisms that were in force
+    isolation_failed: tuple[str, ...] = ()  # "netns: <why>" for each one tried that failed
     sid: int = 0  # session / process-group id of the run on the host (the boot pid)
     uid: int | None = None  # uid the program ran as, when it was a separate one
     workdir: str = ""  # the host temporary directory (removed before returning)
@@ -276,8 +281,16 @@ def _stop(proc: subprocess.Popen) -> None:
     _killpg(proc.pid)
 
 
-def run_program(source: str, stdin: str | bytes = "", limits: Limits | None = None) -> RunResult:
-    """Run ``source`` as a Python program in the sandbox; never raises for anything it does."""
+def run_program(
+    source: str,
+    stdin: str | bytes = "",
+    limits: Limits | None = None,
+    converse: Callable[[Channel], None] | None = None,
+) -> RunResult:
+    """Run ``source`` as a Python program in the sandbox; never raises for anything it does.
+
+    The program reads ``stdin``; or, with ``converse``, that function talks to it through a
+    ``Channel`` while it runs (and the program is stopped once it returns)."""
     import shutil
     import tempfile
 
@@ -291,7 +304,7 @@ def run_program(source: str, stdin: str | bytes = "", limits: Limits | None = No
     try:
         with open(os.path.join(workdir, "program.py"), "w", encoding="utf-8") as f:
             f.write(source)
-        result = _run(stdin, lim, exe, prefixes, uid, workdir)
+        result = _run(stdin, converse, lim, exe, prefixes, uid, workdir)
     except Exception as exc:  # the sandbox must never take the caller down
         result = RunResult(
             SANDBOX_ERROR,
@@ -311,10 +324,14 @@ def run_program(source: str, stdin: str | bytes = "", limits: Limits | None = No
 
 
 def _run(
-    stdin: str | bytes, lim: Limits, exe: str, prefixes: list[str], uid: int | None, workdir: str
+    stdin: str | bytes,
+    converse: Callable[[Channel], None] | None,
+    lim: Limits,
+    exe: str,
+    prefixes: list[str],
+    uid: int | None,
+    workdir: str,
 ) -> RunResult:
-    import selectors
-
     data = stdin.encode("utf-8") if isinstance(stdin, str) else bytes(stdin)
     status_r, status_w = os.pipe()
     token = secrets.token_hex(8)
@@ -345,67 +362,19 @@ def _run(
         os.close(status_w)
     sid = proc.pid
     deadline = start + lim.wall_s
-    out = bytearray()
-    err = bytearray()
-    err_total = 0
-    verdict: str | None = None
-    sel = selectors.DefaultSelector()
-    assert proc.stdin and proc.stdout and proc.stderr
-    for pipe in (proc.stdin, proc.stdout, proc.stderr):
-        os.set_blocking(pipe.fileno(), False)
-    if data:
-        sel.register(proc.stdin, selectors.EVENT_WRITE)
-    else:
-        proc.stdin.close()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    sel.register(proc.stderr, selectors.EVENT_READ)
-    sent = 0
-    gone_at: float | None = None  # when the boot exited (pipes may be held by escaped processes)
+    ch = Channel(proc, lim, deadline)
     try:
-        while len(sel.get_map()) > 0:
-            now = time.monotonic()
-            left = deadline - now
-            if left <= 0:
-                verdict = TIMEOUT
-                break
-            if gone_at is None and proc.poll() is not None:
-                gone_at = now
-            if gone_at is not None and now - gone_at > 0.5:
-                break  # only descendants that left the PID tree hold the pipes: stop reading
-            for key, _ in sel.select(min(left, 0.25)):
-                f = key.fileobj
-                if f is proc.stdin:
-                    try:
-                        sent += os.write(proc.stdin.fileno(), data[sent : sent + 65536])
-                    except BlockingIOError:
-                        continue
-                    except OSError:  # the program closed stdin or exited: stop feeding it
-                        sent = len(data)
-                    if sent >= len(data):
-                        sel.unregister(f)
-                        proc.stdin.close()
-                    continue
-                try:
-                    chunk = os.read(f.fileno(), 65536)  # type: ignore[union-attr]
-                except BlockingIOError:
-                    continue
-                if not chunk:
-                    sel.unregister(f)
-                    continue
-                if f is proc.stdout:
-                    out += chunk
-                    if len(out) > lim.stdout_bytes:
-                        del out[lim.stdout_bytes :]
-                        verdict = OUTPUT_LIMIT
-                else:
-                    err_total += len(chunk)
-                    err += chunk
-                    if len(err) > lim.stderr_bytes:
-                        del err[: len(err) - lim.stderr_bytes]
-                    if err_total > lim.stdout_bytes:
-                        verdict = OUTPUT_LIMIT
-            if verdict:
-                break
+        if converse is None:
+            ch.send(data)
+            ch.close_input()
+            ch.drain(deadline)
+        else:  # the conversation decides; then the program gets a moment to exit on its own
+            converse(ch)
+            ch.close_input()
+            ch.drain(min(deadline, time.monotonic() + 0.5))
+            if ch.verdict is None and proc.poll() is None:
+                _stop(proc)
+        verdict = ch.verdict
         if verdict:
             _stop(proc)
         try:
@@ -416,10 +385,7 @@ def _run(
             proc.wait()
     finally:
         _killpg(sid)  # whatever is left of the process group
-        sel.close()
-        for pipe in (proc.stdin, proc.stdout, proc.stderr):
-            if pipe and not pipe.closed:
-                pipe.close()
+        ch.close()
         if proc.poll() is None:
             proc.kill()
             proc.wait()
@@ -439,11 +405,12 @@ def _run(
     res = RunResult(
         status=OK,
         exit_code=None,
-        stdout=out.decode("utf-8", "replace"),
-        stderr=err.decode("utf-8", "replace"),
+        stdout=ch.out.decode("utf-8", "replace"),
+        stderr=ch.err.decode("utf-8", "replace"),
         wall_s=wall,
         cpu_s=None,
         isolation=iso,
+        isolation_failed=tuple(st.get("failed", ())) if st else (),
         sid=sid,
         uid=uid if st and "setuid" in iso else None,
     )
@@ -485,11 +452,52 @@ def run_many(jobs: list[Job], max_workers: int | None = None) -> list[RunResult]
         return []
     workers = max(1, min(len(jobs), max_workers or os.cpu_count() or 1))
     if workers == 1:
-        return [run_program(j.source, j.stdin, j.limits) for j in jobs]
+        return [run_program(j.source, j.stdin, j.limits, j.converse) for j in jobs]
     with ThreadPoolExecutor(workers, thread_name_prefix="marlow-sandbox") as pool:
-        return list(pool.map(lambda j: run_program(j.source, j.stdin, j.limits), jobs))
+        return list(pool.map(lambda j: run_program(j.source, j.stdin, j.limits, j.converse), jobs))
 
 
-def isolation_in_force() -> tuple[str, ...]:
-    """The mechanisms a run gets on this machine, measured by running an empty program."""
-    return run_program("", limits=Limits(wall_s=20)).isolation
+REQUIRES = ("none", "namespaces")  # choices of rewards.sandbox.require
+NAMESPACES = ("netns", "pidns", "mountns", "chroot")  # what require="namespaces" demands
+_HOW_TO_GET = (
+    "run as root, or allow unprivileged user namespaces (sysctl user.max_user_namespaces > 0; "
+    "kernel.unprivileged_userns_clone=1 on Debian/Ubuntu kernels; "
+    "kernel.apparmor_restrict_unprivileged_userns=0 on Ubuntu 24.04; in a container, a seccomp "
+    "profile that allows unshare), or set rewards.sandbox.require=none"
+)
+
+
+class SandboxUnavailable(RuntimeError):
+    """The isolation a run requires cannot be made on this machine (one line: what and how)."""
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """What a sandboxed run gets on this machine: the mechanisms in force and why others failed."""
+
+    mechanisms: tuple[str, ...]
+    failed: tuple[str, ...] = ()  # "userns: [Errno 1] ..." per mechanism tried in vain
+    uid: int = 0  # the caller's euid
+
+    def line(self) -> str:
+        """One line for a run's log: ``sandbox isolation: netns pidns ... (as uid 1000)``."""
+        who = "root" if self.uid == 0 else f"uid {self.uid}"
+        line = f"sandbox isolation (as {who}): {' '.join(self.mechanisms) or 'none'}"
+        return line + (f"; not available: {'; '.join(self.failed)}" if self.failed else "")
+
+
+def isolation_in_force(require: str = "none") -> Isolation:
+    """The isolation a run gets on this machine, measured by running an empty program; with
+    ``require="namespaces"``, raise ``SandboxUnavailable`` unless ``NAMESPACES`` are all in force."""
+    if require not in REQUIRES:
+        raise ValueError(f"rewards.sandbox.require is {require!r}; valid: {', '.join(REQUIRES)}")
+    res = run_program("", limits=Limits(wall_s=20))
+    iso = Isolation(res.isolation, res.isolation_failed, os.geteuid())
+    missing = [m for m in NAMESPACES if m not in iso.mechanisms]
+    if require == "namespaces" and missing:
+        why = "; ".join(iso.failed) or res.detail or "not tried"
+        raise SandboxUnavailable(
+            f"rewards.sandbox.require=namespaces but the sandbox could not make "
+            f"{', '.join(missing)} ({why}): {_HOW_TO_GET}"
+        )
+    return iso

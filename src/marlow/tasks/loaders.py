@@ -21,7 +21,8 @@ form ``marlow.rewards.code.parse_tests`` accepts):
   ``unique_id`` and ``solution`` when present.
 * ``humaneval``: ``prompt`` is the prompt as is (the function signature and docstring); answer is
   ``""``; meta has ``entry_point``, ``test``, ``canonical_solution``, ``task_id`` and
-  ``tests = {"check": test, "entry_point": entry_point}`` (the code reward's check-harness form).
+  ``tests = {"check": test, "entry_point": entry_point, "prompt": prompt}`` (the code reward's
+  check-harness form; the prompt's helpers run on the trusted side).
 * ``dapo``: the processed form (``open-r1/DAPO-Math-17k-Processed``): ``prompt`` (text) and
   ``solution`` (the ground truth). Also accepted, so the raw BytedTsinghua rows load too: a
   ``prompt`` that is a list of chat messages (the first ``user`` message's content is used) and
@@ -241,7 +242,7 @@ def _humaneval(row: dict, i: int) -> Problem:
         "entry_point": entry,
         "test": test,
         "canonical_solution": canonical,
-        "tests": {"check": test, "entry_point": entry},
+        "tests": {"check": test, "entry_point": entry, "prompt": prompt},
     }
     return Problem(f"humaneval/{task_id}", prompt, "", meta)
 

@@ -492,6 +492,8 @@ def load_config(
             loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
         except (OSError, UnicodeDecodeError) as err:
             reason = getattr(err, "strerror", None) or type(err).__name__
+            if not str(path).endswith((".yaml", ".yml")):  # e.g. an override without its '='
+                reason += "; give a .yaml file, and overrides as key=value"
             raise ConfigError(f"cannot read config {path}: {reason}") from None
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)

@@ -313,6 +313,19 @@ class TrainConfig(_Section):
     )
 
 
+class SandboxConfig(_Section):
+    require: Literal["none", "namespaces"] = Field(
+        "none",
+        description="namespaces: stop at start unless the code sandbox gets its network, PID "
+        "and mount namespaces and private root (root, or unprivileged user namespaces); none: "
+        "run with whatever isolation the machine allows (printed and recorded per run)",
+    )
+
+
+class RewardsConfig(_Section):
+    sandbox: SandboxConfig = SandboxConfig()
+
+
 class RunConfig(_Section):
     preset: Literal["paper", "tiny"] = "tiny"
     seed: int = 0
@@ -333,6 +346,7 @@ class RunConfig(_Section):
     detect: DetectConfig = DetectConfig()
     diagnostics: DiagnosticsConfig = DiagnosticsConfig()
     sinks: SinksConfig = SinksConfig()
+    rewards: RewardsConfig = RewardsConfig()
     train: TrainConfig = TrainConfig()
 
     @model_validator(mode="after")

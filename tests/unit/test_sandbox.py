@@ -7,6 +7,7 @@ run's session id and uid, scanning /proc), its temporary directory, and its spec
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import signal
@@ -19,6 +20,7 @@ import uuid
 
 import pytest
 
+from marlow.rewards import sandbox
 from marlow.rewards.code import code_details, score_code_batch
 from marlow.rewards.sandbox import (
     KILLED,
@@ -30,6 +32,7 @@ from marlow.rewards.sandbox import (
     Job,
     Limits,
     RunResult,
+    SandboxUnavailable,
     isolation_in_force,
     run_many,
     run_program,
@@ -235,6 +238,25 @@ def hostile_runs(listener):
     return dict(zip(names, scores, strict=True)), elapsed, accepted
 
 
+@pytest.fixture(scope="module")
+def hostile_suite_mode(listener):
+    """The hostile suite again, each program through the harness (suite mode)."""
+    port = listener.getsockname()[1]
+    items = [(_py(HOSTILE[n][0].replace("PORT", str(port))), TESTS) for n in HOSTILE]
+    scores = score_code_batch(items, suite=True, max_workers=2, **HOSTILE_LIMITS)
+    return dict(zip(HOSTILE, scores, strict=True))
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_program_same_verdict_in_suite_mode(name, hostile_suite_mode):
+    score = hostile_suite_mode[name]
+    assert score.reward == 0.0
+    run = score.tests[0].run
+    left = _procs_of(run.sid, run.uid)
+    assert left == [], f"processes left behind: {_describe(left)}"
+    assert run.workdir and not os.path.exists(run.workdir), "temporary directory left behind"
+
+
 def test_isolation_mechanisms_detected():
     iso = isolation_in_force().mechanisms
     assert "rlimits" in iso
@@ -391,3 +413,119 @@ def test_fallbacks_without_namespaces():
         os.kill(pid, signal.SIGKILL)
     assert left == []
     assert not os.path.exists(res.workdir)
+
+
+NON_ROOT_PROBE = """\
+import json, sys
+from marlow.rewards.code import score_code
+from marlow.rewards.sandbox import isolation_in_force, run_program
+iso = isolation_in_force()
+host = run_program("print(open(%(readable)r).read())")
+escape = run_program("open(%(escape)r, 'w').write('x')")
+sock = run_program("import socket\\nsocket.create_connection(('127.0.0.1', %(port)d), 1)\\nprint('CONNECTED')")
+honest = score_code("```python\\ndef f(a, b):\\n    return a + b\\n```", {"fn_name": "f", "inputs": [[1, 2]], "outputs": [3]})
+hack = score_code("```python\\nimport os\\nos._exit(0)\\n```", {"fn_name": "f", "inputs": [[1, 2]], "outputs": [3]})
+print(json.dumps({"line": iso.line(), "mechanisms": iso.mechanisms, "failed": iso.failed,
+                  "host": host.stdout, "sock": sock.stdout, "honest": honest, "hack": hack}))
+"""
+
+
+def _python_for_others() -> str | None:
+    """An interpreter (3.10 or newer) that an unrelated uid may run, or None."""
+    minor = f"python3.{sys.version_info.minor}"
+    for exe in (sys.executable, f"/usr/bin/{minor}", f"/usr/local/bin/{minor}", "/usr/bin/python3"):
+        if os.path.exists(exe) and sandbox._world_accessible(exe):
+            version = subprocess.run(
+                [exe, "-c", "import sys; print(sys.version_info >= (3, 10))"],
+                capture_output=True,
+                text=True,
+            )
+            if version.stdout.strip() == "True":
+                return exe
+    return None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a probe as another uid")
+def test_non_root_sandbox_reports_its_isolation(listener):
+    """As an unprivileged uid (65534): the sandbox says what it has (a user namespace first, on a
+    kernel that allows them), and then the host file, /tmp and the caller's socket are out of
+    reach; the verdicts are those of root."""
+    exe = _python_for_others()
+    if exe is None:
+        pytest.skip("no interpreter here that uid 65534 may run")
+    with open(READABLE, "w") as f:
+        f.write(READABLE_TEXT)
+    os.chmod(READABLE, 0o644)
+    src = os.path.join(os.path.dirname(os.path.dirname(sandbox.__file__)), os.pardir)
+    probe = NON_ROOT_PROBE % {
+        "readable": READABLE,
+        "escape": ESCAPE,
+        "port": listener.getsockname()[1],
+    }
+    try:
+        out = subprocess.run(
+            [exe, "-c", probe],
+            capture_output=True,
+            text=True,
+            user=65534,
+            group=65534,
+            extra_groups=[],
+            cwd="/",
+            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": os.path.realpath(src)},
+            timeout=120,
+        )
+    finally:
+        os.unlink(READABLE)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout)
+    assert got["line"].startswith("sandbox isolation (as uid 65534): ")
+    assert (got["honest"], got["hack"]) == (1.0, 0.0)
+    if "userns" not in got["mechanisms"]:  # the kernel refused: the reason is reported
+        assert any(f.startswith("userns: ") for f in got["failed"]), got
+        assert "not available: userns" in got["line"]
+        return
+    for mech in ("netns", "pidns", "mountns", "chroot", "rlimits"):
+        assert mech in got["mechanisms"], got
+    assert READABLE_TEXT not in got["host"] and "CONNECTED" not in got["sock"]
+    assert not os.path.exists(ESCAPE)
+
+
+def test_require_namespaces_names_what_failed_and_how_to_get_it(monkeypatch):
+    fake = RunResult(
+        OK,
+        0,
+        "",
+        "",
+        0.1,
+        0.0,
+        isolation=("rlimits", "audit_no_socket"),
+        isolation_failed=("userns: [Errno 1] Operation not permitted",),
+    )
+    monkeypatch.setattr(sandbox, "run_program", lambda *a, **k: fake)
+    assert isolation_in_force("none").mechanisms == ("rlimits", "audit_no_socket")
+    with pytest.raises(SandboxUnavailable) as err:
+        isolation_in_force("namespaces")
+    msg = str(err.value)
+    assert "\n" not in msg and "netns, pidns, mountns, chroot" in msg
+    assert "userns: [Errno 1] Operation not permitted" in msg
+    assert "root" in msg and "user.max_user_namespaces" in msg and "require=none" in msg
+    with pytest.raises(ValueError, match="valid: none, namespaces"):
+        isolation_in_force("strict")
+
+
+def test_run_start_logs_and_records_the_isolation(tmp_path, monkeypatch):
+    from marlow.config import ConfigError, resolve
+    from marlow.train.trainer import record_isolation, sandbox_isolation
+
+    lines: list[str] = []
+    assert sandbox_isolation(resolve({}), lines.append) is None  # math: no sandbox
+    code = resolve({"task": {"name": "code"}})
+    iso = sandbox_isolation(code, lines.append)
+    assert lines == [iso.line()] and "rlimits" in iso.mechanisms
+    record_isolation(tmp_path, iso)
+    assert json.loads((tmp_path / "sandbox.json").read_text())["mechanisms"] == list(iso.mechanisms)
+    fake = RunResult(OK, 0, "", "", 0.1, 0.0, isolation=("rlimits",), isolation_failed=("x",))
+    monkeypatch.setattr(sandbox, "run_program", lambda *a, **k: fake)
+    strict = resolve({"task": {"name": "code"}, "rewards": {"sandbox": {"require": "namespaces"}}})
+    with pytest.raises(ConfigError, match="require=namespaces but the sandbox could not make"):
+        sandbox_isolation(strict, lines.append)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from marlow.config import RunConfig, dump_config
+from marlow.config import ConfigError, RunConfig, dump_config
 from marlow.diagnostics.detectors import describe, run_detectors
 from marlow.diagnostics.metrics import Meter, episode_metrics
 from marlow.diagnostics.runstats import series
@@ -33,6 +33,7 @@ from marlow.policy.adapters import (
     load_adapter_weights,
 )
 from marlow.policy.routing import Routing, make_routing
+from marlow.rewards.sandbox import Isolation, SandboxUnavailable, isolation_in_force
 from marlow.rollout.hf import HFEngine
 from marlow.tasks import build_task
 from marlow.train import checkpoint
@@ -71,6 +72,7 @@ class Trainer:
         # What can be refused without the model is refused first: role-level settings, data.
         self.workflow = check_run_config(config)
         self.task = build_task(config.task, log=self.log)
+        self.isolation = sandbox_isolation(config, self.log)  # the code sandbox's, logged
         self.base, self.tokenizer = load_base(config.model, log=self.log, task=config.task.name)
         self.style = prompt_style(config.model.name)
         self.grade = self.task.grader()
@@ -287,6 +289,7 @@ class Trainer:
             )
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "config.yaml").write_text(dump_config(self.cfg))
+        record_isolation(self.out, self.isolation)
         found = checkpoint.latest(self.out) if resume else None
         if found is not None:
             self.step = checkpoint.load(found, self.model, self.adapters, self.optim)
@@ -374,3 +377,26 @@ class Trainer:
 def read_metrics(run_dir: str | Path) -> list[dict]:
     """Every record of a run's ``metrics.jsonl``, in file order."""
     return list(read_jsonl(Path(run_dir) / "metrics.jsonl"))
+
+
+# -- the code reward's sandbox: its isolation, once per run (issue 12) ------------------------------
+
+
+def sandbox_isolation(config: RunConfig, log: Log) -> Isolation | None:
+    """For a code task, the isolation the reward's sandbox gets on this machine, logged in one
+    line; None for math. A run whose ``rewards.sandbox.require`` cannot be met stops here, before
+    the model loads, with one line saying what failed and how to get it."""
+    if config.task.name != "code":
+        return None
+    try:
+        iso = isolation_in_force(config.rewards.sandbox.require)
+    except SandboxUnavailable as err:
+        raise ConfigError(str(err)) from None
+    log(iso.line())
+    return iso
+
+
+def record_isolation(out: Path, iso: Isolation | None) -> None:
+    """The run's sandbox metadata, ``sandbox.json`` beside ``config.yaml`` (code tasks only)."""
+    if iso is not None:
+        write_json(out / "sandbox.json", asdict(iso))

@@ -18,10 +18,11 @@ OUTPUT_LIMIT = "output_limit"
 
 
 class Channel:
-    """A running program's pipes, seen from the caller. ``send`` writes to its stdin and
-    ``line`` waits for its next stdout line; both keep draining stdout and stderr, and give up
-    at the run's wall clock (``deadline``, monotonic) or when output passes ``stdout_bytes``
-    (then ``verdict`` says which, and the program is stopped)."""
+    """A running program's pipes, seen from the caller. ``send`` queues bytes for its stdin,
+    ``line`` waits for its next stdout line and ``drain`` for the end of its output; while
+    waiting they feed stdin and keep reading stdout and stderr, and they give up at the run's
+    wall clock (``deadline``, monotonic) or when output passes ``stdout_bytes`` (then ``verdict``
+    says which, and the program is stopped)."""
 
     def __init__(self, proc: subprocess.Popen, lim: Limits, deadline: float) -> None:
         import selectors
@@ -31,7 +32,8 @@ class Channel:
         self.out, self.err = bytearray(), bytearray()
         self.verdict: str | None = None
         self._err_total = 0
-        self._pending = bytearray()
+        self._pending = bytearray()  # queued for stdin
+        self._closing = False  # close stdin once the queue is written
         self._gone_at: float | None = None  # when the boot exited (escaped processes may
         # still hold the pipes)
         self._sel = selectors.DefaultSelector()
@@ -41,23 +43,21 @@ class Channel:
         self._sel.register(proc.stderr, selectors.EVENT_READ)
 
     def send(self, data: bytes) -> None:
-        """Write ``data`` to the program's stdin (dropped if it closed stdin or exited)."""
+        """Queue ``data`` for the program's stdin (dropped if it closed stdin or exited)."""
         import selectors
 
         stdin = self.proc.stdin
-        if not data or stdin is None or stdin.closed:
+        if not data or stdin is None or stdin.closed or self._closing:
             return
-        self._pending += data
-        if stdin not in self._sel.get_map().values():
+        if not self._pending:
             self._sel.register(stdin, selectors.EVENT_WRITE)
-        self._pump(lambda: not self._pending, self.deadline)
+        self._pending += data
 
     def close_input(self) -> None:
+        """Close the program's stdin once what is queued is written."""
+        self._closing = True
         stdin = self.proc.stdin
-        if stdin is not None and not stdin.closed:
-            if self._pending:
-                self._sel.unregister(stdin)
-                self._pending.clear()
+        if not self._pending and stdin is not None and not stdin.closed:
             stdin.close()
 
     def line(self, deadline: float) -> bytes | None:
@@ -83,11 +83,7 @@ class Channel:
 
     def _pump(self, done: Callable[[], bool], deadline: float) -> None:
         stdin = self.proc.stdin
-        while (
-            not done()
-            and self.verdict is None
-            and any(k.fileobj is not stdin for k in self._sel.get_map().values())
-        ):
+        while not done() and self.verdict is None and self._sel.get_map():
             now = time.monotonic()
             if now >= self.deadline:
                 self.verdict = TIMEOUT
@@ -114,6 +110,8 @@ class Channel:
         del self._pending[:sent]
         if not self._pending:
             self._sel.unregister(stdin)
+            if self._closing:
+                stdin.close()
 
     def _read(self, f) -> None:  # noqa: ANN001
         try:

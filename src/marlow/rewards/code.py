@@ -2,8 +2,19 @@
 
 ``score_code(completion, tests, **limits)`` is the fraction of tests passed; ``code_details``
 returns the same with one ``TestOutcome`` per test; ``score_code_batch`` scores many
-(completion, tests) pairs with all their tests on one pool. Every test is one run of the sandbox
-(``marlow.rewards.sandbox``), so a test's crash, timeout or output flood costs only that test.
+(completion, tests) pairs with all their tests on one pool. By default every test is one run of
+the sandbox (``marlow.rewards.sandbox``), so a test's crash, timeout or output flood costs only
+that test.
+
+**Who decides** (issue 12): the verdict never comes from anything the program controls. A stdin
+test alone runs the program itself and compares its captured stdout here (its exit status can
+only fail it); every other test runs through the harness (``marlow.rewards.harness``): the
+sandboxed process holds the program and answers requests (call this function with these
+arguments, run the program on this stdin) with plain-data literals; this process parses them
+(``ast.literal_eval``, exact types only) and does every comparison. Test code and expected values
+never enter the sandbox, so an always-equal object, a ``str`` subclass, an exit hook, a forged
+answer line or reading the tests from memory or disk wins nothing
+(``tests/unit/test_reward_hacks.py`` holds the catalogue).
 
 Extraction: the last fenced block tagged ``python``/``py``/``python3``; else the last fenced block
 of any language; else the whole completion if it parses as Python; else nothing (reward 0).
@@ -11,34 +22,40 @@ of any language; else the whole completion if it parses as Python; else nothing 
 Test styles (``tests`` may also be the JSON string of any of these):
 
 * **stdin/stdout** (APPS/TACO/CodeContests in DeepCoder): ``{"inputs": [...], "outputs": [...]}``.
-  The program reads the input on stdin; its stdout passes when it equals the expected output after
-  stripping, per line, with runs of whitespace collapsed and trailing blank lines dropped.
+  The program reads the input on stdin; its stdout passes when it exits 0 and the output equals
+  the expected one after stripping, per line, with runs of whitespace collapsed and trailing blank
+  lines dropped.
 * **function call**: the same with ``"fn_name"``. Each input is a list of positional arguments or
   a JSON string of one (or one JSON value per line, as LiveCodeBench writes them); each output is
-  the expected return value (or its JSON). The function is called by a harness that loads the code
-  as a module named ``solution`` (its ``__main__`` block does not run), with ``from typing import
-  *`` and a few common modules preloaded; when there is no top-level function of that name,
-  ``Solution().<fn_name>`` is used. Return values are compared by value after a JSON round trip
-  (tuples are lists), floats with a relative tolerance of 1e-6; an expected ``[x]`` also accepts
-  ``x`` (APPS wraps call outputs in a list).
+  the expected return value (or its JSON). The harness loads the code as a module named
+  ``solution`` (its ``__main__`` block does not run), with ``from typing import *`` and a few
+  common modules preloaded; when there is no top-level function of that name,
+  ``Solution().<fn_name>`` is used. Return values are compared by value as JSON would see them
+  (tuples are lists, dict keys strings), floats with a relative tolerance of 1e-6; an expected
+  ``[x]`` also accepts ``x`` (APPS wraps call outputs in a list). A return value that is not plain
+  data (None, bool, int, float, str, bytes and list/tuple/dict/set of them; subclasses count as
+  their base type) fails the test.
 * **LiveCodeBench/DeepCoder rows**: a list of ``{"input", "output", "testtype": "stdin" |
   "functional", "metadata": {"func_name"}}``.
-* **check harness** (HumanEval): ``{"check": test_source, "entry_point": name}``: one test that
-  passes when ``code + test_source + check(name)`` exits 0.
+* **check harness** (HumanEval): ``{"check": test_source, "entry_point": name, "prompt": src}``:
+  one test that passes when ``check(candidate)`` returns, run here with the problem's ``prompt``
+  (trusted: the helpers some tests call) and ``candidate`` a proxy whose calls run in the sandbox
+  (``harness.run_check`` lists where this departs from running one script). Without ``prompt``,
+  a test that calls a prompt helper fails.
 
 **Suite mode** (``suite=True``; the tiny code task's grader uses it): the stdin and call tests of
-one program run in ONE sandboxed process instead of one each, which is ~N times cheaper for N
-tests (a sandbox start costs ~50 ms on 2 cores; tiny programs run in microseconds). The harness
-runs each test in a fresh namespace with its own stdin and captured stdout (capped at
-``SUITE_OUTPUT_CAP`` characters), and bounds each test by a wall-clock ``SIGALRM`` timer of
-``timeout_s``; the sandbox bounds the whole process by ``N * timeout_s`` of CPU and wall. What
-differs from the default mode: tests share one interpreter, so a program that kills its process,
-swallows the timer's exception in an endless loop or corrupts interpreter state loses the tests
-that had not reported yet (they score 0, as the spec allows for a program that never runs), and
-state a test leaves in imported modules is visible to the next test. Check-harness tests always
-run one per process.
+one program are asked of ONE sandboxed harness process instead of one process each, which is ~N
+times cheaper for N tests (a sandbox start costs ~50 ms on 2 cores; tiny programs run in
+microseconds). Each test runs in a fresh namespace with its own stdin and captured stdout (capped
+at ``SUITE_OUTPUT_CAP`` characters) under a ``SIGALRM`` timer of ``timeout_s``, and is over when
+the non-daemon threads it started have finished (as a process's exit waits for them); the sandbox
+bounds the whole process by ``N * timeout_s`` of CPU and wall. What differs from the default mode:
+tests share one interpreter, so a program that kills its process, swallows the timer's exception
+in an endless loop or corrupts interpreter state loses the tests that had not answered yet (they
+score 0, as the spec allows for a program that never runs), state a test leaves in imported
+modules is visible to the next test, and stdin is a text buffer (``sys.stdin.buffer`` and
+``open(0)`` are not the input). Check-harness tests always run one per process.
 
-The expected outputs never enter the sandbox; a program can only hand back what it computed.
 All public functions and records are module level, so they pickle.
 """
 
@@ -257,8 +274,9 @@ SUITE_OUTPUT_CAP = 1 << 16  # characters of captured stdout per stdin test run b
 
 
 class _Conversation:
-    """The tests of one sandboxed harness process, asked in order; ``outcomes[i]`` stays None
-    for a test the conversation never reached (the run's status explains it)."""
+    """The tests of one sandboxed harness process; ``outcomes[i]`` stays None for a test the
+    conversation never reached (the run's status explains it). The stdin and call tests are all
+    sent at once (the process answers them in order), then their answers read one by one."""
 
     def __init__(self, cases: list[TestCase], timeout_s: float) -> None:
         self.cases, self.timeout_s = cases, timeout_s
@@ -266,27 +284,43 @@ class _Conversation:
 
     def __call__(self, channel: Channel) -> None:
         session = Session(channel)
-        for i, case in enumerate(self.cases):
+        asked: list[int | CandidateFailed | None] = []
+        for case in self.cases:
             try:
-                self.outcomes[i] = _ask(session, case, self.timeout_s)
+                asked.append(_submit(session, case, self.timeout_s))
+            except CandidateFailed as exc:
+                asked.append(exc)
+        for i, (case, seq) in enumerate(zip(self.cases, asked, strict=True)):
+            try:
+                if isinstance(seq, CandidateFailed):
+                    raise seq
+                self.outcomes[i] = _judge(session, case, seq, self.timeout_s)
             except CandidateFailed as exc:
                 self.outcomes[i] = TestOutcome(False, exc.status, exc.detail)
 
 
-def _ask(session: Session, case: TestCase, timeout_s: float) -> TestOutcome:
-    """One test: the sandbox computes, this process compares (``CandidateFailed`` if no value)."""
+def _submit(session: Session, case: TestCase, timeout_s: float) -> int | None:
+    """Send a stdin or call test's request (a check test asks as it runs: None)."""
     if case.kind == "stdin":
-        value = session.request("stdin", case.input, timeout_s)
-        good = type(value) is str and same_stdout(value, case.expected)
-    elif case.kind == "call":
-        value = session.request("call", (case.fn_name, case.input, True), timeout_s)
-        good = same_value(value, case.expected)
-    else:
+        return session.submit("stdin", case.input, timeout_s)
+    if case.kind == "call":
+        return session.submit("call", (case.fn_name, case.input, True), timeout_s)
+    return None
+
+
+def _judge(session: Session, case: TestCase, seq: int | None, timeout_s: float) -> TestOutcome:
+    """One test: the sandbox computed, this process compares (``CandidateFailed``: no value)."""
+    if seq is None:
         try:
             run_check(session, case.input, case.expected, case.prompt)
-            good = True
         except Exception as exc:  # an assertion (or any error) of the trusted test code
             return TestOutcome(False, "wrong_answer", f"{type(exc).__name__}: {exc}"[:300])
+        return TestOutcome(True, "ok")
+    value = session.answer(seq, timeout_s)
+    if case.kind == "stdin":
+        good = type(value) is str and same_stdout(value, case.expected)
+    else:
+        good = same_value(value, case.expected)
     return TestOutcome(good, "ok" if good else "wrong_answer")
 
 

@@ -15,7 +15,9 @@ HumanEval's ``check(candidate)`` runs here, in a thread of the caller: the probl
 code are executed with the entry point bound to a :class:`Candidate` proxy. Where this departs
 from running ``code + test + check(entry_point)`` as one script: arguments are copied into the
 sandbox (a test never sees the candidate mutate them), a value that is not plain data fails the
-call, NaN is not sent back, and the test's ``import random`` gets a private generator seeded with
+call, NaN is not sent back, the calls whose arguments are literals in the test source are made
+first, back to back in source order (one round trip instead of one each: a stateful candidate
+sees them in that order, and one in a branch the test never takes is made anyway), and the test's ``import random`` gets a private generator seeded with
 0 (HumanEval/53 draws from the global one; the caller's random state is left alone and a check is
 deterministic). The proxy raises :class:`CandidateFailed`, a ``BaseException``, so a test's
 ``except Exception`` cannot turn a crash or timeout of the candidate into a pass.
@@ -30,6 +32,7 @@ import inspect
 import random
 import time
 import types
+from collections.abc import Sequence
 from typing import Any
 
 from marlow.rewards import _serve
@@ -82,37 +85,48 @@ class CandidateFailed(BaseException):  # noqa: N818 (a verdict, not an error of 
 
 
 class Session:
-    """Requests to one sandboxed ``_serve`` process over its ``Channel``. After a request gets
-    no answer (timeout, the process gone, an unreadable line) the session is dead and every
-    later request fails at once."""
+    """Requests to one sandboxed ``_serve`` process over its ``Channel``. ``submit`` queues a
+    request and ``answer`` waits for its answer, so requests can be pipelined (the process
+    answers them in order). After a request gets no answer (timeout, the process gone) the
+    session is dead and every later request fails at once."""
 
     def __init__(self, channel: Channel) -> None:
         self.ch = channel
         self.seq = 0
         self.dead: str | None = None  # why no request can be answered any more
+        self._lines: dict[int, bytes] = {}  # answer lines read ahead, by request number
+        self._busy_since = time.monotonic()  # when the process last answered (or started)
 
-    def request(self, op: str, arg: Any, timeout_s: float | None) -> Any:
-        """The value of one request, or raise ``CandidateFailed``."""
+    def submit(self, op: str, arg: Any, timeout_s: float | None) -> int:
+        """Queue one request; its number (``CandidateFailed`` if ``arg`` is not plain data)."""
         if self.dead:
             raise CandidateFailed(self.dead, "an earlier request got no answer")
-        self.seq += 1
         try:
-            line = f"({self.seq}, {op!r}, {_serve.to_literal(arg)}, {timeout_s!r})\n"
+            line = f"({self.seq + 1}, {op!r}, {_serve.to_literal(arg)}, {timeout_s!r})\n"
         except (TypeError, ValueError) as exc:
             raise CandidateFailed("bad_argument", str(exc)) from None
-        start = time.monotonic()
+        self.seq += 1
         self.ch.send(line.encode())
-        deadline = start + timeout_s + _GRACE_S if timeout_s is not None else self.ch.deadline
-        while True:
-            raw = self.ch.line(deadline)
+        return self.seq
+
+    def answer(self, seq: int, timeout_s: float | None) -> Any:
+        """The value of request ``seq``, or raise ``CandidateFailed``. With ``timeout_s``, the
+        answer is due that long (and a grace second) after the process finished the request
+        before it; without, by the run's wall clock."""
+        while seq not in self._lines:
+            if self.dead:
+                raise CandidateFailed(self.dead, "an earlier request got no answer")
+            due = self._busy_since + timeout_s + _GRACE_S if timeout_s else self.ch.deadline
+            raw = self.ch.line(due)
             if raw is None:
-                late = time.monotonic() >= min(deadline, self.ch.deadline)
+                late = time.monotonic() >= min(due, self.ch.deadline)
                 self.dead = self.ch.verdict or (TIMEOUT if late else "no_result")
                 raise CandidateFailed(self.dead, "no answer")
-            seq, _, rest = raw.partition(b" ")
-            if seq == str(self.seq).encode():  # anything else on the channel is ignored
-                break
-        status, _, payload = rest.decode("utf-8", "replace").partition(" ")
+            head, _, rest = raw.partition(b" ")
+            if head.isdigit() and 0 < int(head) <= self.seq:  # anything else is ignored
+                self._lines.setdefault(int(head), rest)  # the first line for a request counts
+                self._busy_since = time.monotonic()
+        status, _, payload = self._lines.pop(seq).decode("utf-8", "replace").partition(" ")
         if status != "ok":
             raise CandidateFailed(status, payload)
         try:
@@ -120,18 +134,62 @@ class Session:
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as exc:
             raise CandidateFailed("bad_value", f"{type(exc).__name__}: {exc}"[:200]) from None
 
+    def request(self, op: str, arg: Any, timeout_s: float | None) -> Any:
+        return self.answer(self.submit(op, arg, timeout_s), timeout_s)
+
 
 class Candidate:
     """The function under test, as HumanEval's ``check(candidate)`` sees it: each call sends its
-    arguments to the sandboxed process and returns the plain value that comes back."""
+    arguments to the sandboxed process and returns the plain value that comes back. ``ahead``:
+    argument lists sent at once, before the test runs (a call with the same arguments then takes
+    the first of their answers not taken yet), so that the process computes them back to back
+    instead of one round trip each."""
 
-    def __init__(self, session: Session, name: str) -> None:
+    def __init__(self, session: Session, name: str, ahead: Sequence[list]) -> None:
         self._session, self.__name__ = session, name
+        self._ahead: list[tuple[str, int]] = []  # (arguments as a literal, request number)
+        for args in ahead:
+            seq = session.submit("call", (name, args, None), None)
+            self._ahead.append((_serve.to_literal(args), seq))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs:
             raise CandidateFailed("bad_argument", "keyword arguments are not sent")
+        try:
+            key = _serve.to_literal(list(args))
+        except (TypeError, ValueError) as exc:
+            raise CandidateFailed("bad_argument", str(exc)) from None
+        for i, (text, seq) in enumerate(self._ahead):
+            if text == key:
+                del self._ahead[i]
+                return self._session.answer(seq, None)
         return self._session.request("call", (self.__name__, list(args), None), None)
+
+
+@functools.lru_cache(maxsize=512)
+def _literal_calls(test: str, entry_point: str) -> tuple[list, ...]:
+    """The argument lists of the calls of the candidate (``check``'s parameter, or the entry
+    point by name) whose arguments are all literals, in source order."""
+    tree = ast.parse(test)
+    names = {entry_point}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "check" and node.args.args:
+            names.add(node.args.args[0].arg)
+    found = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in names
+            and not node.keywords
+        ):
+            try:
+                args = [ast.literal_eval(a) for a in node.args]
+                _serve.to_literal(args)
+            except (ValueError, TypeError, SyntaxError, RecursionError):
+                continue
+            found.append((node.lineno, node.col_offset, args))
+    return tuple(args for _, _, args in sorted(found, key=lambda f: f[:2]))
 
 
 @functools.lru_cache(maxsize=512)
@@ -162,11 +220,12 @@ def _check_builtins() -> dict:
 def run_check(session: Session, test: str, entry_point: str, prompt: str) -> None:
     """HumanEval's ``check(candidate)`` here, the candidate in the session; raises
     ``CandidateFailed`` when a call gave no value and any other exception when a test fails."""
-    session.request("load", False, None)
+    loaded = session.submit("load", False, None)
+    candidate = Candidate(session, entry_point, _literal_calls(test, entry_point))
     ns: dict[str, Any] = {"__name__": "__check__", "__builtins__": _check_builtins()}
     if prompt:
         exec(_compiled(prompt, "<prompt>"), ns)
     exec(_compiled(test, "<test>"), ns)
-    candidate = Candidate(session, entry_point)
     ns[entry_point] = candidate
+    session.answer(loaded, None)
     ns["check"](candidate)

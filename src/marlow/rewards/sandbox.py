@@ -1,24 +1,31 @@
 """Run untrusted, model-written Python in a separate, limited, throw-away process (SPEC §3).
 
 ``run_program(source, stdin, limits)`` runs one program; ``run_many(jobs)`` runs a list of them on
-a thread pool (one thread per core by default; each thread only waits on its own process).
+a thread pool (one thread per core by default; each thread only waits on its own process). With
+``converse``, a function talks to the running program through its pipes (a ``Channel``) instead
+of feeding it ``stdin``: the code reward's harness asks it for one call after another.
 
 How one run is built
 --------------------
 The caller's process never forks Python code: it starts ``python -I -S -B -c <boot code>`` (the
-boot functions of ``marlow.rewards._sandbox_boot``, stdlib only) with ``subprocess`` (``start_new_session=True``, a
-scrubbed environment, stdin/stdout/stderr pipes). That *boot* process, still with the caller's
+boot functions of ``marlow.rewards._sandbox_boot``, stdlib only) with ``subprocess``
+(``start_new_session=True``, a scrubbed environment, stdin/stdout/stderr pipes). That *boot* process, still with the caller's
 privileges, unshares what the kernel allows and forks the *init* (PID 1 of the new namespace),
 which builds the root and forks the program's process, which drops privileges and execs
 ``python -I -S -B program.py`` (no site-packages: the standard library only). In detail:
 
+* **a user namespace** (``userns``, only when the caller is not root): the boot process unshares
+  one and maps the caller's uid and gid to themselves, which gives it every capability inside
+  (enough for all that follows, without root); the program, exec'd as that non-zero uid, holds
+  none. Most kernels allow this to any user; some need a sysctl (see ``isolation_in_force``).
 * **namespaces** (tried one by one with ``unshare(2)`` through ``ctypes``; what succeeded is
-  reported in ``RunResult.isolation``): a new network namespace (``netns``: no interface but a
+  reported in ``RunResult.isolation``, why the others failed in ``isolation_failed``): a new
+  network namespace (``netns``: no interface but a
   downed loopback, so no network at all, not even localhost), a new PID namespace (``pidns``: the
   first child is PID 1 there; when it exits the kernel SIGKILLs every process left in the
   namespace, however it daemonised or ``setsid``-ed), a new mount namespace (``mountns``), IPC and
   UTS namespaces.
-* **a private root** (``chroot``, needs the mount namespace and root): a size-capped ``tmpfs``
+* **a private root** (``chroot``, needs the mount namespace): a size-capped ``tmpfs``
   (``disk_mb``, at most 4096 inodes) holding ``/work`` (the program's working directory and
   ``HOME``), ``/tmp``, ``/dev/{null,zero,random,urandom}``, a fresh ``/proc`` of the PID namespace
   only, and read-only, nosuid bind mounts of ``/usr`` (``/bin``, ``/lib``... as symlinks when they
@@ -45,10 +52,22 @@ marker ``MARLOW_SANDBOX_RUN=<token>`` in their initial environment, and killed (
 re-execs itself with a cleared environment after ``setsid`` escapes this). Without a separate uid
 (not root, or root but the interpreter is not readable by other users and there is no private
 root to bind it into) ``RLIMIT_NPROC`` is counted on top of the caller's own processes.
-``Limits(namespaces=False)`` skips the namespaces to exercise these fallbacks.
+``Limits(namespaces=False)`` skips the namespaces to exercise these fallbacks. Whatever is in
+force, ``isolation_in_force()`` says so in one line (a training run logs it at start and records
+it in ``sandbox.json``), and ``rewards.sandbox.require=namespaces`` stops a run that would get
+less than netns, pidns, mountns and the private root.
+
+Why hand-written namespaces and not bubblewrap (``bwrap``, which does this job well and is in
+Debian): the root path already builds the same private root with the same mount calls, and the
+unprivileged path differs from it only by the user namespace and the uid maps (a few lines);
+``bwrap`` is not installed on the machines marlow runs on (nor pip-installable), so the code
+would have had to keep both paths and pick one per machine; and a second launcher would mean two
+implementations to keep in step for the statuses, limits and leftover-process checks above.
 
 Measured on the development machine (root in a VM, Linux 6.18, Python 3.11; see
-``tests/unit/test_sandbox.py``): netns, pidns, mountns, ipcns, utsns, chroot and setuid all work;
+``tests/unit/test_sandbox.py``): netns, pidns, mountns, ipcns, utsns, chroot and setuid all work,
+and as uid 65534 userns, netns, pidns, mountns, ipcns, utsns and chroot (the host file, ``/tmp``
+and the caller's socket out of reach);
 the hostile suite (fork bomb, memory bomb, infinite loop, sleep, disk fill, sockets, reading
 ``/etc/passwd``, ``/root`` and the caller's environment, writing outside, killing the parent,
 ignoring SIGTERM, huge output, deep recursion, thread explosion, escaping daemons, segfault,
@@ -73,6 +92,13 @@ What this does NOT isolate
 * Without a PID namespace (kernel refused it) and without root, a program that ``setsid``-s and
   daemonises can outlive the run. Without a network namespace, a program can reach the network
   through ``ctypes`` or a subprocess.
+* Not root and no user namespace: no namespace at all, so only the rlimits and the audit hook;
+  the program runs as the caller's uid and can read and write what the caller can and signal the
+  caller's processes (that is what ``rewards.sandbox.require=namespaces`` refuses).
+* Under a user namespace (not root) the program runs as the caller's uid, with no capabilities.
+  ``RLIMIT_NPROC`` is set to ``nproc`` plus the caller's own process count (kernels before 5.14
+  count every process of the uid; later ones count per user namespace, where the bound is looser
+  by that count).
 * Uids are taken from a fixed range (``uid_base``) derived from the caller's pid; two callers on
   one machine may, rarely, share a uid and so share its ``RLIMIT_NPROC`` count.
 """

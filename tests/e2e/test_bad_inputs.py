@@ -9,8 +9,9 @@ typer's CliRunner, in a fresh folder) must:
   names and the valid choices);
 * leave the folder exactly as it was: no new, removed or changed file.
 
-Most rows fail at validation: the model loader is replaced by one that fails the test, so a row
-that slips past validation (a silent accept) fails loudly instead of pre-training a model. Rows
+Most rows fail at validation: the model loader is replaced by its fast checks (the model source)
+followed by a failure of the test, so a row that slips past validation (a silent accept) fails
+loudly instead of pre-training a model. Rows
 marked ``model`` need the tiny model (their error comes from loading it or from what follows).
 """
 
@@ -25,6 +26,7 @@ import pytest
 from typer.testing import CliRunner
 
 from marlow.cli import app
+from marlow.models import check_model_source, is_tiny
 
 GSM = '{"question": "1+1?", "answer": "it is #### 2"}\n'
 GSM_ROWS = "".join(
@@ -433,7 +435,9 @@ def test_bad_input_is_one_clear_line_and_leaves_nothing(case: Case, tmp_path, mo
         monkeypatch.setenv("MARLOW_CACHE", request.getfixturevalue("tiny_cache"))
     else:
 
-        def no_model(*args, **kwargs):
+        def no_model(config, *args, **kwargs):
+            if not is_tiny(config.name):  # the fast checks of load_base run; the load does not
+                check_model_source(config.name)
             raise AssertionError(f"{case.id}: accepted by validation, went on to load a model")
 
         monkeypatch.setattr("marlow.train.trainer.load_base", no_model)

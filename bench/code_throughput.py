@@ -1,10 +1,12 @@
-"""Code-reward throughput: sandboxed tests per second over all HumanEval canonical solutions.
+"""Code-reward throughput: sandboxed programs per second, HumanEval and suite mode.
 
     .venv/bin/python bench/code_throughput.py [--workers N] [--repeats R]
 
-Each HumanEval problem is one sandboxed test (``prompt + canonical_solution``, then its ``check``
-harness). Also times the sandbox alone on an empty program, which is the fixed cost per test.
-Reads ``../shared/data/HumanEval.jsonl.gz`` relative to the project root.
+Each HumanEval problem is one sandboxed test (``prompt + canonical_solution`` through its
+``check`` harness: the test runs here, each call in the sandbox). The suite lines grade 60 small
+programs of 10 tests each, function calls and stdin/stdout, in suite mode (one sandbox process per
+program, as the tiny code task does). Also times the sandbox alone on an empty program, which is
+the fixed cost per run. Reads ``../shared/data/HumanEval.jsonl.gz`` relative to the project root.
 """
 
 from __future__ import annotations
@@ -20,6 +22,23 @@ from marlow.rewards.code import score_code_batch
 from marlow.rewards.sandbox import Job, isolation_in_force, run_many
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "HumanEval.jsonl.gz"
+
+
+def _suites() -> dict[str, list[tuple[str, dict]]]:
+    """60 programs x 10 tests of each suite form (all pass)."""
+    call = {"fn_name": "f", "inputs": [[i, i + 1] for i in range(10)]}
+    call["outputs"] = [2 * i + 1 for i in range(10)]
+    stdin = {"inputs": [f"{i} {i + 1}\n" for i in range(10)]}
+    stdin["outputs"] = [f"{2 * i + 1}\n" for i in range(10)]
+    return {
+        "call suite": [
+            (f"```python\ndef f(a, b):\n    return a + b + {k} * 0\n```", call) for k in range(60)
+        ],
+        "stdin suite": [
+            (f"```python\na, b = map(int, input().split())\nprint(a + b + {k} * 0)\n```", stdin)
+            for k in range(60)
+        ],
+    }
 
 
 def main() -> None:
@@ -48,6 +67,15 @@ def main() -> None:
             f"humaneval  workers {workers}: {len(items)} tests in {best:.2f} s = "
             f"{len(items) / best:.1f} tests/s (passed {passed:.0f}/{len(items)})"
         )
+        for name, programs in _suites().items():
+            t0 = time.perf_counter()
+            scores = score_code_batch(programs, max_workers=workers, suite=True)
+            dt = time.perf_counter() - t0
+            passed = sum(s.reward for s in scores)
+            print(
+                f"{name} workers {workers}: {len(programs)} programs in {dt:.2f} s = "
+                f"{len(programs) / dt:.1f} programs/s (passed {passed:.0f}/{len(programs)})"
+            )
         n = 100
         t0 = time.perf_counter()
         run_many([Job("pass")] * n, max_workers=workers)

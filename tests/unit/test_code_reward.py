@@ -240,10 +240,6 @@ def _flipped(row: dict) -> str | None:
     return fenced(row["prompt"] + sol)
 
 
-def _subset(rows: list[dict], n: int = 15) -> list[dict]:
-    return rows[:: max(1, len(rows) // n)][:n]
-
-
 def _check_humaneval(rows: list[dict]) -> None:
     canon = score_code_batch([(_canonical(r), _he_tests(r)) for r in rows])
     failed = [
@@ -258,16 +254,13 @@ def _check_humaneval(rows: list[dict]) -> None:
     flipped = score_code_batch([(f, _he_tests(r)) for r, f in flips])
     still = [r["task_id"] for (r, _), s in zip(flips, flipped, strict=True) if s.reward >= 1.0]
     # A negated comparison could be equivalent under the tests; measured: none of the 105
-    # HumanEval solutions that have a comparison (10 of the subset) still passes with it flipped.
+    # HumanEval solutions that have a comparison still passes with it flipped.
     assert flips and still == []
 
 
-def test_humaneval_subset_canonical_passes_and_mutants_fail():
-    _check_humaneval(_subset(_humaneval()))
-
-
-@pytest.mark.slow
 def test_humaneval_all_canonical_pass_and_mutants_fail():
+    """All 164 through the check form (the tests run here, each call in the sandbox): ~20 s on
+    2 cores, so it runs by default."""
     rows = _humaneval()
     assert len(rows) == 164
     _check_humaneval(rows)

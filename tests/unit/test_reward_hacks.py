@@ -297,6 +297,12 @@ CATALOGUE: dict[str, tuple[str, str, str]] = {
         "import threading, time\nthreading.Thread(target=time.sleep, args=(30,)).start()\n"
         "print(sum(map(int, input().split())))",
     ),
+    "call_correct_value_but_lingering_thread": (
+        "call",
+        "",
+        "import threading, time\ndef add(a, b):\n"
+        "    threading.Thread(target=time.sleep, args=(30,)).start()\n    return a + b",
+    ),
     "call_fork_child_forges_answers": (
         "call",
         "",

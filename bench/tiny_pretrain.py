@@ -2,13 +2,21 @@
 
     .venv/bin/python bench/tiny_pretrain.py --scale tiny-s --cache-dir /tmp/marlow-bench
     .venv/bin/python bench/tiny_pretrain.py --throughput        # tokens/s of every scale
+    .venv/bin/python bench/tiny_pretrain.py --precision         # float32 vs bf16 autocast
     .venv/bin/python bench/tiny_pretrain.py --set gen_error=0.3 --set borrow_bug=0.7
 
 Reports (JSON on stdout, progress on stderr): pre-training wall time (``meta.json``), the
 generator's greedy (T=0) and sampled (T=0.7, and T=1.0: the tiny preset's rollout temperature)
 accuracy on the validation problems, per level, pass@8 at T=1.0 (the room RL can reach), Voting
-with the model in both roles (aggregator vs majority), and every role's parse rate. Wall times
-are only meaningful on an otherwise idle machine: the load average is printed beside them.
+with the model in both roles (aggregator vs majority), and every role's parse rate, and the
+peak resident memory of the pre-training process (``pretrain_peak_rss_mb``: pass a cold
+``--cache-dir``, or it measures a cache hit). Wall times are only meaningful on an otherwise idle
+machine: the load average is printed beside them, and the CPU capability torch dispatched to.
+
+``--precision`` times the pre-training loop side by side in one run under the shipped float32
+recipe and under bf16 autocast, on this CPU's own kernels and, when this CPU is above AVX2, again
+with torch and oneDNN held to AVX2 (``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2``: how an
+AVX2-only CPU without native bf16 runs). Each measurement is a fresh child process.
 """
 
 from __future__ import annotations
@@ -16,6 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
+import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -53,6 +63,50 @@ def throughput(threads: int, steps: int = 40) -> dict[str, dict[str, float]]:
             "est_pretrain_s": round(s_per_step * SCALES[name].pretrain_steps),
         }
         log(f"{name}: {out[name]}")
+    return out
+
+
+PATHS = {"float32": False, "bf16-autocast": True}
+AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
+def one_path(path: str, threads: int, steps: int) -> dict[str, float | str]:
+    """Child body: the pre-training loop on tiny-s for ``steps`` steps under ``path``."""
+    torch.set_num_threads(threads)
+    tok = build_tokenizer()
+    model = build_model("tiny-s", len(tok))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=PATHS[path]):
+        stats = train(model, tok, CorpusConfig(), steps=steps, lr=3e-3, seed=0, log=lambda _m: None)
+    return {
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "s_per_step": round(stats["train_seconds"] / steps, 4),
+        "tokens_per_s": round(stats["tokens_per_second"]),
+        "final_loss": round(stats["final_loss"], 4),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+    }
+
+
+def precision(threads: int, steps: int) -> dict:
+    """Every path on this CPU's kernels and, if it has more than AVX2, held to AVX2."""
+    native = torch.backends.cpu.get_cpu_capability()
+    envs = {native: {}}
+    if native != "AVX2" and native != "DEFAULT":
+        envs["AVX2"] = AVX2_ONLY
+    out: dict = {"native_capability": native, "threads": threads, "steps": steps, "runs": {}}
+    for cap, extra in envs.items():
+        for path in PATHS:
+            cmd = [sys.executable, __file__, "--one-path", path, "--threads", str(threads)]
+            cmd += ["--steps", str(steps)]
+            done = subprocess.run(
+                cmd, env={**os.environ, **extra}, capture_output=True, text=True, check=True
+            )
+            out["runs"][f"{cap}/{path}"] = json.loads(done.stdout)
+            log(f"{cap}/{path}: {out['runs'][f'{cap}/{path}']}")
+        runs = out["runs"]
+        out[f"{cap}/bf16_over_float32_time"] = round(
+            runs[f"{cap}/bf16-autocast"]["s_per_step"] / runs[f"{cap}/float32"]["s_per_step"], 2
+        )
+    out["load_after"] = os.getloadavg()
     return out
 
 
@@ -113,8 +167,18 @@ def main() -> None:
         help="override a CorpusConfig rate (repeatable)",
     )
     ap.add_argument("--throughput", action="store_true", help="only measure tokens/s per scale")
+    ap.add_argument(
+        "--precision", action="store_true", help="float32 vs bf16 autocast, native and AVX2"
+    )
+    ap.add_argument("--one-path", choices=list(PATHS), help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     args = ap.parse_args()
+    if args.one_path:
+        print(json.dumps(one_path(args.one_path, args.threads, args.steps or 60)))
+        return
+    if args.precision:
+        print(json.dumps(precision(args.threads, args.steps or 60), indent=2))
+        return
     if args.throughput:
         print(
             json.dumps(
@@ -143,7 +207,9 @@ def main() -> None:
         seed=args.seed,
         log=log,
         corpus=corpus,
+        threads=args.threads,
     )
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
     meta = json.loads((path / "meta.json").read_text())
     result = {
         "path": str(path),
@@ -151,6 +217,9 @@ def main() -> None:
         "steps": meta["steps"],
         "corpus_overrides": overrides,
         "pretrain_seconds": round(meta["seconds"], 1),
+        "pretrain_peak_rss_mb": peak_rss_mb,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": args.threads,
         "tokens_per_second": round(meta["tokens_per_second"]),
         "final_loss": meta["final_loss"],
         "meta_greedy_accuracy_200": meta["greedy_generator_accuracy"],

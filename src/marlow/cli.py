@@ -185,12 +185,15 @@ def pretrain_tiny_cmd(
         int | None, typer.Option(help="override the scale's pretraining steps")
     ] = None,
     task: Annotated[str, typer.Option(help="the tiny world: math or code")] = "math",
+    threads: Annotated[
+        int | None, typer.Option(help="torch threads (default: every core)", min=1)
+    ] = None,
 ) -> None:
     """Pre-train a tiny scale (cached by a hash of its config) and print its folder."""
     from marlow.tiny.pretrain import pretrain_tiny
 
     try:
-        path = pretrain_tiny(scale, steps=steps, log=_log, task=task)
+        path = pretrain_tiny(scale, steps=steps, log=_log, task=task, threads=threads)
     except ValueError as err:
         _fail(str(err))
     print(path)

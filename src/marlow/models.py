@@ -92,13 +92,21 @@ def prompt_style(name: str) -> str:
     return "tiny" if is_tiny(name) else "chat"
 
 
-def load_base(config: ModelConfig, log: Callable[[str], None] | None = None, task: str = "math"):
+def load_base(
+    config: ModelConfig,
+    log: Callable[[str], None] | None = None,
+    task: str = "math",
+    threads: int | None = None,
+):
     """(model, tokenizer) with every base weight frozen. ``task`` picks the tiny world's
-    pre-training corpus (ignored for a Hugging Face model)."""
+    pre-training corpus and ``threads`` its torch threads if it must be pre-trained (both
+    ignored for a Hugging Face model)."""
     if is_tiny(config.name):
         from marlow.tiny.pretrain import load_tiny, pretrain_tiny
 
-        path = pretrain_tiny(config.name, steps=config.pretrain_steps, log=log, task=task)
+        path = pretrain_tiny(
+            config.name, steps=config.pretrain_steps, log=log, task=task, threads=threads
+        )
         model, tokenizer = load_tiny(path)
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -254,7 +254,7 @@ def test_pretrain_caches_by_key(tmp_path, monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("retrained on a cache hit")
 
-    monkeypatch.setattr(pretrain, "_train_and_save", boom)
+    monkeypatch.setattr(pretrain, "_train", boom)
     assert pretrain_tiny("tiny-s", steps=3, cache_dir=tmp_path) == path
     monkeypatch.setenv("MARLOW_CACHE", str(tmp_path))
     assert pretrain_tiny("tiny-s", steps=3) == path

@@ -6,8 +6,11 @@ The loop, top to bottom:
    :func:`marlow.chat.chat_prompt_ids`, exactly as the workflow engine builds them, and the
    completion is followed by ``<|im_end|>``;
 2. take ``POOL_BATCHES`` batches' worth of examples, sort them by length and cut them into
-   batches (little padding), in a seeded shuffled order; rows are right-padded;
-3. loss = mean cross-entropy over completion tokens only (prompt and padding labels are -100);
+   batches (little padding), in a seeded shuffled order;
+3. loss = mean cross-entropy over the batch's completion tokens only (prompt and padding labels
+   are -100), computed and back-propagated in right-padded micro-batches of at most
+   ``MICRO_TOKENS`` tokens (bounded memory; the same loss), in float32 on every machine
+   (:data:`PRECISION`);
 4. AdamW (betas 0.9/0.95, weight decay on matrices only), linear warmup then cosine decay to
    10 % of the peak, gradient clipping at 1.0, for a FIXED number of optimizer steps per scale
    (never a time budget: the result must be a function of the cache key).
@@ -21,8 +24,9 @@ One model per TASK: ``task="math"`` (the arithmetic corpus, :mod:`marlow.tiny.co
 ``<scale>-code-<hash>``). Not one mixed corpus: the math model, its cache key and the figures
 published from it stay exactly as they were (the math key covers the math templates only and
 holds no task field), and each world spends all of a small model's capacity on its own task.
-It is written to a temporary folder and renamed into place, under a file lock, so concurrent
-callers train once and a killed run leaves no half-written model.
+The model is trained in memory, then written to a temporary folder and renamed into place, under
+a file lock: concurrent callers train once, a run killed while training leaves nothing on disk,
+and a temporary folder left by a kill during the save is removed by the next run of that key.
 """
 
 from __future__ import annotations
@@ -62,15 +66,17 @@ TASKS = ("math", "code")
 
 BATCH_EXAMPLES = 64  # examples per optimizer step
 POOL_BATCHES = 16  # batches sorted by length together
+MICRO_TOKENS = 8192  # padded tokens per forward/backward; a step sums several (bounded memory)
 WARMUP_FRACTION = 0.05
 WEIGHT_DECAY = 0.01
 GRAD_CLIP = 1.0
 EVAL_PROBLEMS = 200  # validation problems for the greedy accuracy in meta.json
-# Measured on 2 CPU cores (bench/tiny_pretrain.py): eager attention under bf16 autocast trains
-# tiny-s at ~44k tokens/s against ~27k for fp32 sdpa. Weights and optimizer state stay fp32;
-# the saved model is fp32 and loads with the default attention.
-AUTOCAST_BF16 = True
-TRAIN_ATTENTION = "eager"
+PRECISION = "float32"
+"""One precision recipe on every CPU, never chosen by the machine: float32 weights, activations
+and optimizer state, PyTorch's fused (sdpa) attention. Measured with ``bench/tiny_pretrain.py
+--precision`` (tiny-s, one thread): bf16 autocast was 7x slower than this on an AVX2-only CPU
+and no faster on an AVX-512 CPU with native bf16, so float32 is both the portable and the fast
+choice; a cache key that depended on the CPU would make the README's numbers machine-specific."""
 
 Log = Callable[[str], None]
 
@@ -113,8 +119,8 @@ def cache_key(
             WARMUP_FRACTION,
             WEIGHT_DECAY,
             GRAD_CLIP,
-            AUTOCAST_BF16,
-            TRAIN_ATTENTION,
+            MICRO_TOKENS,
+            PRECISION,
         ],
         "problems": [mathgen.LEVEL_WEIGHTS, mathgen.VAL_BUCKETS],
         "templates": sorted(["/".join(k), v] for k, v in TEMPLATES["tiny"].items() if k[0] == task),
@@ -165,11 +171,16 @@ def pretrain_tiny(
     log: Log | None = None,
     corpus: CorpusConfig | CodeCorpusConfig | None = None,
     task: str = "math",
+    threads: int | None = None,
 ) -> Path:
-    """Pre-train ``scale`` for ``task`` (or find it in the cache) and return its folder."""
+    """Pre-train ``scale`` for ``task`` (or find it in the cache) and return its folder.
+    ``threads``: torch threads while training (default: every core this process may use); the
+    caller's setting is restored afterwards. The weights do not depend on it."""
     spec = get_scale(scale)  # ValueError listing the valid names
     steps = spec.pretrain_steps if steps is None else steps
     corpus = _check_task(task, corpus)
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
     final = tiny_path(scale, cache_dir=cache_dir, steps=steps, seed=seed, corpus=corpus, task=task)
     if (final / "meta.json").exists():
         return final
@@ -179,11 +190,19 @@ def pretrain_tiny(
     with _locked(root / f".{final.name}.lock"):
         if (final / "meta.json").exists():  # another process finished it while we waited
             return final
+        # Holding the lock, any temporary folder of this key is a killed run's: remove it.
+        for stale in root.glob(f".{final.name}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
         log(f"pre-training {scale} ({task}) for {steps} steps -> {final}")
+        # Train in memory first: the temporary folder exists only for the seconds of the save,
+        # so a run killed while training leaves nothing on disk.
+        model, tokenizer, meta = _train(scale, steps, seed, corpus, threads or _all_cores(), log)
+        meta["path"] = str(final)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
         try:
-            meta = _train_and_save(scale, steps, seed, corpus, tmp, log)
-            meta["path"] = str(final)
+            with _quiet_hf():
+                model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
             if final.exists():  # a stale folder without meta.json: an older crash
                 shutil.rmtree(final)
@@ -225,9 +244,9 @@ def _quiet_hf() -> Iterator[None]:
 
 @dataclass
 class _Batch:
-    input_ids: torch.Tensor  # (B, T) right-padded
-    labels: torch.Tensor  # (B, T) -100 on prompt and padding
+    rows: list[tuple[list[int], list[int]]]  # (prompt ids, completion ids + eos), shortest first
     n_tokens: int  # real tokens, for throughput
+    n_labels: int  # completion tokens: the loss is their mean over the whole batch
 
 
 def encode(tokenizer: Any, batch: list[Example]) -> list[tuple[list[int], list[int]]]:
@@ -246,20 +265,61 @@ def batches(tokenizer: Any, corpus: CorpusConfig | CodeCorpusConfig, seed: int) 
     else:
         stream = examples(corpus, seed)
     rng = random.Random(f"marlow-tiny-batches-{seed}")
-    pad = tokenizer.pad_token_id
     while True:
         pool = [next(stream) for _ in range(BATCH_EXAMPLES * POOL_BATCHES)]
         rows = sorted(encode(tokenizer, pool), key=lambda pc: len(pc[0]) + len(pc[1]))
         chunks = [rows[i : i + BATCH_EXAMPLES] for i in range(0, len(rows), BATCH_EXAMPLES)]
         rng.shuffle(chunks)
         for chunk in chunks:
-            width = max(len(p) + len(c) for p, c in chunk)
-            ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-            labels = torch.full((len(chunk), width), -100, dtype=torch.long)
-            for i, (p, c) in enumerate(chunk):
-                ids[i, : len(p) + len(c)] = torch.tensor(p + c)
-                labels[i, len(p) : len(p) + len(c)] = torch.tensor(c)
-            yield _Batch(ids, labels, sum(len(p) + len(c) for p, c in chunk))
+            n_tokens = sum(len(p) + len(c) for p, c in chunk)
+            yield _Batch(chunk, n_tokens, sum(len(c) for _p, c in chunk))
+
+
+def micro_batches(
+    rows: list[tuple[list[int], list[int]]], pad: int, budget: int = MICRO_TOKENS
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(input_ids, labels), each (b, T) right-padded to its own width, cutting ``rows`` (shortest
+    first) into consecutive runs of at most ``budget`` padded tokens (a longer row goes alone).
+
+    Why: one 64-row forward at the widest batches held ~1 GB of activations, and a new width
+    every step left the heap fragmented (RSS grew to GBs). Bounded micro-batches cap both, and
+    the summed loss is the same mean over the batch's completion tokens."""
+    start = 0
+    while start < len(rows):
+        end = start + 1
+        while end < len(rows) and (end + 1 - start) * _length(rows[end]) <= budget:
+            end += 1
+        run = rows[start:end]
+        width = max(_length(r) for r in run)
+        ids = [p + c + [pad] * (width - len(p) - len(c)) for p, c in run]
+        labels = [[-100] * len(p) + c + [-100] * (width - len(p) - len(c)) for p, c in run]
+        yield torch.tensor(ids), torch.tensor(labels)
+        start = end
+
+
+def _length(row: tuple[list[int], list[int]]) -> int:
+    return len(row[0]) + len(row[1])
+
+
+def batch_loss(model: Qwen3ForCausalLM, batch: _Batch, pad: int) -> float:
+    """Mean cross-entropy over the batch's completion tokens, back-propagated one micro-batch at a
+    time (gradients accumulate in ``.grad``); returns the loss. Right padding needs no attention
+    mask under causal attention, and pads carry no label."""
+    total = 0.0
+    for ids, labels in micro_batches(batch.rows, pad):
+        logits = model(input_ids=ids).logits[:, :-1]  # (b, T-1, V): position t predicts t+1
+        loss = (
+            torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]).float(),
+                labels[:, 1:].reshape(-1),
+                ignore_index=-100,
+                reduction="sum",
+            )
+            / batch.n_labels
+        )
+        loss.backward()
+        total += float(loss.detach())
+    return total
 
 
 def lr_at(step: int, steps: int, peak: float) -> float:
@@ -271,7 +331,7 @@ def lr_at(step: int, steps: int, peak: float) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * t)))
 
 
-def _threads() -> int:
+def _all_cores() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:
@@ -300,9 +360,8 @@ def train(
         betas=(0.9, 0.95),
     )
     model.train()
-    attn = model.config._attn_implementation
-    model.set_attn_implementation(TRAIN_ATTENTION)
     data = batches(tokenizer, corpus, seed)
+    pad = tokenizer.pad_token_id
     losses: list[float] = []
     tokens, t0 = 0, time.perf_counter()
     every = max(1, steps // 20)
@@ -312,20 +371,15 @@ def train(
             batch = next(data)
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, steps, lr)
-            # Right padding needs no attention mask under causal attention; pads carry no label.
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=AUTOCAST_BF16):
-                loss = model(input_ids=batch.input_ids, labels=batch.labels).loss
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            losses.append(batch_loss(model, batch, pad))
             torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
             opt.step()
-            losses.append(float(loss.detach()))
             tokens += batch.n_tokens
             if (step + 1) % every == 0 or step + 1 == steps:
                 dt = time.perf_counter() - t0
                 recent = sum(losses[-every:]) / len(losses[-every:])
                 log(f"step {step + 1}/{steps} loss {recent:.4f} {tokens / dt:,.0f} tok/s {dt:.0f}s")
-    model.set_attn_implementation(attn)
     seconds = time.perf_counter() - t0
     tail = losses[-20:]
     return {
@@ -336,13 +390,19 @@ def train(
     }
 
 
-def _train_and_save(
-    scale: str, steps: int, seed: int, corpus: CorpusConfig | CodeCorpusConfig, out: Path, log: Log
-) -> dict[str, Any]:
+def _train(
+    scale: str,
+    steps: int,
+    seed: int,
+    corpus: CorpusConfig | CodeCorpusConfig,
+    threads: int,
+    log: Log,
+) -> tuple[Qwen3ForCausalLM, Any, dict[str, Any]]:
+    """(trained model in eval mode, tokenizer, meta) of one tiny world."""
     spec = get_scale(scale)
     t0 = time.perf_counter()
     previous = torch.get_num_threads()
-    torch.set_num_threads(_threads())
+    torch.set_num_threads(threads)
     try:
         tokenizer = build_tokenizer()
         model = build_model(scale, len(tokenizer), seed)
@@ -371,12 +431,9 @@ def _train_and_save(
             problems = mathgen.val_problems(EVAL_PROBLEMS)
             greedy = generator_accuracy(model, tokenizer, problems, temperature=0.0)
         log(f"{scale}: greedy generator accuracy {greedy:.3f} on {EVAL_PROBLEMS} val problems")
-        with _quiet_hf():
-            model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
     finally:
         torch.set_num_threads(previous)
-    return {
+    meta = {
         "scale": spec.to_dict(),
         "model_config": model.config.to_dict(),
         "corpus": corpus.to_dict(),
@@ -385,10 +442,13 @@ def _train_and_save(
         "seed": seed,
         "lr": spec.pretrain_lr,
         "batch_examples": BATCH_EXAMPLES,
-        "threads": _threads(),
+        "precision": PRECISION,
+        "threads": threads,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "seconds": time.perf_counter() - t0,
         **stats,
         "greedy_generator_accuracy": greedy,
         "eval_problems": EVAL_PROBLEMS,
         **extra,
     }
+    return model, tokenizer, meta

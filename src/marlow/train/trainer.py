@@ -73,7 +73,9 @@ class Trainer:
         self.workflow = check_run_config(config)
         self.task = build_task(config.task, log=self.log)
         self.isolation = sandbox_isolation(config, self.log)  # the code sandbox's, logged
-        self.base, self.tokenizer = load_base(config.model, log=self.log, task=config.task.name)
+        self.base, self.tokenizer = load_base(
+            config.model, log=self.log, task=config.task.name, threads=config.threads
+        )
         self.style = prompt_style(config.model.name)
         self.grade = self.task.grader()
         pol = config.policy

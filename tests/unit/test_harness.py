@@ -109,3 +109,26 @@ def test_expected_values_never_enter_the_sandbox():
     # The probe can fail: given the value in an argument, it finds it.
     leak = code_details(items[1][0], {"fn_name": "f", "inputs": [[secret]], "outputs": [1]})
     assert "FOUND" in leak.tests[0].run.stderr
+
+
+def test_values_that_break_the_trusted_side_are_wrong_answers_not_sandbox_errors():
+    """What comes back is the program's choice: a comparison it breaks, or a malformed answer
+    line, is a wrong answer for that test (never an error of the grader, never cached apart)."""
+    tests = {"fn_name": "f", "inputs": [[1], [2]], "outputs": [0.5, {"1": 2}]}
+    programs = {
+        "int too big for a float": "def f(x):\n    return 10 ** 400",
+        "tuple and bytes dict keys": "def f(x):\n    return {(1, 2): 3, b'k': 1}",
+        "answer line with a huge request number": (
+            "import os\ndef f(x):\n    for fd in range(1, 64):\n        try:\n"
+            "            os.write(fd, b'9' * 5000 + b' ok 0.5\\n')\n        except OSError:\n"
+            "            pass\n    return 0"
+        ),
+    }
+    for suite in (False, True):
+        scores = score_code_batch(
+            [(f"```python\n{p}\n```", tests) for p in programs.values()], suite=suite
+        )
+        for name, score in zip(programs, scores, strict=True):
+            assert (name, score.reward, score.sandbox_error) == (name, 0.0, None)
+    honest = "def f(x):\n    return 0.5 if x == 1 else {1: 2}"
+    assert score_code_batch([(f"```python\n{honest}\n```", tests)])[0].reward == 1.0

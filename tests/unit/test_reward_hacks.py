@@ -2,10 +2,11 @@
 
 Each program tries one way to win tests it does not solve, against one of the three test forms:
 HumanEval's ``check(candidate)`` on real problems from ``../shared/data``, function-call tests
-(LiveCodeBench/DeepCoder ``fn_name``) and stdin/stdout tests. Most of them won against the old
-harness, which ran test code and candidate in one process and read the verdict from its exit
-status. The whole catalogue runs in default mode and in suite mode; the honest solutions of the
-same problems run in the same batches, so the catalogue cannot pass by scoring everything 0.
+(LiveCodeBench/DeepCoder ``fn_name``) and stdin/stdout tests. Against the old harness, which ran
+test code and candidate in one process and read the verdict from its exit status, 34 of the 53
+scored above 0 (measured on commit 9fba4a4). The whole catalogue runs in default mode and in
+suite mode; the honest solutions of the same problems run in the same batches, so the catalogue
+cannot pass by scoring everything 0.
 """
 
 from __future__ import annotations

@@ -243,8 +243,16 @@ def _as_json(x: Any) -> Any:
     if isinstance(x, list | tuple):
         return [_as_json(v) for v in x]
     if isinstance(x, dict):
-        return {k if isinstance(k, str) else json.dumps(k): _as_json(v) for k, v in x.items()}
+        return {_json_key(k): _as_json(v) for k, v in x.items()}
     return x
+
+
+def _json_key(k: Any) -> str:
+    if isinstance(k, str):
+        return k
+    if k is None or isinstance(k, int | float):
+        return json.dumps(k)
+    return repr(k)  # not a JSON key (a tuple...): it cannot match an expected one
 
 
 def _eq(a: Any, b: Any) -> bool:
@@ -317,10 +325,13 @@ def _judge(session: Session, case: TestCase, seq: int | None, timeout_s: float) 
             return TestOutcome(False, "wrong_answer", f"{type(exc).__name__}: {exc}"[:300])
         return TestOutcome(True, "ok")
     value = session.answer(seq, timeout_s)
-    if case.kind == "stdin":
-        good = type(value) is str and same_stdout(value, case.expected)
-    else:
-        good = same_value(value, case.expected)
+    try:
+        if case.kind == "stdin":
+            good = type(value) is str and same_stdout(value, case.expected)
+        else:
+            good = same_value(value, case.expected)
+    except Exception as exc:  # the value breaks the comparison (an int too big for a float...)
+        return TestOutcome(False, "wrong_answer", f"{type(exc).__name__}: {exc}"[:300])
     return TestOutcome(good, "ok" if good else "wrong_answer")
 
 

@@ -17,9 +17,11 @@ from running ``code + test + check(entry_point)`` as one script: arguments are c
 sandbox (a test never sees the candidate mutate them), a value that is not plain data fails the
 call, NaN is not sent back, the calls whose arguments are literals in the test source are made
 first, back to back in source order (one round trip instead of one each: a stateful candidate
-sees them in that order, and one in a branch the test never takes is made anyway), and the test's ``import random`` gets a private generator seeded with
-0 (HumanEval/53 draws from the global one; the caller's random state is left alone and a check is
-deterministic). The proxy raises :class:`CandidateFailed`, a ``BaseException``, so a test's
+sees them in that order, and one in a branch the test never takes is made anyway), and the
+test's ``import random`` gets a private generator seeded with 0 (HumanEval/53 draws from the
+global one; the caller's random state is left alone and a check is deterministic). The test code
+itself is trusted (the dataset's): it runs unbounded but for the candidate's calls, which share
+the run's wall clock. The proxy raises :class:`CandidateFailed`, a ``BaseException``, so a test's
 ``except Exception`` cannot turn a crash or timeout of the candidate into a pass.
 """
 
@@ -123,7 +125,7 @@ class Session:
                 self.dead = self.ch.verdict or (TIMEOUT if late else "no_result")
                 raise CandidateFailed(self.dead, "no answer")
             head, _, rest = raw.partition(b" ")
-            if head.isdigit() and 0 < int(head) <= self.seq:  # anything else is ignored
+            if len(head) < 12 and head.isdigit() and 0 < int(head) <= self.seq:  # else ignored
                 self._lines.setdefault(int(head), rest)  # the first line for a request counts
                 self._busy_since = time.monotonic()
         status, _, payload = self._lines.pop(seq).decode("utf-8", "replace").partition(" ")

@@ -9,7 +9,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from marlow.config import resolve
+from marlow.config import RunConfig, resolve
 from marlow.tiny.pretrain import pretrain_tiny
 
 # Tiny models gain nothing from intra-op threads, while two processes each spinning 2 OpenMP threads
@@ -85,33 +85,35 @@ def tiny_cache(tmp_path_factory) -> str:
     mp.undo()
 
 
+def shrunk_config(**over) -> RunConfig:
+    """A tiny-preset config shrunk to seconds per step; pass overrides as a nested dict. Needs
+    the ``tiny_cache`` fixture (module-scoped fixtures call it directly)."""
+    base = {
+        "preset": "tiny",
+        "steps": 2,
+        "val_every": 2,
+        "ckpt_every": 1,
+        "threads": 1,
+        "model": {"name": "tiny-s", "pretrain_steps": PRETRAIN_STEPS},
+        "task": {"val_size": 8},
+        "rollout": {"max_new_tokens": 24},
+        "grpo": {
+            "batch_problems": 3,
+            "group_size": 4,
+            "minibatch_turns": 16,
+            "credit": "broadcast",
+        },
+        "optim": {"warmup_steps": 0, "weight_decay": 0.0},
+    }
+    for key, value in over.items():
+        if isinstance(value, dict):
+            base[key] = {**base.get(key, {}), **value}
+        else:
+            base[key] = value
+    return resolve(base)
+
+
 @pytest.fixture
 def small_config(tiny_cache):
-    """A tiny-preset config shrunk to seconds per step; pass overrides as a nested dict."""
-
-    def make(**over):
-        base = {
-            "preset": "tiny",
-            "steps": 2,
-            "val_every": 2,
-            "ckpt_every": 1,
-            "threads": 1,
-            "model": {"name": "tiny-s", "pretrain_steps": PRETRAIN_STEPS},
-            "task": {"val_size": 8},
-            "rollout": {"max_new_tokens": 24},
-            "grpo": {
-                "batch_problems": 3,
-                "group_size": 4,
-                "minibatch_turns": 16,
-                "credit": "broadcast",
-            },
-            "optim": {"warmup_steps": 0, "weight_decay": 0.0},
-        }
-        for key, value in over.items():
-            if isinstance(value, dict):
-                base[key] = {**base.get(key, {}), **value}
-            else:
-                base[key] = value
-        return resolve(base)
-
-    return make
+    """:func:`shrunk_config`, once the tiny world is cached."""
+    return shrunk_config

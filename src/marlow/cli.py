@@ -99,8 +99,20 @@ def _user_errors():
     from marlow.config import ConfigError
     from marlow.fileio import DamagedFileError
     from marlow.models import ModelLoadError
+    from marlow.train.checkpoint import CheckpointError
+    from marlow.train.nonfinite import NonFiniteRun
+    from marlow.train.resume import ResumeError
 
-    return (ConfigError, DamagedFileError, ModelLoadError, FileExistsError, FileNotFoundError)
+    return (
+        ConfigError,
+        DamagedFileError,
+        ModelLoadError,
+        FileExistsError,
+        FileNotFoundError,
+        CheckpointError,
+        ResumeError,
+        NonFiniteRun,
+    )
 
 
 def _split_args(args: list[str] | None) -> tuple[Path | None, list[str]]:
@@ -127,15 +139,29 @@ def train(
     ] = None,
     out: Annotated[Path, typer.Option(help="run folder")] = Path("runs/run"),
     resume: Annotated[
-        bool, typer.Option(help="continue from the run folder's last checkpoint")
+        bool,
+        typer.Option(
+            help="continue the run in --out with its own config.yaml (settings given with it "
+            "may only extend steps or change logging and sinks)"
+        ),
     ] = False,
+    resume_from: Annotated[
+        int | None,
+        typer.Option(help="resume from this checkpoint step instead of the latest", min=0),
+    ] = None,
 ) -> None:
     """Train one cell with GRPO."""
     from marlow.config import load_config
+    from marlow.train.resume import resume_config
 
     config, overrides = _split_args(args)
     try:
-        cfg = load_config(config, overrides)
+        resuming = resume or resume_from is not None
+        cfg = (
+            resume_config(out, config, overrides, resume_from)
+            if resuming
+            else load_config(config, overrides)
+        )
         from marlow.train.trainer import Trainer
 
         trainer = Trainer(cfg, out, log=_log)
@@ -149,7 +175,7 @@ def train(
                     desc += f"  val acc {acc:.3f}"
                 progress.update(task, completed=step, description=desc)
 
-            trainer.run(resume=resume, on_step=on_step)
+            trainer.run(resume=resuming, resume_from=resume_from, on_step=on_step)
     except _user_errors() as err:
         _fail(str(err))
     console.print(f"run written to {out}")

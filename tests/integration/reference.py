@@ -12,3 +12,20 @@ def completion_logp(model, turn, temperature: float) -> torch.Tensor:
     logits = model(input_ids=ids).logits[0, p - 1 : p + n - 1] / temperature
     targets = torch.tensor(turn.completion_ids)[:, None]
     return torch.log_softmax(logits.float(), -1).gather(-1, targets)[:, 0]
+
+
+def vary_rewards(trainer):
+    """Training episodes rewarded 0, 1, 0, ... by sample index, so every group has a spread and
+    every step changes the adapters (the barely pre-trained test model almost never answers).
+    A function of the episode alone: a resumed run sees the same rewards."""
+    rollout = trainer.rollout
+
+    def varied(problems, n, temperature, seed):
+        episodes = rollout(problems, n, temperature, seed)
+        if n > 1:  # training, not validation
+            for ep in episodes:
+                ep.reward = float(ep.sample % 2)
+        return episodes
+
+    trainer.rollout = varied
+    return trainer

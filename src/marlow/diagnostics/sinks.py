@@ -69,17 +69,20 @@ class JsonlSink:
             f.flush()
             os.fsync(f.fileno())
 
-    def truncate_after(self, step: int) -> None:
+    def truncate_after(self, step: int) -> int:
         """Drop records of steps after ``step`` (a resumed run redoes them), and a last line a
-        killed run left half-written."""
+        killed run left half-written; returns how many such unreadable lines were dropped (the
+        trainer checks first with :func:`read_jsonl` that none stands before the last)."""
         if not self.path.exists():
-            return
-        kept = []
+            return 0
+        kept, torn = [], 0
         for line in self.path.read_text().splitlines():
             record = _parse(line)
+            torn += record is None and bool(line.strip())
             if record is not None and record.get("step", 0) <= step:
                 kept.append(line)
         write_text(self.path, "".join(line + "\n" for line in kept))
+        return torn
 
 
 def _parse(line: str) -> dict | None:

@@ -35,7 +35,8 @@ from marlow.types import BASE, Episode, Turn
 
 
 class NonFiniteLoss(RuntimeError):
-    """A loss or gradient went NaN/inf; the step stops and no checkpoint is written for it."""
+    """A loss or gradient went NaN/inf: the adapter's update of the step is undone
+    (``marlow.train.nonfinite``)."""
 
 
 @dataclass
@@ -244,7 +245,7 @@ def update_adapter(
                     w = weights[local, :width].to(s.logp.dtype)
                     loss = (w * out.loss).sum()
                     if not torch.isfinite(loss):
-                        raise NonFiniteLoss(f"adapter {adapter!r}: loss is {float(loss)}")
+                        raise NonFiniteLoss(f"loss is {float(loss.detach())}")
                     loss.backward()
                     total_loss += float(loss.detach())
                     _ratio_stats(meter, [turns[i] for i in rows], out, s.mask)
@@ -263,7 +264,7 @@ def update_adapter(
                     )
             norm = optim.update(adapter)
             if not math.isfinite(norm):
-                raise NonFiniteLoss(f"adapter {adapter!r}: gradient norm is {norm}")
+                raise NonFiniteLoss(f"gradient norm is {norm}")
             meter.mean(adapter, "grad_norm", norm, 1, also_all=False)
             meter.max(adapter, "grad_norm_max", norm, also_all=False)
             meter.mean(adapter, "loss", total_loss, 1, also_all=False)
@@ -337,8 +338,9 @@ def post_update_stats(
     temperature: float,
     pad_id: int,
     micro_tokens: int,
-) -> None:
-    """chi2_update: token chi2 of pi_new / pi_old on the step's tokens, after all updates."""
+) -> list[torch.Tensor]:
+    """chi2_update: token chi2 of pi_new / pi_old on the step's tokens, after all updates.
+    Returns the new log-probs (the trainer refuses an update that made them non-finite)."""
     new, _ = score_logps(model, adapter, turns, temperature, pad_id, micro_tokens)
     for role, idx in _by_role(turns).items():
         log_ratio = torch.cat([new[i] - old[i] for i in idx])
@@ -346,6 +348,7 @@ def post_update_stats(
             mask = torch.ones_like(log_ratio, dtype=torch.bool)
             n = log_ratio.numel()
             meter.mean(role, "chi2_update", float(chi2_token(log_ratio, mask)) * n, n)
+    return new
 
 
 def finish_role_stats(meter_values: dict[str, float]) -> dict[str, float]:

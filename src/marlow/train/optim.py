@@ -84,6 +84,22 @@ class AdapterOptimizers:
         opt.zero_grad(set_to_none=True)
         return norm
 
+    def snapshot(self, name: str) -> dict:
+        """A host-memory copy of the adapter's weights and AdamW state, for :meth:`restore`."""
+        host = {"weights": [p.detach().to("cpu", copy=True) for p in self.params[name]]}
+        host["optim"] = _to_host(self.optimizers[name].state_dict())
+        return host
+
+    def restore(self, name: str, snapshot: dict) -> None:
+        """Put back the weights and AdamW state of :meth:`snapshot`; drop any gradient. The
+        schedule clock is not part of it: a skipped update still uses up its schedule turn."""
+        with torch.no_grad():
+            for p, saved in zip(self.params[name], snapshot["weights"], strict=True):
+                p.copy_(saved)
+        opt = self.optimizers[name]
+        opt.load_state_dict(snapshot["optim"])
+        opt.zero_grad(set_to_none=True)
+
     def end_role_update(self, name: str) -> None:
         """Called once per adapter after its last update of a step."""
         if self.stepping == "per-role-update":
@@ -107,3 +123,14 @@ class AdapterOptimizers:
             opt.load_state_dict(state["optimizers"][name])
         self.position = dict(state["position"])
         self.shared_position = int(state["shared_position"])
+
+
+def _to_host(obj):
+    """A copy of a (nested) optimizer state dict with every tensor copied to host memory."""
+    if torch.is_tensor(obj):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _to_host(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to_host(v) for v in obj]
+    return obj

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -24,7 +25,7 @@ from marlow.diagnostics.metrics import Meter, episode_metrics
 from marlow.diagnostics.runstats import series
 from marlow.diagnostics.signatures import read_signatures, trajectory_signatures, write_signatures
 from marlow.diagnostics.sinks import JsonlSink, open_sinks, read_jsonl
-from marlow.fileio import write_json
+from marlow.fileio import write_json, write_text
 from marlow.models import load_base, prompt_style
 from marlow.policy.adapters import (
     LoraSpec,
@@ -37,6 +38,7 @@ from marlow.rewards.sandbox import Isolation, SandboxUnavailable, isolation_in_f
 from marlow.rollout.hf import HFEngine
 from marlow.tasks import build_task
 from marlow.train import checkpoint
+from marlow.train import resume as resume_lib
 from marlow.train.grpo import (
     finish_role_stats,
     kl_to_base_stats,
@@ -47,6 +49,7 @@ from marlow.train.grpo import (
     turn_advantages,
     update_adapter,
 )
+from marlow.train.nonfinite import NonFiniteGuard
 from marlow.train.optim import AdapterOptimizers
 from marlow.types import Episode, SamplingParams
 from marlow.workflows.check import check_run_config
@@ -101,7 +104,10 @@ class Trainer:
         )
         self.metrics = JsonlSink(self.out / "metrics.jsonl")
         self.samples = JsonlSink(self.out / "samples.jsonl")
-        self.events = JsonlSink(self.out / "events.jsonl")  # detector alarms, with evidence
+        self.events = JsonlSink(self.out / "events.jsonl")  # alarms, resumes, skips: evidence
+        self.nonfinite = NonFiniteGuard(
+            self.optim, config.train.max_nonfinite, self.log, self.events.write
+        )
         self.val_set = self.task.val_problems()
         self.step = 0
         self._sandbox_errors = 0  # programs whose sandbox failed to set up, up to the last step
@@ -186,18 +192,22 @@ class Trainer:
         self.model.train()
         gen = torch.Generator().manual_seed(step_seed(self.cfg.seed, step, salt=1))
         for adapter in self.adapters:
-            if adapter in batches:
-                update_adapter(
-                    self.model,
+            if adapter in batches:  # undone if non-finite (marlow.train.nonfinite)
+                self.nonfinite.update(
                     adapter,
-                    batches[adapter],
-                    old[adapter],
-                    self.optim,
-                    g,
-                    temperature=temperature,
-                    pad_id=self.pad_id,
-                    generator=gen,
-                    meter=meter,
+                    partial(
+                        update_adapter,
+                        self.model,
+                        adapter,
+                        batches[adapter],
+                        old[adapter],
+                        self.optim,
+                        g,
+                        temperature=temperature,
+                        pad_id=self.pad_id,
+                        generator=gen,
+                        meter=meter,
+                    ),
                 )
             else:
                 self.optim.end_role_update(adapter)
@@ -205,7 +215,7 @@ class Trainer:
         self.model.eval()
         t3 = time.perf_counter()
         for adapter, batch in batches.items():
-            post_update_stats(
+            new = post_update_stats(
                 meter,
                 self.model,
                 adapter,
@@ -215,9 +225,11 @@ class Trainer:
                 self.pad_id,
                 g.micro_tokens,
             )
+            self.nonfinite.check_policy(adapter, new)
         episode_metrics(meter, episodes)
         meter.set("all", "frac_reward_zero_std", frac_zero)
         out = finish_role_stats(meter.result("train"))
+        out.update(self.nonfinite.count(step))
         t4 = time.perf_counter()
         out.update(
             {
@@ -273,9 +285,16 @@ class Trainer:
     # -- the loop ---------------------------------------------------------------------------
 
     def run(
-        self, *, resume: bool = False, on_step: Callable[[int, dict], None] | None = None
+        self,
+        *,
+        resume: bool = False,
+        resume_from: int | None = None,
+        on_step: Callable[[int, dict], None] | None = None,
     ) -> Path:
-        done = self._start(resume)
+        """Train to ``cfg.steps``. ``resume``: continue the run in the folder, if one was started
+        there (``marlow.train.resume`` says what is checked); ``resume_from``: from that
+        checkpoint step instead of the latest."""
+        done = self._start(resume or resume_from is not None, resume_from)
         with open_sinks(self.out, self.cfg.sinks, self.cfg.model_dump()) as self.sinks:
             for line in self.sinks.describe():
                 self.log(line)
@@ -283,26 +302,41 @@ class Trainer:
             self._loop(on_step)
         return self.out
 
-    def _start(self, resume: bool) -> int:
-        """Create or reopen the run folder; returns the last step whose records stand (-1: none)."""
+    def _start(self, resume: bool, resume_from: int | None) -> int:
+        """Create or reopen the run folder; returns the last step whose records stand (-1: none).
+        Every check comes before the first write: a refused resume leaves the folder as it was."""
         if not resume and (self.out / "metrics.jsonl").exists():
             raise FileExistsError(
                 f"{self.out} already holds a run; pass --resume to continue it or choose another --out"
             )
-        self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "config.yaml").write_text(dump_config(self.cfg))
-        record_isolation(self.out, self.isolation)
-        found = checkpoint.latest(self.out) if resume else None
+        stored = resume_lib.previous_config(self.out) if resume else None
+        found, changes = None, []
+        if stored is not None:
+            found, changes = resume_lib.preflight(self.out, stored, self.cfg, resume_from)
+        elif resume_from is not None:
+            raise resume_lib.ResumeError(f"--resume-from {resume_from}: {self.out} holds no run")
         if found is not None:
             self.step = checkpoint.load(found, self.model, self.adapters, self.optim)
-            self.log(f"resumed from {found.name} (step {self.step})")
         done = self.step if found is not None else -1  # records after this are redone
-        self.metrics.truncate_after(done)
-        self.samples.truncate_after(done)
-        self.events.truncate_after(done)
+        for later in checkpoint.all_done(self.out)[::-1]:  # a --resume-from redoes their steps
+            if checkpoint.step_of(later) > done:
+                checkpoint.remove(later)
+        checkpoint.tidy(self.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        write_text(self.out / "config.yaml", dump_config(self.cfg))
+        record_isolation(self.out, self.isolation)
+        for sink in (self.metrics, self.samples, self.events):
+            if sink.truncate_after(done):
+                self.log(f"{sink.path.name}: dropped a half-written last line (a killed run)")
         for path in (self.out / "signatures").glob("step_*.json"):
             if int(path.stem[len("step_") :]) > done:
                 path.unlink()
+        if found is not None:
+            self.events.write(
+                {"step": done, "action": "resume", "checkpoint": found.name, "changed": changes}
+            )
+            changed = f"; changed: {', '.join(changes)}" if changes else ""
+            self.log(f"resumed from {found.name} (step {self.step}){changed}")
         return done
 
     def _loop(self, on_step: Callable[[int, dict], None] | None) -> None:
@@ -318,8 +352,10 @@ class Trainer:
             self._record(step, record, on_step)
             self.step = step
             action = self._alarms(step) if validated else None
+            last = checkpoint.latest(self.out)
+            self.nonfinite.check(step, last.name if last is not None else "none yet")
             if action or step % self.cfg.ckpt_every == 0 or step == self.cfg.steps:
-                checkpoint.save(self.out, step, self.model, self.adapters, self.optim)
+                self._checkpoint(step)
             if action == "rollback":
                 self._roll_back(step)
             if action:
@@ -346,15 +382,29 @@ class Trainer:
         on_alarm = self.cfg.detect.on_alarm
         return on_alarm if new and on_alarm != "warn" else None
 
+    def _checkpoint(self, step: int) -> None:
+        """Save the step's checkpoint, then prune to the last ``train.keep_checkpoints`` and the
+        best-validation one (which ``detect.on_alarm=rollback`` restores)."""
+        checkpoint.save(self.out, step, self.model, self.adapters, self.optim)
+        keep = self.cfg.train.keep_checkpoints
+        if keep is not None:
+            best = self._best_checkpoint()
+            checkpoint.prune(self.out, keep, protect=[best[0]] if best else [])
+
+    def _best_checkpoint(self) -> tuple[int, float] | None:
+        """(step, validation accuracy) of the saved checkpoint validated best (earliest on ties)."""
+        saved = {checkpoint.step_of(p) for p in checkpoint.all_done(self.out)}
+        val = [(s, a) for s, a in series(read_metrics(self.out), "val/all/accuracy") if s in saved]
+        return max(val, key=lambda sa: (sa[1], -sa[0])) if val else None
+
     def _roll_back(self, step: int) -> None:
         """Load the checkpoint with the best validation accuracy into the model and name it in
         ``best.json`` (the current state was checkpointed first: nothing is lost)."""
-        saved = {int(p.name[len(checkpoint.PREFIX) :]) for p in checkpoint.all_done(self.out)}
-        val = [(s, a) for s, a in series(read_metrics(self.out), "val/all/accuracy") if s in saved]
-        if not val:
+        best = self._best_checkpoint()
+        if best is None:
             self.log("rollback: no validated checkpoint; keeping the current adapters")
             return
-        best_step, best_acc = max(val, key=lambda sa: (sa[1], -sa[0]))
+        best_step, best_acc = best
         path = checkpoint.checkpoint_dir(self.out, best_step)
         if self.adapters:
             load_adapter_weights(self.model, path / "adapters", self.adapters)

@@ -1,0 +1,173 @@
+"""Resume = continue the same run: its own config, a verified checkpoint, intact records.
+
+``marlow train --out RUN --resume`` reads ``RUN/config.yaml`` (:func:`resume_config`); a config
+file or ``key=value`` given with it is layered over that config, never over the preset. Before
+any model is loaded, and again in the trainer (:meth:`marlow.train.trainer.Trainer.run`, which
+the grid and the Python API reach directly), :func:`preflight` checks:
+
+* the config against the stored one (:func:`resume_changes`): any difference outside
+  :data:`RESUME_SAFE` is refused in one line listing what would change (``optim.lr: 0.001 ->
+  0.002``); the accepted ones are recorded in ``events.jsonl`` (``action: resume``);
+* the JSONL records (:func:`check_records`): a half-written *last* line is the mark of a killed
+  run and is dropped with a log line; an unreadable line before it is an error naming file and
+  line;
+* the checkpoint (:func:`pick_checkpoint`, then ``checkpoint.check``): a damaged or non-finite
+  one is named, with the last good one before it offered as ``--resume-from STEP``.
+
+Only then is ``config.yaml`` rewritten (with the accepted changes) and are the records after the
+checkpoint's step dropped. Choices made here, not fixed by the issue:
+
+* ``steps`` may only grow. The cosine schedule is a function of ``steps``, so extending a run
+  stretches the schedule from the resume step on: the rate at the resume step jumps to the
+  longer schedule's value. A run extended from 24 to 48 steps is therefore *not* the same as
+  one started with 48; the ``resume`` event says so by listing the change.
+* ``threads`` is resume-safe (a machine setting), though another thread count may change
+  results at round-off level.
+* ``--resume-from STEP`` older than the latest checkpoint deletes the later checkpoints (their
+  future is being redone), once every check has passed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from marlow.config import ConfigError, RunConfig, differences, load_config
+from marlow.diagnostics.sinks import read_jsonl
+from marlow.fileio import DamagedFileError
+from marlow.train import checkpoint
+
+RESUME_SAFE = {
+    "steps": "may only grow (the run goes on to the new last step)",
+    "sample_episodes": "episodes written as text per step",
+    "threads": "torch threads, a machine setting",
+    "sinks": "the TensorBoard and W&B mirrors of metrics.jsonl",
+    "train": "checkpoints kept and the non-finite streak that stops a run",
+}
+RECORDS = ("metrics.jsonl", "samples.jsonl", "events.jsonl")
+
+
+class ResumeError(ValueError):
+    """A run folder that cannot be resumed as it is, in one line naming the file and the fix."""
+
+
+def previous_config(run_dir: Path) -> RunConfig | None:
+    """The config a run folder was trained with; None for a folder no run has started in (absent,
+    or holding neither ``config.yaml`` nor run records, like a fresh grid cell)."""
+    path = run_dir / "config.yaml"
+    if path.is_file():
+        try:
+            return load_config(path)
+        except ConfigError as err:
+            raise ConfigError(str(err) if str(path) in str(err) else f"{path}: {err}") from None
+    found = [n for n in (*RECORDS, "checkpoints") if (run_dir / n).exists()]
+    if found:
+        raise ResumeError(
+            f"{run_dir} holds {', '.join(found)} but no config.yaml, so it is not a marlow run "
+            "that can be resumed; choose another --out"
+        )
+    return None
+
+
+def resume_config(
+    run_dir: Path,
+    path: Path | None = None,
+    overrides: list[str] | None = None,
+    resume_from: int | None = None,
+) -> RunConfig:
+    """The run's own config with ``path`` and ``overrides`` layered over it, after the
+    :func:`preflight` checks: a refused resume fails here, before any model is loaded (the
+    trainer checks again, for the grid and the Python API)."""
+    if not run_dir.is_dir():
+        raise ResumeError(
+            f"no run folder {run_dir} to resume; --resume continues a run that "
+            f"`marlow train --out {run_dir}` started"
+        )
+    stored = previous_config(run_dir)
+    if stored is None:
+        raise ResumeError(
+            f"{run_dir} is not a marlow run folder (no config.yaml); --resume needs the --out "
+            "of an earlier `marlow train`"
+        )
+    new = load_config(path, overrides, base=stored)
+    preflight(run_dir, stored, new, resume_from)
+    return new
+
+
+def preflight(
+    run_dir: Path, stored: RunConfig, new: RunConfig, resume_from: int | None
+) -> tuple[Path | None, list[str]]:
+    """Every check of a resume that needs no model, in order: the config changes, the records,
+    the checkpoint. Returns the checkpoint to load (None: none yet) and the accepted changes."""
+    changes = resume_changes(run_dir, stored, new)
+    check_records(run_dir)
+    found = pick_checkpoint(run_dir, resume_from)
+    if found is not None:
+        try:
+            checkpoint.check(found)
+        except checkpoint.CheckpointError as err:
+            raise checkpoint.CheckpointError(f"{err}; {last_good_before(run_dir, found)}") from None
+    return found, changes
+
+
+def _safe(field: str) -> bool:
+    return any(field == key or field.startswith(key + ".") for key in RESUME_SAFE)
+
+
+def resume_changes(run_dir: Path, stored: RunConfig, new: RunConfig) -> list[str]:
+    """The differences of ``new`` from the run's ``stored`` config, all resume-safe (``"steps: 24
+    -> 48"``); raises ConfigError listing the others."""
+    diffs = differences(stored, new)
+    refused = [d for d in diffs if not _safe(d.split(": ", 1)[0])]
+    if new.steps < stored.steps:
+        refused.append(f"steps: {stored.steps} -> {new.steps} (steps may only grow)")
+    if refused:
+        more = f" (and {len(refused) - 3} more)" if len(refused) > 3 else ""
+        raise ConfigError(
+            f"{run_dir / 'config.yaml'} was trained with other settings; resuming would change "
+            f"{'; '.join(refused[:3])}{more}. A resume may change only "
+            f"{', '.join(k + ('.*' if k in ('sinks', 'train') else '') for k in RESUME_SAFE)} "
+            "(steps to extend); for other settings start a new run with another --out"
+        )
+    return diffs
+
+
+def pick_checkpoint(run_dir: Path, resume_from: int | None) -> Path | None:
+    """The checkpoint to resume from: step ``resume_from``, else the latest (None: none yet)."""
+    if resume_from is None:
+        return checkpoint.latest(run_dir)
+    found = {checkpoint.step_of(p): p for p in checkpoint.all_done(run_dir)}
+    if resume_from not in found:
+        valid = ", ".join(map(str, found)) or "none"
+        raise ResumeError(
+            f"--resume-from {resume_from}: {run_dir} has no such checkpoint; valid: {valid}"
+        )
+    return found[resume_from]
+
+
+def last_good_before(run_dir: Path, damaged: Path) -> str:
+    """The hint after a damaged checkpoint: the newest earlier one whose files match their
+    manifest, as a ``--resume-from`` to pass."""
+    step = checkpoint.step_of(damaged)
+    earlier = [p for p in checkpoint.all_done(run_dir) if checkpoint.step_of(p) < step]
+    for path in reversed(earlier):
+        if checkpoint.verify(path) is None:
+            return f"resume from the last good one with --resume-from {checkpoint.step_of(path)}"
+    return "no earlier good checkpoint: start the run again with another --out"
+
+
+def check_records(run_dir: Path) -> None:
+    """Refuse a run whose JSONL records are damaged before their last line (which a kill may
+    leave half-written: that one is dropped and counted by the trainer)."""
+    for name in RECORDS:
+        path = run_dir / name
+        if not path.exists():
+            continue
+        try:
+            for _ in read_jsonl(path):
+                pass
+        except UnicodeDecodeError:
+            raise ResumeError(
+                f"{path} is not UTF-8 text; restore it or remove it to resume without it"
+            ) from None
+        except DamagedFileError as err:
+            raise ResumeError(f"{err}; repair or remove that line, then resume") from None

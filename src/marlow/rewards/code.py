@@ -302,7 +302,7 @@ class _Conversation:
             try:
                 if isinstance(seq, CandidateFailed):
                     raise seq
-                self.outcomes[i] = _judge(session, case, seq, self.timeout_s)
+                self.outcomes[i] = _judge(session, case, seq)
             except CandidateFailed as exc:
                 self.outcomes[i] = TestOutcome(False, exc.status, exc.detail)
 
@@ -316,7 +316,7 @@ def _submit(session: Session, case: TestCase, timeout_s: float) -> int | None:
     return None
 
 
-def _judge(session: Session, case: TestCase, seq: int | None, timeout_s: float) -> TestOutcome:
+def _judge(session: Session, case: TestCase, seq: int | None) -> TestOutcome:
     """One test: the sandbox computed, this process compares (``CandidateFailed``: no value)."""
     if seq is None:
         try:
@@ -324,7 +324,7 @@ def _judge(session: Session, case: TestCase, seq: int | None, timeout_s: float) 
         except Exception as exc:  # an assertion (or any error) of the trusted test code
             return TestOutcome(False, "wrong_answer", f"{type(exc).__name__}: {exc}"[:300])
         return TestOutcome(True, "ok")
-    value = session.answer(seq, timeout_s)
+    value = session.answer(seq)
     try:
         if case.kind == "stdin":
             good = type(value) is str and same_stdout(value, case.expected)

@@ -41,7 +41,6 @@ from marlow.rewards import _serve
 from marlow.rewards.sandbox import TIMEOUT, Channel
 
 _PLAIN_TYPES = (type(None), bool, int, float, str, bytes)
-_GRACE_S = 1.0  # a request's answer may come this long after its timer should have fired
 
 
 @functools.cache
@@ -89,7 +88,9 @@ class CandidateFailed(BaseException):  # noqa: N818 (a verdict, not an error of 
 class Session:
     """Requests to one sandboxed ``_serve`` process over its ``Channel``. ``submit`` queues a
     request and ``answer`` waits for its answer, so requests can be pipelined (the process
-    answers them in order). After a request gets no answer (timeout, the process gone) the
+    answers them in order). A request's ``timeout_s`` is the process's own ``SIGALRM`` timer; here
+    an answer is awaited up to the run's wall clock (a program that defeats its timer loses the
+    tests after it, as a process killed at its limit does). After a request gets no answer the
     session is dead and every later request fails at once."""
 
     def __init__(self, channel: Channel) -> None:
@@ -97,7 +98,6 @@ class Session:
         self.seq = 0
         self.dead: str | None = None  # why no request can be answered any more
         self._lines: dict[int, bytes] = {}  # answer lines read ahead, by request number
-        self._busy_since = time.monotonic()  # when the process last answered (or started)
 
     def submit(self, op: str, arg: Any, timeout_s: float | None) -> int:
         """Queue one request; its number (``CandidateFailed`` if ``arg`` is not plain data)."""
@@ -111,23 +111,19 @@ class Session:
         self.ch.send(line.encode())
         return self.seq
 
-    def answer(self, seq: int, timeout_s: float | None) -> Any:
-        """The value of request ``seq``, or raise ``CandidateFailed``. With ``timeout_s``, the
-        answer is due that long (and a grace second) after the process finished the request
-        before it; without, by the run's wall clock."""
+    def answer(self, seq: int) -> Any:
+        """The value of request ``seq``, or raise ``CandidateFailed``."""
         while seq not in self._lines:
             if self.dead:
                 raise CandidateFailed(self.dead, "an earlier request got no answer")
-            due = self._busy_since + timeout_s + _GRACE_S if timeout_s else self.ch.deadline
-            raw = self.ch.line(due)
+            raw = self.ch.line(self.ch.deadline)
             if raw is None:
-                late = time.monotonic() >= min(due, self.ch.deadline)
+                late = time.monotonic() >= self.ch.deadline
                 self.dead = self.ch.verdict or (TIMEOUT if late else "no_result")
                 raise CandidateFailed(self.dead, "no answer")
             head, _, rest = raw.partition(b" ")
             if len(head) < 12 and head.isdigit() and 0 < int(head) <= self.seq:  # else ignored
                 self._lines.setdefault(int(head), rest)  # the first line for a request counts
-                self._busy_since = time.monotonic()
         status, _, payload = self._lines.pop(seq).decode("utf-8", "replace").partition(" ")
         if status != "ok":
             raise CandidateFailed(status, payload)
@@ -137,7 +133,7 @@ class Session:
             raise CandidateFailed("bad_value", f"{type(exc).__name__}: {exc}"[:200]) from None
 
     def request(self, op: str, arg: Any, timeout_s: float | None) -> Any:
-        return self.answer(self.submit(op, arg, timeout_s), timeout_s)
+        return self.answer(self.submit(op, arg, timeout_s))
 
 
 class Candidate:
@@ -164,7 +160,7 @@ class Candidate:
         for i, (text, seq) in enumerate(self._ahead):
             if text == key:
                 del self._ahead[i]
-                return self._session.answer(seq, None)
+                return self._session.answer(seq)
         return self._session.request("call", (self.__name__, list(args), None), None)
 
 
@@ -229,5 +225,5 @@ def run_check(session: Session, test: str, entry_point: str, prompt: str) -> Non
         exec(_compiled(prompt, "<prompt>"), ns)
     exec(_compiled(test, "<test>"), ns)
     ns[entry_point] = candidate
-    session.answer(loaded, None)
+    session.answer(loaded)
     ns["check"](candidate)

@@ -111,11 +111,14 @@ def load_base(
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from marlow.tiny.pretrain import quiet_hf
+
         source = check_model_source(config.name)
         dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
         try:
             tokenizer = AutoTokenizer.from_pretrained(source, padding_side="left")
-            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+            with quiet_hf():
+                model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
         except (OSError, ValueError) as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise ModelLoadError(

@@ -204,10 +204,11 @@ def test_code_key_normalises_for_voting():
 
 
 def test_math_cache_key_is_unchanged_and_code_has_its_own():
-    # The math quickstart's figures come from this key: adding the code world must not move it.
-    assert cache_key("tiny-s", 1200, 0, CorpusConfig()) == "4780fab523db"
+    # The math quickstart's figures come from this key (the float32 recipe): nothing but a change
+    # of the world itself may move it.
+    assert cache_key("tiny-s", 1200, 0, CorpusConfig()) == "5f26d65acb7f"
     code = cache_key("tiny-s", 1200, 0, CodeCorpusConfig(), "code")
-    assert code != "4780fab523db"
+    assert code != "5f26d65acb7f"
     assert code != cache_key("tiny-s", 1200, 0, CodeCorpusConfig(bug=0.5), "code")
     with pytest.raises(ValueError, match="valid: math, code"):
         pretrain_tiny("tiny-s", steps=0, task="chess")

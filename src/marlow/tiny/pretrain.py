@@ -138,7 +138,8 @@ def load_tiny(path: str | Path) -> tuple[Qwen3ForCausalLM, PreTrainedTokenizerFa
     """(model in eval mode, tokenizer) from a folder written by :func:`pretrain_tiny`."""
     path = Path(path)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(path, padding_side="left")
-    model = Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with quiet_hf():
+        model = Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float32)
     return model.eval(), tokenizer
 
 
@@ -200,7 +201,7 @@ def pretrain_tiny(
         meta["path"] = str(final)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
         try:
-            with _quiet_hf():
+            with quiet_hf():
                 model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
@@ -229,8 +230,9 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _quiet_hf() -> Iterator[None]:
-    """No progress bars from transformers while saving (library code never prints)."""
+def quiet_hf() -> Iterator[None]:
+    """No progress bars from transformers while loading or saving weights (library code never
+    prints; they leaked into the CLI's one-line errors and logs)."""
     from transformers.utils import logging as hf_logging
 
     was = hf_logging.is_progress_bar_enabled()

@@ -74,9 +74,10 @@ EVAL_PROBLEMS = 200  # validation problems for the greedy accuracy in meta.json
 PRECISION = "float32"
 """One precision recipe on every CPU, never chosen by the machine: float32 weights, activations
 and optimizer state, PyTorch's fused (sdpa) attention. Measured with ``bench/tiny_pretrain.py
---precision`` (tiny-s, one thread): bf16 autocast was 7x slower than this on an AVX2-only CPU
-and no faster on an AVX-512 CPU with native bf16, so float32 is both the portable and the fast
-choice; a cache key that depended on the CPU would make the README's numbers machine-specific."""
+--precision --threads 2`` (tiny-s): bf16 autocast took 9.0x as long as this with torch held to
+AVX2 (a CPU without native bf16) and 0.6x on an AVX-512 CPU with native bf16. float32 is the only
+recipe that is fast on both, and a cache key that depended on the CPU would make the README's
+numbers machine-specific."""
 
 Log = Callable[[str], None]
 

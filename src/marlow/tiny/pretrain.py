@@ -310,6 +310,7 @@ def batch_loss(model: Qwen3ForCausalLM, batch: _Batch, pad: int) -> float:
     mask under causal attention, and pads carry no label."""
     total = 0.0
     for ids, labels in micro_batches(batch.rows, pad):
+        ids, labels = ids.to(model.device), labels.to(model.device)
         logits = model(input_ids=ids).logits[:, :-1]  # (b, T-1, V): position t predicts t+1
         loss = (
             torch.nn.functional.cross_entropy(

@@ -5,8 +5,8 @@ mini-batches (:class:`~marlow.train.grpo.NonFiniteLoss`), or when the updated ad
 non-finite log-probabilities on the step's own turns (the post-update rescoring, which a finite
 but exploded update such as ``optim.lr=1e30`` produces). Skipped means undone: the adapter's
 weights and AdamW state go back to where the step found them, so the earlier mini-batches of the
-step are undone too. The price is one host-memory copy of each adapter's LoRA weights and AdamW
-moments per step (:meth:`~marlow.train.optim.AdapterOptimizers.snapshot`). The schedule clock
+step are undone too. The price is one copy of each adapter's LoRA weights and AdamW moments per
+step, kept on their device (:meth:`~marlow.train.optim.AdapterOptimizers.snapshot`). The schedule clock
 still advances: a skipped step uses up its schedule turn, so a resumed run stays in step.
 
 Counting: ``train/<adapter>/nonfinite_skips`` is 1 in a step where the adapter was skipped and 0
@@ -65,7 +65,7 @@ class NonFiniteGuard:
         """Undo ``adapter``'s update when its updated policy scores the step's tokens non-finite."""
         if adapter in self._skipped or adapter not in self._snapshots:
             return
-        if not all(bool(torch.isfinite(lp).all()) for lp in new_logps):
+        if new_logps and not bool(torch.isfinite(torch.cat(list(new_logps))).all()):  # one sync
             self._undo(adapter, "log-probabilities after the update are not finite")
 
     def _undo(self, adapter: str, reason: str) -> None:

@@ -85,10 +85,11 @@ class AdapterOptimizers:
         return norm
 
     def snapshot(self, name: str) -> dict:
-        """A host-memory copy of the adapter's weights and AdamW state, for :meth:`restore`."""
-        host = {"weights": [p.detach().to("cpu", copy=True) for p in self.params[name]]}
-        host["optim"] = _to_host(self.optimizers[name].state_dict())
-        return host
+        """A copy of the adapter's weights and AdamW state, for :meth:`restore`. The copies stay
+        on the tensors' own device: no round trip to the host inside the step."""
+        saved = {"weights": [p.detach().clone() for p in self.params[name]]}
+        saved["optim"] = _cloned(self.optimizers[name].state_dict())
+        return saved
 
     def restore(self, name: str, snapshot: dict) -> None:
         """Put back the weights and AdamW state of :meth:`snapshot`; drop any gradient. The
@@ -125,12 +126,12 @@ class AdapterOptimizers:
         self.shared_position = int(state["shared_position"])
 
 
-def _to_host(obj):
-    """A copy of a (nested) optimizer state dict with every tensor copied to host memory."""
+def _cloned(obj):
+    """A copy of a (nested) optimizer state dict with every tensor cloned on its device."""
     if torch.is_tensor(obj):
-        return obj.detach().to("cpu", copy=True)
+        return obj.detach().clone()
     if isinstance(obj, dict):
-        return {k: _to_host(v) for k, v in obj.items()}
+        return {k: _cloned(v) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_to_host(v) for v in obj]
+        return [_cloned(v) for v in obj]
     return obj

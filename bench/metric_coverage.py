@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 
 from marlow.config import resolve
-from marlow.diagnostics.inspect import ROLE_METRICS, inspect_run
+from marlow.report.inspect import ROLE_METRICS, inspect_run
 from marlow.train.trainer import Trainer, read_metrics
 
 CELLS = [

@@ -371,7 +371,7 @@ def inspect(
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     """Per-role metrics, run-level statistics, signatures and detector verdicts of a run."""
-    from marlow.diagnostics.inspect import inspect_run, render
+    from marlow.report.inspect import inspect_run, render
 
     try:
         report = inspect_run(run, overrides)

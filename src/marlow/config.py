@@ -113,32 +113,12 @@ class TaskConfig(_Section):
 
 
 class WorkflowConfig(_Section):
-    name: str = "voting"
+    """Which workflow and its count parameters. The name and parameters are checked against the
+    workflow registry where workflows are built (:func:`marlow.workflows.check.check_run_config`,
+    run before anything is loaded or written), not here: config stays below the workflows layer."""
+
+    name: str = Field("voting", description="a registered workflow: single, eval_opt, voting, ...")
     params: dict[str, int] = Field(default_factory=dict, description="e.g. {n: 3} or {rounds: 3}")
-
-    @field_validator("name")
-    @classmethod
-    def _known(cls, v: str) -> str:
-        from marlow.workflows import workflow_names
-
-        if v not in workflow_names():
-            raise ValueError(f"unknown workflow {v!r}; valid: {', '.join(workflow_names())}")
-        return v
-
-    @model_validator(mode="after")
-    def _params_fit(self) -> WorkflowConfig:
-        import inspect
-
-        from marlow.workflows.spec import workflow_factory
-
-        accepted = list(inspect.signature(workflow_factory(self.name)).parameters)
-        unknown = sorted(set(self.params) - set(accepted))
-        if unknown:
-            raise ValueError(
-                f"workflow {self.name} has no parameter {', '.join(unknown)}; "
-                f"valid: {', '.join(accepted) or 'none'}"
-            )
-        return self
 
 
 class PolicyConfig(_Section):

@@ -39,13 +39,8 @@ def test_overrides_nest_and_parse_values():
     [
         ("grpo.clip_hgh=0.3", "'grpo.clip_hgh' is unknown; valid here: batch_problems"),
         ("lr=0.1", "'lr' is unknown; valid here: preset, seed"),
-        (
-            "workflow.name=debate",
-            "unknown workflow 'debate'; valid: eval_opt, orch_workers, single",
-        ),
         ("grpo.aggregation=mean", "valid: token-mean, seq-mean-token-mean, seq-mean-token-sum"),
         ("policy.routing=shared", "'policy.routing'"),
-        ("workflow.params={m: 2}", "workflow voting has no parameter m; valid: n"),
         ("detect.on_alarm=panic", "'detect.on_alarm'"),
         ("preset=huge", "valid: paper, tiny"),
         ("optim.lr", "must look like key=value"),
@@ -54,6 +49,33 @@ def test_overrides_nest_and_parse_values():
 def test_bad_fields_fail_in_one_line_naming_them(override, needle):
     with pytest.raises(ConfigError) as err:
         load_config(None, [override])
+    message = str(err.value)
+    assert needle in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        (
+            "workflow.name=debate",
+            "'workflow.name': unknown workflow 'debate'; valid: eval_opt, orch_workers, single",
+        ),
+        (
+            "workflow.params={m: 2}",
+            "'workflow.params': workflow voting has no parameter m; valid: n",
+        ),
+        ("workflow.params={n: 0}", "'workflow.params': voting n must be >= 1, got 0"),
+        ("grpo.role_weights={critic: 2}", "'grpo.role_weights' names critic"),
+    ],
+)
+def test_workflow_fields_fail_in_one_line_where_workflows_are_built(override, needle):
+    # config stays below the workflows layer: the registry is consulted by check_run_config
+    from marlow.workflows.check import check_run_config
+
+    cfg = load_config(None, [override])
+    with pytest.raises(ConfigError) as err:
+        check_run_config(cfg)
     message = str(err.value)
     assert needle in message
     assert "\n" not in message

@@ -36,10 +36,10 @@ Choices the spec leaves open, made here:
   the rest (the info string, as in CommonMark); it closes at the next line that, stripped, is only
   backticks (3+); body lines are all lines in between, blank ones included; an unclosed block
   runs to the end of the text (a truncated code dump still counts). Only backtick fences count.
-  ``class_bare_stamp``: ``len(completion_ids) <= 200``, a verdict that the workflow's own parser
-  (``verdict_of``) reads as Correct or Incorrect, and no three backticks anywhere in the text.
+  ``class_bare_stamp``: ``len(completion_ids) <= 200``, a verdict that the workflows' own parser
+  (``marlow.parsers.verdict_of``) reads as Correct or Incorrect, and no three backticks anywhere in the text.
   ``class_other``: the rest. ``verdict_parse_rate``: turns where ``verdict_of`` is not None.
-* **Orchestrator** strategies are read by the workflow's own parser ``strategies_of(text, n)``
+* **Orchestrator** strategies are read by the workflows' own parser ``strategies_of(text, n)``
   with ``n`` = the number of distinct worker slots of the same episode (Orch-Workers always runs
   ``n`` workers), or ``n_strategies`` when given; an episode without worker turns raises when
   ``n_strategies`` is not given. Parsed strategies are the non-None ones (an empty strategy
@@ -47,6 +47,9 @@ Choices the spec leaves open, made here:
   shorter), lower-cased, joined by one space, punctuation kept. ``strategy_openers_unique`` is
   the number of distinct openers over all episodes; ``strategy_diversity`` = that / strategies
   parsed, NaN when no strategy was parsed.
+* **Parsers**: verdicts and strategies are read by ``marlow.parsers``, the module the workflows
+  act on too (so a signature counts what the workflow saw); diagnostics import it, never the
+  workflows themselves, which sit above them.
 * **Storage**: one JSON file per step, the signatures dict itself (NaN written as ``NaN``, which
   Python's json reads back), written atomically (``marlow.fileio``). ``latest_signatures``
   returns ``(step, signatures)`` of the highest step, or None.
@@ -64,9 +67,9 @@ from pathlib import Path
 import numpy as np
 
 from marlow.fileio import write_json
+from marlow.parsers import strategies_of, verdict_of
 from marlow.rewards.math import last_boxed
 from marlow.types import Episode, Turn
-from marlow.workflows.builtin import strategies_of, verdict_of
 
 Signatures = dict[str, dict[str, float]]  # role -> signature name -> value
 

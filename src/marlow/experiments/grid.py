@@ -42,14 +42,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from marlow.config import ConfigError, RunConfig, merge, resolve
+from marlow.titles import POLICY_TITLES, WORKFLOW_TITLES, scale_title
+from marlow.workflows.check import check_run_config
 
-WORKFLOW_TITLES = {
-    "single": "Single",
-    "eval_opt": "Eval-Opt",
-    "voting": "Voting",
-    "orch_workers": "Orch-Workers",
-}
-POLICY_TITLES = {"ip": "IP", "sp": "SP", "base": "Base", "sa-rl": "SA", "transfer": "Transfer"}
 CONTROLS = ("base", "sa-rl", "transfer")
 Kind = Literal["trained", "base", "sa-rl", "transfer"]
 
@@ -104,11 +99,6 @@ class Cell:
             "seed": self.seed,
             "needs": list(self.needs),
         }
-
-
-def scale_title(scale: str) -> str:
-    name = Path(scale).name if "/" in scale else scale
-    return name.removeprefix("Qwen3-")
 
 
 def cell_name(workflow: str, policy: str, scale: str, task: str, seed: int | None) -> str:
@@ -202,6 +192,7 @@ class _Point:
         )
         try:
             resolved = resolve(config)
+            check_run_config(resolved)  # workflow name, params and roles: before anything runs
         except ConfigError as err:
             raise ConfigError(f"cell {name}: {err}") from None
         return Cell(

@@ -6,7 +6,8 @@
   :mod:`~marlow.report.runtables` (Table 2, signatures, detector verdicts);
 * :mod:`~marlow.report.stats`: mean / sd / n over seeds and the sign-flip permutation test;
 * :mod:`~marlow.report.figures`: the PNG figures; :mod:`~marlow.report.html`: page and CSV;
-* :mod:`~marlow.report.build`: everything computed, then written atomically.
+* :mod:`~marlow.report.build`: everything computed, then written atomically;
+* :mod:`~marlow.report.inspect`: ``marlow inspect RUN``, the report of one run folder.
 """
 
 from marlow.report.build import Report, build_report, make_report

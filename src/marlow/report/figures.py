@@ -27,11 +27,10 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from marlow.diagnostics.runstats import series
-from marlow.experiments.grid import WORKFLOW_TITLES
 from marlow.report.results import Results
 from marlow.report.tables import Table, groups, matched_pairs, seeds
+from marlow.titles import POLICY_LABELS, workflow_title
 
-LABELS = {"ip": "IP", "sp": "SP", "sa-rl": "SA-RL", "transfer": "Transfer", "base": "Base"}
 COLORS = {"ip": "C0", "sp": "C1", "sa-rl": "0.35", "transfer": "C2", "base": "0.6"}
 STYLES = {"ip": "-", "sp": "-", "sa-rl": "--"}
 MARKERS = {"math": "o", "code": "s"}
@@ -64,10 +63,6 @@ def _empty(fig: Figure, what: str) -> bytes:
     return _png(fig)
 
 
-def _wf(name: str) -> str:
-    return WORKFLOW_TITLES.get(name, name)
-
-
 def delta_figure(delta: Table) -> Plot:
     bars: dict[tuple, list[float]] = {}
     for r in delta.rows:
@@ -84,7 +79,9 @@ def delta_figure(delta: Table) -> Plot:
     ax.barh(y, [np.mean(bars[k]) for k in keys], color=[COLORS.get(k[3], "C4") for k in keys])
     for i, k in enumerate(keys):
         ax.plot(bars[k], [i] * len(bars[k]), "k.", ms=5)
-    labels = [f"{_wf(w)} {LABELS.get(p, p)} {s} {t.title()}" for t, s, w, p in keys]
+    labels = [
+        f"{workflow_title(w)} {POLICY_LABELS.get(p, p)} {s} {t.title()}" for t, s, w, p in keys
+    ]
     ax.set_yticks(y, labels, fontsize=8)
     ax.invert_yaxis()
     ax.axvline(0, color="k", lw=0.8)
@@ -102,7 +99,7 @@ def scatter_figure(res: Results) -> Plot:
     workflows = list(dict.fromkeys(key[2] for key, *_ in pairs))
     seen: set[str] = set()
     for (task, _scale, wf), _seed, ip, sp in pairs:
-        label = f"{_wf(wf)} {task.title()}"
+        label = f"{workflow_title(wf)} {task.title()}"
         ax.scatter(
             ip.peak,
             sp.peak,
@@ -135,7 +132,7 @@ def _dynamics(res: Results, task: str, scale: str) -> Plot:
     legend: dict[str, object] = {}
     for col, wf in enumerate(workflows):
         top, bottom = axes[0][col], axes[1][col]
-        top.set_title(_wf(wf))
+        top.set_title(workflow_title(wf))
         base_vals = []
         for seed in seeds(res, task, scale):
             point = (task, scale, seed)
@@ -152,7 +149,7 @@ def _dynamics(res: Results, task: str, scale: str) -> Plot:
                     if pts:
                         steps, vals = zip(*pts, strict=True)
                         (line,) = ax.plot(steps, vals, marker=marker, **style)
-                        legend.setdefault(LABELS.get(policy, policy), line)
+                        legend.setdefault(POLICY_LABELS.get(policy, policy), line)
             base = res.find("base", wf, point)
             if base is not None:
                 base_vals.append(base.peak)
@@ -188,7 +185,8 @@ def instability_figure(inst: Table) -> Plot:
     axes = fig.subplots(3, 1, sharex=True)
     x = np.arange(len(inst.rows))
     labels = [
-        f"{_wf(r['workflow'])[0]} {r['scale']} {r['task'].title()} s{r['seed']}" for r in inst.rows
+        f"{workflow_title(r['workflow'])[0]} {r['scale']} {r['task'].title()} s{r['seed']}"
+        for r in inst.rows
     ]
     stats = (
         ("max_chi2", "max chi2"),
@@ -200,7 +198,7 @@ def instability_figure(inst: Table) -> Plot:
             vals = [
                 np.nan if r[f"{policy}_{key}"] is None else r[f"{policy}_{key}"] for r in inst.rows
             ]
-            ax.bar(x + off, vals, 0.4, color=COLORS[policy], label=LABELS[policy])
+            ax.bar(x + off, vals, 0.4, color=COLORS[policy], label=POLICY_LABELS[policy])
         ax.set_ylabel(name)
     axes[0].legend(fontsize=8)
     axes[-1].set_xticks(x, labels, rotation=45, ha="right", fontsize=8)

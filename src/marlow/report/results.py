@@ -32,7 +32,7 @@ from marlow.diagnostics.detectors import Verdict, run_detectors
 from marlow.diagnostics.runstats import run_statistics
 from marlow.diagnostics.signatures import read_signatures
 from marlow.diagnostics.sinks import read_jsonl
-from marlow.experiments.grid import scale_title
+from marlow.titles import scale_title
 from marlow.workflows import build_workflow
 
 IDENTITY = ("kind", "workflow", "policy", "scale", "task", "seed")

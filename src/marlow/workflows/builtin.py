@@ -16,10 +16,10 @@ Choices the spec leaves open, made here:
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable
 
+from marlow.parsers import strategies_of, verdict_of
 from marlow.rewards.code import code_key
 from marlow.rewards.math import last_boxed, normalize_answer
 from marlow.types import Problem, Turn
@@ -33,13 +33,6 @@ from marlow.workflows.spec import (
 )
 
 
-def verdict_of(text: str) -> bool | None:
-    """The evaluator's verdict in ``text``: True for ``\\boxed{Correct}``, False for
-    ``\\boxed{Incorrect}`` (last box, stripped, any case), None when unparseable."""
-    verdict = (last_boxed(text) or "").strip().lower()
-    return {"correct": True, "incorrect": False}.get(verdict)
-
-
 def parse_verdict(state: EpisodeState, turns: list[Turn]) -> None:
     """Evaluator verdict: ``\\boxed{Correct}`` accepts; anything unparseable counts as Incorrect."""
     verdict = verdict_of(turns[-1].completion_text)
@@ -47,20 +40,6 @@ def parse_verdict(state: EpisodeState, turns: list[Turn]) -> None:
     state.count(
         {True: "verdict_correct", False: "verdict_incorrect", None: "verdict_unparsed"}[verdict]
     )
-
-
-_STRATEGY = re.compile(r"STRATEGY\s*(\d+)\s*:\s*(.+)", re.IGNORECASE)
-
-
-def strategies_of(text: str, n: int) -> list[str | None]:
-    """Strategies 1..n of an orchestrator's ``text``, by index: the first ``STRATEGY i: ...`` line
-    of each index 1 <= i <= n; None where index i is missing."""
-    found: dict[int, str] = {}
-    for line in text.splitlines():
-        m = _STRATEGY.search(line)
-        if m and 1 <= int(m.group(1)) <= n and int(m.group(1)) not in found:
-            found[int(m.group(1))] = m.group(2).strip()
-    return [found.get(i) for i in range(1, n + 1)]
 
 
 def parse_strategies(n: int) -> Callable[[EpisodeState, list[Turn]], None]:

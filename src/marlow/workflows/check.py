@@ -1,25 +1,48 @@
-"""Checks of a run config that need its workflow's roles: run before anything is loaded or written.
+"""Checks of a run config that need the workflow registry: run before anything is loaded or written.
 
-``marlow.config`` validates every field on its own but cannot know a workflow's roles (it stays
-below the workflows layer); these checks close that gap, so that a role map or role weight naming
-a role the workflow does not have, or a workflow parameter its factory refuses, is one line
-naming the field instead of a traceback minutes into a run.
+``marlow.config`` validates every field on its own but cannot know the registered workflows or
+their roles (it stays below the workflows layer and imports nothing of it); these checks close
+that gap, so that an unknown workflow name, a workflow parameter its factory does not take or
+refuses, or a role map or role weight naming a role the workflow does not have, is one line
+naming the field instead of a traceback minutes into a run. The trainer runs them first thing,
+and a grid runs them on every cell when it is expanded.
 """
 
 from __future__ import annotations
 
-from marlow.config import ConfigError, RunConfig
+import inspect
+
+from marlow.config import ConfigError, RunConfig, WorkflowConfig
 from marlow.policy.routing import make_routing
-from marlow.workflows.spec import WorkflowSpec, build_workflow
+from marlow.workflows.spec import WorkflowSpec, build_workflow, workflow_factory, workflow_names
+
+
+def check_workflow(cfg: WorkflowConfig) -> WorkflowSpec:
+    """The workflow ``cfg`` names, built; raises ConfigError naming ``workflow.name`` or
+    ``workflow.params`` with the valid choices."""
+    if cfg.name not in workflow_names():
+        raise ConfigError(
+            f"config field 'workflow.name': unknown workflow {cfg.name!r}; "
+            f"valid: {', '.join(workflow_names())}"
+        )
+    accepted = list(inspect.signature(workflow_factory(cfg.name)).parameters)
+    unknown = sorted(set(cfg.params) - set(accepted))
+    if unknown:
+        raise ConfigError(
+            f"config field 'workflow.params': workflow {cfg.name} has no parameter "
+            f"{', '.join(unknown)}; valid: {', '.join(accepted) or 'none'}"
+        )
+    try:
+        return build_workflow(cfg.name, **cfg.params)
+    except ValueError as err:
+        raise ConfigError(f"config field 'workflow.params': {err}") from None
 
 
 def check_run_config(cfg: RunConfig) -> WorkflowSpec:
-    """The run's workflow, built; raises ConfigError naming the field a role-level setting
-    gets wrong (``workflow.params``, ``policy.role_map``, ``grpo.role_weights``)."""
-    try:
-        workflow = build_workflow(cfg.workflow.name, **cfg.workflow.params)
-    except ValueError as err:
-        raise ConfigError(f"config field 'workflow.params': {err}") from None
+    """The run's workflow, built; raises ConfigError naming the field a workflow- or role-level
+    setting gets wrong (``workflow.name``, ``workflow.params``, ``policy.role_map``,
+    ``grpo.role_weights``)."""
+    workflow = check_workflow(cfg.workflow)
     roles = list(workflow.roles)
     try:
         make_routing(cfg.policy.routing, roles, cfg.policy.role_map)

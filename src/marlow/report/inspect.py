@@ -9,6 +9,10 @@ thresholds (``detect.*`` of its ``config.yaml``), and the events the trainer log
 Detectors are recomputed rather than only read from ``events.jsonl`` so that a finished run can
 be inspected under other thresholds (``marlow inspect RUN detect.cliff_drop=0.1``) and so that a
 verdict that did not fire still shows its evidence.
+
+It lives in ``report`` (it reads a finished run folder, as ``report.results`` reads a grid's),
+not in ``diagnostics``: it needs the run's workflow (roles, slots) and routing (adapters), and
+diagnostics, which the trainer calls during a run, import no workflow.
 """
 
 from __future__ import annotations

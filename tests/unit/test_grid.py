@@ -9,7 +9,7 @@ import pytest
 
 from marlow.config import ConfigError
 from marlow.experiments.grid import cell_name, expand, load_grid, parse_grid
-from marlow.experiments.runner import Results, _drive, plan_workers
+from marlow.experiments.runner import GridIndex, _drive, plan_workers
 from marlow.types import BASE
 
 
@@ -128,7 +128,7 @@ def test_workers_follow_cores_and_memory():
 class FakePool:
     """Runs 'cells' in-process: writes DONE, or raises for the names in ``fail``."""
 
-    def __init__(self, results: Results, fail: set[str], workers: int = 2) -> None:
+    def __init__(self, results: GridIndex, fail: set[str], workers: int = 2) -> None:
         self.workers, self.results, self.fail = workers, results, fail
         self.submitted: list[str] = []
         self.peak = 0
@@ -159,7 +159,7 @@ def drive(tmp_path, grid: dict, fail=(), done=()):
     for name in done:
         (tmp_path / "cells" / name).mkdir(parents=True)
         (tmp_path / "cells" / name / "DONE").write_text("done\n")
-    results = Results(tmp_path, cells, spec)
+    results = GridIndex(tmp_path, cells, spec)
     pool = FakePool(results, set(fail))
     pool.log = []
     todo = [c for c in cells if results.state[c.name] != "done"]

@@ -204,8 +204,10 @@ def _available_gib() -> float:
     return 8.0
 
 
-class Results:
-    """The results folder: cell folders and the index."""
+class GridIndex:
+    """A running grid's bookkeeping: each cell's state, error and wall seconds, its folder, and
+    ``index.json``, rewritten atomically after every change (what ``report`` later reads as
+    :class:`marlow.report.results.GridRuns`)."""
 
     def __init__(self, root: str | Path, cells: list[Cell], grid: GridSpec) -> None:
         self.root = Path(root)
@@ -285,7 +287,7 @@ def run_grid(
         if grid_text is not None:
             write_text(root / "grid.yaml", grid_text)
         _refuse_changed_cells(root, cells)
-        results = Results(root, cells, grid)
+        results = GridIndex(root, cells, grid)
         results.write_index()
         todo = [c for c in cells if results.state[c.name] != "done"]
         skipped = len(cells) - len(todo)
@@ -366,7 +368,7 @@ def _pretrain_world(scale: str, task: str, steps: int | None) -> None:
 def _drive(
     pool: Pool,
     todo: list[Cell],
-    results: Results,
+    results: GridIndex,
     threads: int,
     log: Log,
     on_progress: Progress | None,

@@ -11,7 +11,7 @@
 """
 
 from marlow.report.build import Report, build_report, make_report
-from marlow.report.results import CellId, CellRun, Results, load_results
+from marlow.report.results import CellId, CellRun, GridRuns, load_results
 from marlow.report.stats import paired_test, sign_flip_p, summarize
 from marlow.report.tables import Table
 
@@ -19,7 +19,7 @@ __all__ = [
     "CellId",
     "CellRun",
     "Report",
-    "Results",
+    "GridRuns",
     "Table",
     "build_report",
     "load_results",

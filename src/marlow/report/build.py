@@ -32,7 +32,7 @@ from marlow.report.figures import (
     scatter_figure,
 )
 from marlow.report.html import page, table_csv
-from marlow.report.results import Results, load_results
+from marlow.report.results import GridRuns, load_results
 from marlow.report.runtables import detectors_table, signatures_table, table2
 from marlow.report.tables import (
     Table,
@@ -48,7 +48,7 @@ from marlow.report.tables import (
 
 @dataclass
 class Report:
-    results: Results
+    results: GridRuns
     tables: dict[str, Table]  # id -> table, in page order
     plots: dict[str, Plot]  # id -> figure, in page order
     sections: list[tuple[str, str, list[str]]]  # (anchor, heading, table and figure ids)
@@ -62,7 +62,7 @@ class Report:
         )
 
 
-def _unidentified(res: Results) -> int:
+def _unidentified(res: GridRuns) -> int:
     """Missing cells whose index entry had no identity (they are not in ``res.ids``)."""
     known = {i.name for i in res.ids}
     return sum(1 for m in res.missing if m["name"] not in known)

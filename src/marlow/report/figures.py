@@ -27,7 +27,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from marlow.diagnostics.runstats import series
-from marlow.report.results import Results
+from marlow.report.results import GridRuns
 from marlow.report.tables import Table, groups, matched_pairs, seeds
 from marlow.titles import POLICY_LABELS, workflow_title
 
@@ -89,7 +89,7 @@ def delta_figure(delta: Table) -> Plot:
     return Plot("fig-delta", "Delta against the base", caption, _png(fig))
 
 
-def scatter_figure(res: Results) -> Plot:
+def scatter_figure(res: GridRuns) -> Plot:
     pairs = matched_pairs(res)
     caption = "IP vs SP peak validation accuracy on matched cells; above the diagonal SP is higher."
     fig = Figure(figsize=(5.2, 5.0))
@@ -120,12 +120,12 @@ def scatter_figure(res: Results) -> Plot:
     return Plot("fig-scatter", "IP vs SP", caption, _png(fig))
 
 
-def dynamics_figures(res: Results) -> list[Plot]:
+def dynamics_figures(res: GridRuns) -> list[Plot]:
     points = list(dict.fromkeys((task, scale) for task, scale, _ in groups(res)))
     return [_dynamics(res, task, scale) for task, scale in points]
 
 
-def _dynamics(res: Results, task: str, scale: str) -> Plot:
+def _dynamics(res: GridRuns, task: str, scale: str) -> Plot:
     workflows = [wf for t, s, wf in groups(res) if (t, s) == (task, scale)]
     fig = Figure(figsize=(3.6 * len(workflows) + 0.6, 5.6))
     axes = fig.subplots(2, len(workflows), squeeze=False, sharey="row")

@@ -80,8 +80,10 @@ class CellRun:
 
 
 @dataclass
-class Results:
-    """A results folder: every cell of the index, the finished ones loaded, the rest missing."""
+class GridRuns:
+    """A results folder read back: every cell of its index, the finished ones loaded as
+    :class:`CellRun` s, the rest listed as missing (the runner's side of the folder is
+    :class:`marlow.experiments.runner.GridIndex`)."""
 
     root: Path
     grid: dict
@@ -98,7 +100,7 @@ class Results:
         return None
 
 
-def load_results(results_dir: str | Path) -> Results:
+def load_results(results_dir: str | Path) -> GridRuns:
     """Read ``results_dir``; raise FileNotFoundError / ConfigError when it is no results folder."""
     root = Path(results_dir)
     index_path = root / "index.json"
@@ -142,7 +144,7 @@ def load_results(results_dir: str | Path) -> Results:
             runs[name] = load_cell(cid, root / entry.get("path", f"cells/{name}"))
         except (OSError, ValueError, KeyError, TypeError) as err:
             missing.append(_missing(name, entry, f"done but unreadable: {err}"))
-    return Results(root, index.get("grid") or {}, ids, runs, missing)
+    return GridRuns(root, index.get("grid") or {}, ids, runs, missing)
 
 
 def _missing(name: str, entry: dict, reason: str) -> dict:

@@ -22,7 +22,7 @@ Choices the spec leaves open, made here:
 from __future__ import annotations
 
 from marlow.diagnostics.detectors import Verdict, describe
-from marlow.report.results import TRAINED_KINDS, Results
+from marlow.report.results import TRAINED_KINDS, GridRuns
 from marlow.report.tables import IDENT, Table, fmt, ident
 
 SIGNATURE_ORDER = (
@@ -44,7 +44,7 @@ SIGNATURE_ORDER = (
 )
 
 
-def table2(res: Results) -> Table:
+def table2(res: GridRuns) -> Table:
     rows = []
     for run in res.runs.values():
         if run.id.kind not in TRAINED_KINDS:
@@ -81,7 +81,7 @@ def table2(res: Results) -> Table:
     return Table("table2", "Table 2: per-role peak-over-first ratios", cols, rows, note)
 
 
-def signatures_table(res: Results) -> Table:
+def signatures_table(res: GridRuns) -> Table:
     rows, names = [], set()
     for run in res.runs.values():
         if not run.signatures:
@@ -132,7 +132,7 @@ def evidence_line(v: Verdict) -> str:
     return describe(v) if v.fired else _quiet(v.evidence)
 
 
-def detectors_table(res: Results) -> Table:
+def detectors_table(res: GridRuns) -> Table:
     rows = []
     for run in res.runs.values():
         if run.id.kind not in TRAINED_KINDS:

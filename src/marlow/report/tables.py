@@ -30,7 +30,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from marlow.report.results import CellId, CellRun, Results
+from marlow.report.results import CellId, CellRun, GridRuns
 from marlow.report.stats import paired_test, summarize
 
 Formatter = Callable[[dict], str]
@@ -83,7 +83,7 @@ def _col(name: str, digits: int = 3) -> Formatter:
 # -- the grid's structure ------------------------------------------------------------------------
 
 
-def groups(res: Results) -> list[tuple[str, str, str]]:
+def groups(res: GridRuns) -> list[tuple[str, str, str]]:
     """(task, scale, workflow) of every multi-agent workflow in the index, in index order."""
     out: list[tuple[str, str, str]] = []
     for i in res.ids:
@@ -93,11 +93,11 @@ def groups(res: Results) -> list[tuple[str, str, str]]:
     return out
 
 
-def seeds(res: Results, task: str, scale: str) -> list[int]:
+def seeds(res: GridRuns, task: str, scale: str) -> list[int]:
     return sorted({i.seed for i in res.ids if (i.task, i.scale) == (task, scale)})
 
 
-def matched_pairs(res: Results) -> list[tuple[tuple[str, str, str], int, CellRun, CellRun]]:
+def matched_pairs(res: GridRuns) -> list[tuple[tuple[str, str, str], int, CellRun, CellRun]]:
     """((task, scale, workflow), seed, IP cell, SP cell) for every pair where both finished."""
     out = []
     for task, scale, wf in groups(res):
@@ -117,7 +117,7 @@ def ident(cid: CellId) -> dict:
 # -- tables --------------------------------------------------------------------------------------
 
 
-def cells_table(res: Results) -> Table:
+def cells_table(res: GridRuns) -> Table:
     rows = []
     for i in res.ids:
         run = res.runs.get(i.name)
@@ -143,7 +143,7 @@ def cells_table(res: Results) -> Table:
     )
 
 
-def missing_table(res: Results) -> Table:
+def missing_table(res: GridRuns) -> Table:
     return Table(
         "table-missing",
         "Missing cells",
@@ -153,7 +153,7 @@ def missing_table(res: Results) -> Table:
     )
 
 
-def table1(res: Results) -> Table:
+def table1(res: GridRuns) -> Table:
     rows = []
     for task, scale, wf in groups(res):
         row: dict = {"task": task, "scale": scale, "workflow": wf}
@@ -183,7 +183,7 @@ def table1(res: Results) -> Table:
     return Table("table1", "Table 1: peak accuracy and residuals vs SA-RL", cols, rows, note, view)
 
 
-def delta_table(res: Results) -> Table:
+def delta_table(res: GridRuns) -> Table:
     rows = []
     for run in res.runs.values():
         if run.id.kind == "base":
@@ -206,7 +206,7 @@ def delta_table(res: Results) -> Table:
     return Table("table-delta", "Per-cell delta against the base", cols, rows, note)
 
 
-def paired_table(res: Results) -> Table:
+def paired_table(res: GridRuns) -> Table:
     by_group: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
     for key, _seed, ip, sp in matched_pairs(res):
         by_group.setdefault(key, []).append((ip.peak, sp.peak))
@@ -237,7 +237,7 @@ def paired_table(res: Results) -> Table:
     return Table("table-paired", "Paired IP-vs-SP test over seeds", cols, rows, note)
 
 
-def instability_table(res: Results) -> Table:
+def instability_table(res: GridRuns) -> Table:
     rows = []
     stats = (
         ("max_chi2", "max_chi2"),

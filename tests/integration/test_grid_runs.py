@@ -92,15 +92,15 @@ def fake_pretrain(scale, task, steps):
 def test_missing_worlds_are_pre_trained_in_child_processes(tmp_path, monkeypatch):
     import os
 
-    from marlow.experiments import runner
+    from marlow.experiments import worlds
     from marlow.experiments.grid import expand
 
     monkeypatch.setenv("MARLOW_CACHE", str(tmp_path))
-    monkeypatch.setattr(runner, "_pretrain_world", fake_pretrain)  # pickled by name: the child
+    monkeypatch.setattr(worlds, "_pretrain_world", fake_pretrain)  # pickled by name: the child
     grid = {**GRID, "tasks": ["math", "code"]}  # imports this module's fake_pretrain
     grid["settings"] = {**GRID["settings"], "model": {"pretrain_steps": 2}}
     lines = []
-    runner.pretrain_worlds(expand(parse_grid(grid)), lines.append)
+    worlds.pretrain_worlds(expand(parse_grid(grid)), lines.append)
     assert int((tmp_path / "tiny-s-math.pid").read_text()) != os.getpid()
     assert lines == ["pre-training tiny-s (code) failed (exit 3)"]
 

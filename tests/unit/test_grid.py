@@ -9,7 +9,9 @@ import pytest
 
 from marlow.config import ConfigError
 from marlow.experiments.grid import cell_name, expand, load_grid, parse_grid
-from marlow.experiments.runner import GridIndex, _drive, plan_workers
+from marlow.experiments.pools import plan_workers
+from marlow.experiments.results_folder import GridIndex
+from marlow.experiments.runner import _drive
 from marlow.types import BASE
 
 

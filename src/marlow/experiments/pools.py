@@ -1,0 +1,113 @@
+"""Where a grid's cells run: a pool of local processes or Ray tasks, and how wide it is.
+
+Sizing (local runner): workers = min(cores, cells ready, memory available * 0.8 / memory per
+cell), torch threads per cell = cores // workers. Memory per cell is an estimate of marlow's,
+not a measurement: 1.5 GiB for a tiny scale, 16 GiB for any other model (override with
+``--workers``). Ray: each cell is a task asking for ``threads`` CPUs (and one GPU when
+``model.device`` is CUDA: not yet, CPU only here).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+from marlow.experiments.cell_process import run_cell
+from marlow.experiments.grid import Cell
+
+TINY_CELL_GIB = 1.5
+OTHER_CELL_GIB = 16.0
+RUNNERS = ("local", "ray")
+
+
+class Pool(Protocol):
+    workers: int
+
+    def submit(self, cell: Cell, args: tuple) -> Any: ...
+    def wait(self, handles: list[Any], timeout: float) -> list[Any]: ...
+    def result(self, handle: Any) -> str: ...
+    def close(self) -> None: ...
+
+
+class LocalPool:
+    """Worker processes (spawned: no forked torch state), one cell each at a time."""
+
+    def __init__(self, workers: int) -> None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        self.workers = workers
+        ctx = multiprocessing.get_context("spawn")
+        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+
+    def submit(self, cell: Cell, args: tuple) -> Any:
+        return self._pool.submit(run_cell, *args)
+
+    def wait(self, handles: list[Any], timeout: float) -> list[Any]:
+        from concurrent.futures import FIRST_COMPLETED
+        from concurrent.futures import wait as wait_futures
+
+        done, _ = wait_futures(handles, timeout=timeout, return_when=FIRST_COMPLETED)
+        return list(done)
+
+    def result(self, handle: Any) -> str:
+        return handle.result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class RayPool:
+    """Each cell a Ray task asking for its CPU threads; ``address`` None starts a local Ray."""
+
+    def __init__(self, workers: int, threads: int, address: str | None) -> None:
+        try:
+            import ray
+        except ImportError:
+            from marlow.config import ConfigError
+
+            raise ConfigError(
+                "--runner ray needs Ray; install it with: pip install 'marlow[ray]'"
+            ) from None
+        self._ray = ray
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+            if address is None:
+                kwargs["num_cpus"] = os.cpu_count() or 1
+            ray.init(address=address, **kwargs)
+        self.workers = workers
+        self._task = ray.remote(num_cpus=threads, max_retries=0)(run_cell)
+
+    def submit(self, cell: Cell, args: tuple) -> Any:
+        return self._task.remote(*args)
+
+    def wait(self, handles: list[Any], timeout: float) -> list[Any]:
+        done, _ = self._ray.wait(handles, num_returns=1, timeout=timeout)
+        return done
+
+    def result(self, handle: Any) -> str:
+        return self._ray.get(handle)
+
+    def close(self) -> None:
+        self._ray.shutdown()
+
+
+def plan_workers(cells: list[Cell], cores: int | None = None, mem_gib: float | None = None) -> int:
+    """How many cells run at once on this machine (see the module docstring)."""
+    from marlow.models import is_tiny
+
+    cores = cores or os.cpu_count() or 1
+    mem_gib = _available_gib() if mem_gib is None else mem_gib
+    per_cell = max(TINY_CELL_GIB if is_tiny(c.config.model.name) else OTHER_CELL_GIB for c in cells)
+    return max(1, min(cores, len(cells), int(mem_gib * 0.8 // per_cell)))
+
+
+def _available_gib() -> float:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return 8.0

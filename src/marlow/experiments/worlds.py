@@ -1,0 +1,49 @@
+"""The tiny worlds a grid's cells need, pre-trained once each before the cells start.
+
+Without this the first cell would pre-train on one thread while the others wait for its lock.
+Each world trains in a child process of its own: a grid process that pre-trained in-process
+stood at 9.5 GiB resident during its second world (tiny-m math, after tiny-m code) and would
+have held that for the rest of the grid. Ray cells pre-train on their own node instead: its
+cache is its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from marlow.experiments.cell_process import die_with_parent
+from marlow.experiments.grid import Cell
+
+
+def pretrain_worlds(cells: list[Cell], log: Callable[[str], None]) -> None:
+    """Pre-train each tiny (scale, task, steps) the cells need and the cache lacks, with every
+    core, one child process each; a failure is logged (its cells will try again and record the
+    error themselves)."""
+    import multiprocessing
+
+    from marlow.models import is_tiny
+    from marlow.tiny.pretrain import tiny_path
+
+    worlds = {
+        (c.config.model.name, c.config.task.name, c.config.model.pretrain_steps)
+        for c in cells
+        if is_tiny(c.config.model.name)
+    }
+    for scale, task, steps in sorted(worlds, key=str):
+        if (tiny_path(scale, steps=steps, task=task) / "meta.json").exists():
+            continue
+        child = multiprocessing.get_context("spawn").Process(
+            target=_pretrain_world, args=(scale, task, steps), daemon=True
+        )
+        child.start()
+        child.join()
+        if child.exitcode != 0:
+            log(f"pre-training {scale} ({task}) failed (exit {child.exitcode})")
+
+
+def _pretrain_world(scale: str, task: str, steps: int | None) -> None:
+    """Body of a pre-training child: progress lines go to the grid's standard output."""
+    from marlow.tiny.pretrain import pretrain_tiny
+
+    die_with_parent()
+    pretrain_tiny(scale, steps=steps, task=task, log=lambda m: print(m, flush=True))

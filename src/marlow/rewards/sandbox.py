@@ -358,9 +358,28 @@ def _run(
     uid: int | None,
     workdir: str,
 ) -> RunResult:
+    """One run, start to end: launch the boot process, feed or converse with the program under
+    the wall clock, read the status the init left, clear leftovers, and classify the outcome."""
     data = stdin.encode("utf-8") if isinstance(stdin, str) else bytes(stdin)
+    token = secrets.token_hex(8)  # marks the run's processes in their environment
+    start = time.monotonic()
+    proc, status_r = _launch(lim, exe, prefixes, uid, workdir, token)
+    deadline = start + lim.wall_s
+    ch = Channel(proc, lim, deadline)
+    verdict = _supervise(proc, ch, data, converse, deadline)
+    wall = time.monotonic() - start
+    st = _read_status(status_r)
+    if "pidns" not in _isolation(st):  # not known to be torn down by the kernel: look for them
+        _kill_leftovers(proc.pid, uid, token)
+    return _outcome(verdict, st, ch, proc.returncode, lim, wall, proc.pid, uid)
+
+
+def _launch(
+    lim: Limits, exe: str, prefixes: list[str], uid: int | None, workdir: str, token: str
+) -> tuple[subprocess.Popen, int]:
+    """Start the boot process (its own session, a scrubbed environment, three pipes) with its
+    config; returns it and the read end of the pipe the init writes its status to."""
     status_r, status_w = os.pipe()
-    token = secrets.token_hex(8)
     cfg = {
         "dir": workdir,
         "uid": uid,
@@ -372,7 +391,6 @@ def _run(
         "python_world_readable": _world_accessible(exe) and _world_accessible(prefixes[0]),
     }
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
-    start = time.monotonic()
     try:
         proc = subprocess.Popen(
             [exe, "-I", "-S", "-B", "-c", boot_code(), marshal.dumps(cfg).hex()],
@@ -384,11 +402,24 @@ def _run(
             env=env,
             cwd=workdir,
         )
+    except BaseException:
+        os.close(status_r)
+        raise
     finally:
         os.close(status_w)
-    sid = proc.pid
-    deadline = start + lim.wall_s
-    ch = Channel(proc, lim, deadline)
+    return proc, status_r
+
+
+def _supervise(
+    proc: subprocess.Popen,
+    ch: Channel,
+    data: bytes,
+    converse: Callable[[Channel], None] | None,
+    deadline: float,
+) -> str | None:
+    """Feed ``data`` (or let ``converse`` talk) and wait for the program up to ``deadline``;
+    returns the verdict that ended it early (timeout, output limit) or None. However it ends,
+    the process group is killed and the boot process reaped."""
     try:
         if converse is None:
             ch.send(data)
@@ -410,24 +441,45 @@ def _run(
             _stop(proc)
             proc.wait()
     finally:
-        _killpg(sid)  # whatever is left of the process group
+        _killpg(proc.pid)  # whatever is left of the process group
         ch.close()
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    wall = time.monotonic() - start
-    os.set_blocking(status_r, False)  # written before the init exits; never wait on it
+    return verdict
+
+
+def _read_status(status_r: int) -> dict | None:
+    """The status the init wrote (isolation, exit code or signal, CPU time, or a setup error);
+    None when it wrote none or garbage. Written before the init exits: never waited on."""
+    os.set_blocking(status_r, False)
     raw = b""
     with contextlib.suppress(BlockingIOError), os.fdopen(status_r, "rb") as f:
         while chunk := f.read(65536):
             raw += chunk
     try:
-        st = marshal.loads(raw) if raw else None
+        return marshal.loads(raw) if raw else None
     except (ValueError, EOFError, TypeError):
-        st = None
-    iso = tuple(st.get("isolation", ())) if st else ()
-    if "pidns" not in iso:  # not known to be torn down by the kernel: look for leftovers
-        _kill_leftovers(sid, uid, token)
+        return None
+
+
+def _isolation(st: dict | None) -> tuple[str, ...]:
+    return tuple(st.get("isolation", ())) if st else ()
+
+
+def _outcome(
+    verdict: str | None,
+    st: dict | None,
+    ch: Channel,
+    boot_exit: int | None,
+    lim: Limits,
+    wall: float,
+    sid: int,
+    uid: int | None,
+) -> RunResult:
+    """The run's result: the caller's verdict first (timeout, output limit), then a sandbox
+    setup error, then how the program ended (a signal, or its exit code)."""
+    iso = _isolation(st)
     res = RunResult(
         status=OK,
         exit_code=None,
@@ -440,34 +492,37 @@ def _run(
         sid=sid,
         uid=uid if st and "setuid" in iso else None,
     )
-    stderr_text = res.stderr
     if verdict is not None:
         res.status = verdict
         res.detail = f"{verdict} (wall {lim.wall_s:g} s, stdout {lim.stdout_bytes} B)"
         return res
     if st is None or "error" in st:
         res.status = SANDBOX_ERROR
-        res.detail = (st or {}).get("error", f"boot exited {proc.returncode} without a status")
+        res.detail = (st or {}).get("error", f"boot exited {boot_exit} without a status")
         return res
     res.cpu_s = st.get("cpu_s")
     sig = st.get("signal")
     if sig is not None:
         res.signal = sig
-        cpu_out = res.cpu_s is not None and res.cpu_s >= math.floor(lim.cpu_s) - 0.05
-        if sig == 24 or (sig == 9 and cpu_out):  # SIGXCPU, then SIGKILL at the hard limit
-            res.status = TIMEOUT
-        elif "MemoryError" in stderr_text:
-            res.status = MEMORY
-        elif sig in _CRASH_SIGNALS:
-            res.status = RUNTIME_ERROR
-        else:
-            res.status = KILLED
+        res.status = _signal_status(sig, res.cpu_s, lim, res.stderr)
         res.detail = f"killed by signal {sig}"
         return res
     res.exit_code = st.get("exit")
     if res.exit_code != 0:
-        res.status = MEMORY if "MemoryError" in stderr_text else RUNTIME_ERROR
+        res.status = MEMORY if "MemoryError" in res.stderr else RUNTIME_ERROR
     return res
+
+
+def _signal_status(sig: int, cpu_s: float | None, lim: Limits, stderr: str) -> str:
+    """What a program killed by ``sig`` ran into: its CPU limit, memory, a crash, or a kill."""
+    cpu_out = cpu_s is not None and cpu_s >= math.floor(lim.cpu_s) - 0.05
+    if sig == 24 or (sig == 9 and cpu_out):  # SIGXCPU, then SIGKILL at the hard limit
+        return TIMEOUT
+    if "MemoryError" in stderr:
+        return MEMORY
+    if sig in _CRASH_SIGNALS:
+        return RUNTIME_ERROR
+    return KILLED
 
 
 def run_many(jobs: list[Job], max_workers: int | None = None) -> list[RunResult]:

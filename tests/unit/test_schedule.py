@@ -48,6 +48,21 @@ def test_formula_by_hand():
     assert cosine_lr(1.0, 15, 3, 10) == 0.0  # stays at 0 past the end
 
 
+def test_formula_equals_transformers_up_to_the_end_and_stays_at_0_after():
+    from transformers import get_cosine_schedule_with_warmup
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=LR)
+    hf = get_cosine_schedule_with_warmup(opt, WARMUP, TOTAL)
+    hf_lrs = []
+    for _ in range(TOTAL + 4):
+        hf_lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        hf.step()
+    ours = [cosine_lr(LR, t, WARMUP, TOTAL) for t in range(TOTAL + 4)]
+    assert ours[: TOTAL + 1] == pytest.approx(hf_lrs[: TOTAL + 1], abs=1e-15)
+    assert ours[TOTAL + 1 :] == [0.0] * 3 and min(hf_lrs[TOTAL + 1 :]) > 0  # the departure
+
+
 def test_per_step_mode_every_adapter_follows_the_step_count():
     seen = run_steps(make("per-step"), 8)
     for name in seen:

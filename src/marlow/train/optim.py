@@ -28,6 +28,12 @@ from torch import nn
 
 
 def cosine_lr(lr0: float, t: int, warmup: int, total: int) -> float:
+    """The rate at schedule position ``t`` (module docstring). Up to ``total`` it equals
+    transformers' ``get_cosine_schedule_with_warmup`` (tests/unit/test_schedule.py compares
+    them); it is not used because that is a ``LambdaLR`` bound to one optimizer and advanced one
+    step per ``.step()``, while each adapter here needs the rate at a position it sets itself
+    (``per-role-update`` advances P per step, a resume jumps to the checkpoint's), and because
+    past ``total`` its cosine rises again where this stays at 0."""
     if t < warmup:
         return lr0 * t / warmup
     span = max(1, total - warmup)

@@ -261,8 +261,14 @@ class DetectConfig(_Section):
 
 
 class DiagnosticsConfig(_Section):
+    every: int = Field(
+        5,
+        ge=1,
+        description="run chi2_update and kl_to_base on steps 1, 1+every, 1+2*every, ... "
+        "(each one extra forward per turn on those steps)",
+    )
     kl_to_base: bool = Field(
-        True, description="score each step's tokens with the adapters disabled (one extra forward)"
+        True, description="on diagnostics steps, score the tokens with the adapters disabled"
     )
     signature_problems: int = Field(
         100, ge=1, description="validation problems the trajectory signatures are computed on"

@@ -8,8 +8,9 @@ import math
 import pytest
 import torch
 
+from marlow.algo.credit import turn_advantages
 from marlow.policy.adapters import adapter_parameters, use_adapter
-from marlow.train.grpo import turn_advantages
+from marlow.train.batch import credit_rows
 from marlow.train.trainer import Trainer
 from tests.integration.reference import completion_logp
 
@@ -49,8 +50,9 @@ def test_sp_grad_mass_shares_match_separate_backward_passes(small_config, tmp_pa
     with torch.no_grad():
         for k, v in named.items():
             v.copy_(start[k])
-    adv, _ = turn_advantages(episodes, "problem", eps=cfg.grpo.eps)
-    turns = [t for ep in episodes for t in ep.turns]
+    turns, rows = credit_rows(episodes)
+    values, _ = turn_advantages(rows, "problem", eps=cfg.grpo.eps)
+    adv = {id(t): a for t, a in zip(turns, values.tolist(), strict=True)}
     norms = {}
     with use_adapter(trainer.model, "shared"):
         for role in shares:

@@ -26,6 +26,7 @@ def test_kl_to_base_is_zero_at_init_then_matches_a_plain_k3(small_config, tmp_pa
         rollout={"temperature": 0.8},
         optim={"lr": 5e-2},
         grpo={"batch_problems": 2, "group_size": 4},
+        diagnostics={"every": 1},
     )
     trainer = Trainer(cfg, tmp_path / "run")
     first = trainer.learn(1, _episodes(trainer, 1))
@@ -57,3 +58,24 @@ def test_kl_to_base_can_be_switched_off(small_config, tmp_path):
     record = trainer.learn(1, _episodes(trainer, 1))
     assert not any(k.endswith("/kl_to_base") for k in record)
     assert record["time/kl_to_base_s"] == 0.0
+
+
+def test_sampled_diagnostics_run_on_steps_one_and_every_kth(small_config, tmp_path):
+    cfg = small_config(workflow={"name": "single"}, diagnostics={"every": 3})
+    trainer = Trainer(cfg, tmp_path / "run")
+    logged = {}
+    for step in range(1, 5):
+        record = trainer.learn(step, _episodes(trainer, step))
+        logged[step] = {k for k in record if k.endswith(("/chi2_update", "/kl_to_base"))}
+        assert "train/generator/perplexity" in record  # the pre-update metrics are every step's
+    assert (
+        logged[1]
+        == logged[4]
+        == {
+            "train/generator/chi2_update",
+            "train/all/chi2_update",
+            "train/generator/kl_to_base",
+            "train/all/kl_to_base",
+        }
+    )
+    assert logged[2] == logged[3] == set()

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import pytest
 
+from marlow.algo.credit import CreditRows, turn_advantages
 from marlow.rewards.math import grade_math
-from marlow.train.grpo import turn_advantages
+from marlow.train.batch import credit_rows
 from marlow.types import Episode, Turn
 from marlow.workflows.credit import assign_role_rewards
+
+
+def advantages(episodes, scope, eps):
+    """{id(turn): advantage} and frac_reward_zero_std, through the batch record's columns."""
+    turns, rows = credit_rows(episodes)
+    adv, frac = turn_advantages(rows, scope, eps)
+    return {id(t): a for t, a in zip(turns, adv.tolist(), strict=True)}, frac
 
 
 def turn(role: str, text: str, slot: int = 0, rnd: int = 0) -> Turn:
@@ -15,7 +23,7 @@ def turn(role: str, text: str, slot: int = 0, rnd: int = 0) -> Turn:
         role=role,
         slot=slot,
         round=rnd,
-        policy="p",
+        adapter="p",
         prompt_text="",
         prompt_ids=[1],
         completion_ids=[2],
@@ -71,7 +79,7 @@ def test_role_credit_advantages_are_normalised_per_slot():
         for t, r in zip(ts, (v0, v1, agg), strict=True):
             t.reward = r
         episodes.append(Episode(problem_id="p", group=0, sample=sample, turns=ts, reward=agg))
-    adv, _ = turn_advantages(episodes, "problem", eps=1e-6)
+    adv, _ = advantages(episodes, "problem", eps=1e-6)
     # slot 0 rewards (1, 0, 1): mean 2/3, sample std sqrt(1/3)
     s = (1 / 3) ** 0.5
     assert adv[id(episodes[1].turns[0])] == pytest.approx((0 - 2 / 3) / (s + 1e-6))
@@ -117,7 +125,7 @@ def test_frac_reward_zero_std_counts_the_groups_that_define_the_advantages():
     # advantages come from the own rewards per slot: slot 0 (1, 0) varies, slot 1 (1, 1) and the
     # aggregator (1, 1) are flat -> 2 of 3 groups give no gradient.
     episodes = _role_credit_episodes([(1.0, 1.0, 1.0), (0.0, 1.0, 1.0)], episode_reward=1.0)
-    adv, frac = turn_advantages(episodes, "problem", eps=1e-6)
+    adv, frac = advantages(episodes, "problem", eps=1e-6)
     assert frac == pytest.approx(2 / 3, abs=1e-12)
     assert adv[id(episodes[0].turns[0])] > 0 and adv[id(episodes[0].turns[1])] == 0
     # Broadcast credit, two problems: one with rewards (1, 0), one flat (1, 1) -> 1 / 2.
@@ -126,9 +134,9 @@ def test_frac_reward_zero_std_counts_the_groups_that_define_the_advantages():
             t.reward = None
     flat = [Episode("q", 1, s, [turn("generator", "")], reward=1.0) for s in range(2)]
     episodes[1].reward = 0.0
-    assert turn_advantages([*episodes, *flat], "problem", eps=1e-6)[1] == 0.5
+    assert advantages([*episodes, *flat], "problem", eps=1e-6)[1] == 0.5
     # Per-slot scope on broadcast rewards: the same two groups per role-slot as per problem.
-    assert turn_advantages([*episodes, *flat], "slot", eps=1e-6)[1] == pytest.approx(1 / 4)
+    assert advantages([*episodes, *flat], "slot", eps=1e-6)[1] == pytest.approx(1 / 4)
 
 
 def test_role_scope_is_honoured_under_role_credit():
@@ -136,9 +144,35 @@ def test_role_scope_is_honoured_under_role_credit():
     # per role, the four generator turns (1, 0, 0, 0) are one group: mean 1/4,
     # Bessel std sqrt((9/16 + 3 * 1/16) / 3) = 1/2, so slot 1's turns get (0 - 1/4) / (1/2 + eps).
     episodes = _role_credit_episodes([(1.0, 0.0, 1.0), (0.0, 0.0, 0.0)], episode_reward=0.0)
-    per_slot, _ = turn_advantages(episodes, "slot", eps=1e-6)
-    per_role, _ = turn_advantages(episodes, "role", eps=1e-6)
+    per_slot, _ = advantages(episodes, "slot", eps=1e-6)
+    per_role, _ = advantages(episodes, "role", eps=1e-6)
     assert per_slot[id(episodes[0].turns[1])] == 0.0
     assert per_role[id(episodes[0].turns[1])] == pytest.approx(-0.25 / (0.5 + 1e-6), abs=1e-12)
     assert per_role[id(episodes[0].turns[0])] == pytest.approx(0.75 / (0.5 + 1e-6), abs=1e-12)
-    assert turn_advantages(episodes, "problem", eps=1e-6)[0] == per_slot
+    assert advantages(episodes, "problem", eps=1e-6)[0] == per_slot
+
+
+def test_credit_is_a_pure_function_of_its_columns():
+    # Two problems, broadcast credit, scope problem: episodes 0 and 1 (problem 0) rewarded 1 and
+    # 0, episode 2 (problem 1) alone. Every turn of an episode shares its advantage; the lone
+    # episode follows verl (A = R / (1 + eps)); the role weight scales the aggregator's turns and
+    # same-role weighting divides by the 2 generator turns of each episode.
+    rows = CreditRows(
+        episode=[0, 0, 0, 1, 1, 1, 2],
+        group=[0, 0, 0, 0, 0, 0, 1],
+        role=["generator", "generator", "aggregator"] * 2 + ["generator"],
+        slot=[0, 1, 0] * 2 + [0],
+        round=[0] * 7,
+        episode_reward=[1.0] * 3 + [0.0] * 3 + [0.5],
+        own_reward=[None] * 7,
+    )
+    a = 0.5 / ((0.5**0.5) + 1e-6)  # (1 - 1/2) / (Bessel std of (1, 0) + eps)
+    adv, frac = turn_advantages(rows, "problem", 1e-6)
+    assert adv.tolist() == pytest.approx([a, a, a, -a, -a, -a, 0.5 / (1 + 1e-6)], abs=1e-12)
+    assert frac == 0.0
+    weighted, _ = turn_advantages(
+        rows, "problem", 1e-6, same_role_weighting=True, role_weights={"aggregator": 2.0}
+    )
+    assert weighted.tolist()[:3] == pytest.approx([a / 2, a / 2, 2 * a], abs=1e-12)
+    with pytest.raises(ValueError, match="valid: problem, role, slot"):
+        turn_advantages(rows, "episode", 1e-6)

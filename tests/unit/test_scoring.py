@@ -6,7 +6,9 @@ import random
 
 import torch
 
-from marlow.train.scoring import micro_batches, score_turns
+from marlow.algo.credit import CreditRows
+from marlow.train.batch import build_batches
+from marlow.train.scoring import micro_batches, score_rows
 from marlow.types import Turn
 
 
@@ -15,7 +17,7 @@ def make_turn(prompt_len: int, completion_len: int, rng: random.Random) -> Turn:
         role="generator",
         slot=0,
         round=0,
-        policy="p",
+        adapter="p",
         prompt_text="",
         completion_text="",
         prompt_ids=[rng.randrange(4, 64) for _ in range(prompt_len)],
@@ -40,7 +42,7 @@ def mixed_turns(seed: int = 0) -> list[Turn]:
 def test_micro_batches_partition_sorted_by_length_with_little_padding():
     turns = mixed_turns()
     lengths = [len(t.prompt_ids) + len(t.completion_ids) for t in turns]
-    chunks = micro_batches(turns, micro_tokens=400)
+    chunks = micro_batches(lengths, micro_tokens=400)
     assert sorted(i for c in chunks for i in c) == list(range(len(turns)))
     for c in chunks:
         padded = max(lengths[i] for i in c) * len(c)
@@ -51,21 +53,32 @@ def test_micro_batches_partition_sorted_by_length_with_little_padding():
 
 
 def test_a_single_turn_over_budget_gets_its_own_batch():
-    rng = random.Random(1)
-    turns = [make_turn(5, 3, rng), make_turn(90, 10, rng), make_turn(6, 3, rng)]
-    chunks = micro_batches(turns, micro_tokens=50)
+    chunks = micro_batches([8, 100, 9], micro_tokens=50)
     assert [1] in chunks and sorted(i for c in chunks for i in c) == [0, 1, 2]
+
+
+def test_micro_batches_by_key_never_mix_keys_and_keep_each_key_consecutive():
+    keys = ["a", "b", "a", "b", "a"]
+    chunks = micro_batches([5, 50, 6, 51, 7], micro_tokens=10**6, keys=keys)
+    assert chunks == [[0, 2, 4], [1, 3]]
+
+
+def batch_of(turns):
+    n = len(turns)
+    rows = CreditRows(range(n), [0] * n, ["generator"] * n, [0] * n, [0] * n, [0.0] * n, [None] * n)
+    return build_batches(turns, rows, torch.zeros(n, dtype=torch.float64), pad_id=0)["p"]
 
 
 def test_scores_do_not_depend_on_the_partition(make_model):
     model = make_model(seed=3)
     turns = mixed_turns(seed=2)
+    batch = batch_of(turns)
 
     def per_turn(micro_tokens: int) -> list[torch.Tensor]:
         out: list[torch.Tensor | None] = [None] * len(turns)
         with torch.no_grad():
-            for rows, s in score_turns(
-                model, turns, temperature=0.7, pad_id=0, micro_tokens=micro_tokens
+            for rows, s in score_rows(
+                model, batch, range(len(turns)), temperature=0.7, micro_tokens=micro_tokens
             ):
                 for j, i in enumerate(rows):
                     assert int(s.mask[j].sum()) == len(turns[i].completion_ids)

@@ -86,7 +86,7 @@ def test_turns_store_the_exact_prompt_ids_and_policy():
     eps, _ = run("voting", lambda p, i, c: "\\boxed{1}", PROBLEMS[:1], n=1, routing="sp")
     for t in eps[0].turns:
         assert t.prompt_ids == chat_prompt_ids(TOK, t.prompt_text)
-        assert t.policy == "shared"
+        assert t.adapter == "shared"
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """One GRPO update of one step, exactly SPEC §4, written to read like the algorithm box.
 
-    for each episode i of problem g:      A_i = (R_i - mean_g R) / (std_g R + eps)   (algo)
+    for each episode i of problem g:      A_i = (R_i - mean_g R) / (std_g R + eps)   (algo.credit)
     every token of every turn of i gets A_i (broadcast credit; scope and 1/N weighting optional)
     logp_old <- score every turn under the current adapters, before any update
     for each adapter a (routing order):
@@ -8,30 +8,41 @@
         for each mini-batch:                                   # one AdamW update each
             r = exp(logp_new - logp_old); loss = aggregate(-min(rA, clip(r) A), mode)
             backward; clip grad to c; AdamW step at the adapter's scheduled rate
-    logp_new <- rescore every turn after all updates           # for chi2_update
+    logp_new <- rescore every turn after all updates           # chi2_update, sampled steps only
 
-A policy's loss sees only the tokens of turns routed to it: the per-adapter turn lists *are* the
-token masks. Turns on the frozen base (``__base__``) are never trained.
+A policy's loss sees only the tokens of turns routed to it: the per-adapter batches
+(:mod:`marlow.train.batch`) *are* the token masks. Turns on the frozen base (``__base__``) are
+never trained.
+
+Fewer passes, same numbers (choices of marlow):
+
+* **Fused logp_old.** When an adapter's step is one update (one epoch, all its turns in one
+  mini-batch) and the model has no active dropout, logp_old is the update forward's own
+  log-probs, detached: the policy before the update *is* the policy of that forward, so the
+  separate no-grad pass is skipped. The ratio is then exactly 1 and the loss and gradient equal
+  those of the separate pass up to float round-off (a test holds them within 1e-6).
+* **Sampled diagnostics.** ``chi2_update`` (the post-update rescoring) and ``kl_to_base`` (a
+  forward with the adapters disabled) are exact but run only on diagnostics steps: steps 1,
+  1 + k, 1 + 2k, ... with k = ``diagnostics.every``. On the other steps the finiteness of the
+  updated policy is checked on one turn per adapter (its shortest), not on all of them.
 """
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
-from marlow.algo.advantages import group_advantages, group_keys, zero_std_fraction
 from marlow.algo.losses import clipped_surrogate, token_weights
 from marlow.algo.stats import chi2_token, kl_k3
 from marlow.config import GRPOConfig
 from marlow.diagnostics.metrics import Meter
 from marlow.policy.adapters import use_adapter
+from marlow.train.batch import AdapterBatch
 from marlow.train.optim import AdapterOptimizers
-from marlow.train.scoring import completion_mask, pad_rows, score_turns
-from marlow.types import BASE, Episode, Turn
+from marlow.train.scoring import score_rows
+from marlow.types import BASE
 
 
 class NonFiniteLoss(RuntimeError):
@@ -39,171 +50,81 @@ class NonFiniteLoss(RuntimeError):
     (``marlow.train.nonfinite``)."""
 
 
-@dataclass
-class TurnBatch:
-    """The step's trainable turns of one adapter, with their advantages."""
-
-    turns: list[Turn]
-    advantages: list[float]
+def fused_old_logp(batch: AdapterBatch, cfg: GRPOConfig, dropout: float) -> bool:
+    """Whether ``batch``'s logp_old comes from its update forward (see the module docstring)."""
+    return cfg.epochs == 1 and len(batch) <= cfg.minibatch_turns and dropout == 0.0
 
 
-def turn_advantages(
-    episodes: Sequence[Episode],
-    scope: str,
-    eps: float,
-    same_role_weighting: bool = False,
-    role_weights: dict[str, float] | None = None,
-) -> tuple[dict[int, float], float]:
-    """Advantage of every turn (keyed by ``id(turn)``) and ``frac_reward_zero_std``.
-
-    Scopes: ``problem`` groups the n episodes of a problem; ``role`` groups (problem, role)
-    items; ``slot`` groups (problem, role, slot, round) items, as the paper's code keeps
-    ``generator0``, ``generator1``, ... apart. The reward is broadcast: every item of an episode
-    carries the episode's reward. Turns that carry their own reward (per-role credit) are one item
-    each, grouped per (problem, role) under scope ``role`` and per (problem, role, slot, round)
-    under ``slot`` and ``problem`` (a turn's own reward is only comparable with its own slot's, so
-    per problem means per slot there, as it does for a broadcast reward). Then, optionally, each
-    turn's advantage is multiplied by its role's weight and divided by the number of same-role
-    slots in its round.
-
-    ``frac_reward_zero_std`` is counted on these very items and groups (the rewards that define
-    the advantages), so under per-role credit or a finer scope it is the fraction of groups that
-    give no gradient, not the fraction of problems whose episode rewards are equal.
-    """
-    items: list[tuple[object, float, list[Turn]]] = []
-    for ep in episodes:
-        if any(t.reward is not None for t in ep.turns):  # per-role credit: one item per turn
-            items.extend((_own_key(ep, t, scope), _own(t, ep), [t]) for t in ep.turns)
-            continue
-        if scope == "problem":
-            items.append(((ep.group,), ep.reward, ep.turns))
-            continue
-        by_key: dict[tuple, list[Turn]] = defaultdict(list)
-        for t in ep.turns:
-            key = (ep.group, t.role) if scope == "role" else (ep.group, t.role, t.slot, t.round)
-            by_key[key].append(t)
-        items.extend((k, ep.reward, ts) for k, ts in by_key.items())
-    rewards = torch.tensor([r for _, r, _ in items], dtype=torch.float64)
-    index = group_keys([k for k, _, _ in items])
-    adv = group_advantages(rewards, index, eps=eps)
-    frac_zero = zero_std_fraction(rewards, index)
-    out: dict[int, float] = {}
-    for (_, _, turns), a in zip(items, adv.tolist(), strict=True):
-        for t in turns:
-            out[id(t)] = a
-    if role_weights:
-        for ep in episodes:
-            for t in ep.turns:
-                out[id(t)] *= role_weights.get(t.role, 1.0)
-    if same_role_weighting:
-        for ep in episodes:
-            slots: dict[tuple[str, int], int] = defaultdict(int)
-            for t in ep.turns:
-                slots[(t.role, t.round)] += 1
-            for t in ep.turns:
-                out[id(t)] /= slots[(t.role, t.round)]
-    return out, frac_zero
-
-
-def _own_key(episode: Episode, turn: Turn, scope: str) -> tuple:
-    """The group of a turn that carries its own reward (per-role credit)."""
-    if scope == "role":
-        return (episode.group, turn.role)
-    return (episode.group, turn.role, turn.slot, turn.round)
-
-
-def _own(turn: Turn, episode: Episode) -> float:
-    return episode.reward if turn.reward is None else turn.reward
-
-
-def split_by_adapter(episodes: Sequence[Episode], adv: dict[int, float]) -> dict[str, TurnBatch]:
-    batches: dict[str, TurnBatch] = {}
-    for ep in episodes:
-        for t in ep.turns:
-            if t.policy == BASE:
-                continue
-            b = batches.setdefault(t.policy, TurnBatch([], []))
-            b.turns.append(t)
-            b.advantages.append(adv[id(t)])
-    return batches
-
-
-def score_logps(
-    model, adapter: str, turns: Sequence[Turn], temperature: float, pad_id: int, micro_tokens: int
-):
-    """Per-turn log-prob and entropy vectors under ``adapter``, no gradient."""
-    logps: list[torch.Tensor] = [torch.empty(0)] * len(turns)
-    ents: list[torch.Tensor] = [torch.empty(0)] * len(turns)
+def _score_all(
+    model, batch: AdapterBatch, adapter: str, temperature: float, micro_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, L) log-probs and entropies of every row of ``batch`` under ``adapter``, no gradient."""
+    logp = ent = None
     with torch.no_grad(), use_adapter(model, adapter):
-        for rows, s in score_turns(
-            model, turns, temperature=temperature, pad_id=pad_id, micro_tokens=micro_tokens
+        for local, s in score_rows(
+            model, batch, range(len(batch)), temperature=temperature, micro_tokens=micro_tokens
         ):
-            for j, i in enumerate(rows):
-                n = len(turns[i].completion_ids)
-                logps[i] = s.logp[j, :n].clone()
-                ents[i] = s.entropy[j, :n].clone()
-    return logps, ents
+            if logp is None:
+                logp = torch.zeros(batch.mask.shape, dtype=s.logp.dtype)
+                ent = torch.zeros(batch.mask.shape, dtype=s.entropy.dtype)
+            width = s.mask.shape[1]
+            logp[local, :width] = s.logp.cpu()
+            ent[local, :width] = s.entropy.cpu()
+    return logp, ent
 
 
-def pre_update_stats(
-    meter: Meter, turns: Sequence[Turn], old: list[torch.Tensor], ent: list[torch.Tensor]
-) -> None:
+def score_old(model, batch: AdapterBatch, temperature: float, micro_tokens: int) -> None:
+    """Fill ``batch.old_logp`` and ``batch.entropy``: the policy before any update of the step."""
+    batch.old_logp, batch.entropy = _score_all(
+        model, batch, batch.adapter, temperature, micro_tokens
+    )
+
+
+def pre_update_stats(meter: Meter, batch: AdapterBatch) -> None:
     """Entropy, perplexity and chi2_rollout (trainer vs sampler) per role, token-weighted."""
-    for role, idx in _by_role(turns).items():
-        lp = torch.cat([old[i] for i in idx])
-        if lp.numel() == 0:
+    for role, idx in batch.by_role().items():
+        mask = batch.mask[idx]
+        n = int(mask.sum())
+        if n == 0:
             continue
-        sampler = torch.cat([torch.tensor(turns[i].sampler_logprobs, dtype=lp.dtype) for i in idx])
-        mask = torch.ones_like(lp, dtype=torch.bool)
-        n = lp.numel()
-        meter.mean(role, "entropy", float(torch.cat([ent[i] for i in idx]).sum()), n)
+        lp = batch.old_logp[idx]
+        sampler = batch.sampler_logp[idx].to(lp.dtype)
+        meter.mean(role, "entropy", float(batch.entropy[idx].sum()), n)
         meter.mean(role, "nll", float(-lp.sum()), n)
         meter.mean(role, "chi2_rollout", float(chi2_token(lp - sampler, mask)) * n, n)
 
 
 def kl_to_base_stats(
-    meter: Meter,
-    model,
-    turns: Sequence[Turn],
-    old: list[torch.Tensor],
-    temperature: float,
-    pad_id: int,
-    micro_tokens: int,
+    meter: Meter, model, batch: AdapterBatch, temperature: float, micro_tokens: int
 ) -> None:
     """kl_to_base per role: the k3 estimate of KL(pi_old || base) on the step's sampled tokens,
     the base being the same model with every adapter disabled (one extra forward, no gradient).
     Both sides are temperature-scaled, as the sampler's distribution is."""
-    base, _ = score_logps(model, BASE, turns, temperature, pad_id, micro_tokens)
-    for role, idx in _by_role(turns).items():
-        lp = torch.cat([old[i] for i in idx])
-        if lp.numel():
-            ref = torch.cat([base[i] for i in idx])
-            n = lp.numel()
-            kl = kl_k3(lp, ref, torch.ones_like(lp, dtype=torch.bool))
+    base, _ = _score_all(model, batch, BASE, temperature, micro_tokens)
+    for role, idx in batch.by_role().items():
+        mask = batch.mask[idx]
+        n = int(mask.sum())
+        if n:
+            kl = kl_k3(batch.old_logp[idx], base[idx].to(batch.old_logp.dtype), mask)
             meter.mean(role, "kl_to_base", float(kl) * n, n)
-
-
-def _by_role(turns: Sequence[Turn]) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = defaultdict(list)
-    for i, t in enumerate(turns):
-        out[t.role].append(i)
-    return out
 
 
 def update_adapter(
     model,
-    adapter: str,
-    batch: TurnBatch,
-    old: list[torch.Tensor],
+    batch: AdapterBatch,
     optim: AdapterOptimizers,
     cfg: GRPOConfig,
     *,
     temperature: float,
-    pad_id: int,
     generator: torch.Generator,
     meter: Meter,
+    fused: bool = False,
 ) -> None:
     """All mini-batch updates of one adapter in one step.
+
+    ``fused``: logp_old is taken from the (single) update's forward and written to
+    ``batch.old_logp`` / ``batch.entropy`` once every row is scored; otherwise ``batch.old_logp``
+    must be filled already (:func:`score_old`).
 
     When the adapter serves several roles (SP, or a shared entry of a role map), micro-batches
     are kept role-pure and consecutive per role, so each role's own gradient in an update is the
@@ -211,44 +132,52 @@ def update_adapter(
     ``grad_mass_share`` of a role = |g_role| / sum over roles of |g_role'| (L2 norms, before clipping),
     averaged over the step's updates; ``grad_norm_own`` = |g_role|.
     """
-    turns = batch.turns
-    roles = sorted({t.role for t in turns})
+    adapter = batch.adapter
+    roles = sorted(set(batch.roles))
     shared = len(roles) > 1
     params = optim.params[adapter]
+    if fused:
+        old_logp = torch.zeros(batch.mask.shape)
+        entropy = torch.zeros(batch.mask.shape)
     updates = 0
     for _ in range(cfg.epochs):
-        order = torch.randperm(len(turns), generator=generator).tolist()
+        order = torch.randperm(len(batch), generator=generator).tolist()
         for start in range(0, len(order), cfg.minibatch_turns):
             idx = order[start : start + cfg.minibatch_turns]
-            mb = [turns[i] for i in idx]
-            weights = token_weights(completion_mask(mb), cfg.aggregation)  # (M, L)
+            width = int(batch.mask[idx].sum(1).max())
+            weights = token_weights(batch.mask[idx, :width], cfg.aggregation)  # (M, L)
             total_loss = 0.0
             own = RoleGradients(params) if shared else None
             with use_adapter(model, adapter):
-                for local, s in score_turns(
+                for local, s in score_rows(
                     model,
-                    mb,
+                    batch,
+                    idx,
                     temperature=temperature,
-                    pad_id=pad_id,
                     micro_tokens=cfg.micro_tokens,
-                    by=_role,
+                    by_role=True,
                 ):
                     rows = [idx[j] for j in local]
                     if own is not None:
-                        own.enter(turns[rows[0]].role)
-                    width = s.mask.shape[1]
-                    old_lp = pad_rows([old[i].tolist() for i in rows], width, s.logp.dtype)
-                    adv = torch.tensor([batch.advantages[i] for i in rows], dtype=s.logp.dtype)
+                        own.enter(batch.roles[rows[0]])
+                    w_chunk = s.mask.shape[1]
+                    if fused:
+                        old_lp = s.logp.detach()
+                        old_logp[rows, :w_chunk] = old_lp.cpu().to(old_logp.dtype)
+                        entropy[rows, :w_chunk] = s.entropy.cpu().to(entropy.dtype)
+                    else:
+                        old_lp = batch.old_logp[rows, :w_chunk].to(s.logp)
+                    adv = batch.advantages[rows].to(s.logp)
                     out = clipped_surrogate(
                         s.logp, old_lp, adv, cfg.clip_low, cfg.clip_high, cfg.clip_ratio_c
                     )
-                    w = weights[local, :width].to(s.logp.dtype)
+                    w = weights[local, :w_chunk].to(s.logp)
                     loss = (w * out.loss).sum()
                     if not torch.isfinite(loss):
                         raise NonFiniteLoss(f"loss is {float(loss.detach())}")
                     loss.backward()
                     total_loss += float(loss.detach())
-                    _ratio_stats(meter, [turns[i] for i in rows], out, s.mask)
+                    _ratio_stats(meter, [batch.roles[i] for i in rows], out, s.mask)
             if own is not None:
                 norms = own.finish()  # a role absent from this mini-batch has share 0 in it
                 total = sum(norms.values())
@@ -269,13 +198,11 @@ def update_adapter(
             meter.max(adapter, "grad_norm_max", norm, also_all=False)
             meter.mean(adapter, "loss", total_loss, 1, also_all=False)
             updates += 1
+    if fused:
+        batch.old_logp, batch.entropy = old_logp, entropy
     meter.set(adapter, "updates", updates)
     meter.set(adapter, "lr", optim.current_lr(adapter))
     optim.end_role_update(adapter)
-
-
-def _role(turn: Turn) -> str:
-    return turn.role
 
 
 class RoleGradients:
@@ -313,7 +240,7 @@ class RoleGradients:
         return self.norms
 
 
-def _ratio_stats(meter: Meter, turns: Sequence[Turn], out, mask: torch.Tensor) -> None:
+def _ratio_stats(meter: Meter, roles: Sequence[str], out, mask: torch.Tensor) -> None:
     """Clip fractions and max ratio per role, from one micro-batch (whole-tensor ops, one sync)."""
     with torch.no_grad():
         m = mask.to(out.ratio.dtype)
@@ -321,34 +248,36 @@ def _ratio_stats(meter: Meter, turns: Sequence[Turn], out, mask: torch.Tensor) -
         low = (out.clipped_low.to(m.dtype) * m).sum(1).tolist()
         high = (out.clipped_high.to(m.dtype) * m).sum(1).tolist()
         top = out.ratio.detach().masked_fill(~mask, float("-inf")).amax(1).tolist()
-    for t, k, lo, hi, r in zip(turns, n, low, high, top, strict=True):
+    for role, k, lo, hi, r in zip(roles, n, low, high, top, strict=True):
         if k == 0:
             continue
-        meter.mean(t.role, "clipfrac_low", lo, k)
-        meter.mean(t.role, "clipfrac_high", hi, k)
-        meter.max(t.role, "ratio_max", r)
+        meter.mean(role, "clipfrac_low", lo, k)
+        meter.mean(role, "clipfrac_high", hi, k)
+        meter.max(role, "ratio_max", r)
 
 
 def post_update_stats(
-    meter: Meter,
-    model,
-    adapter: str,
-    turns: Sequence[Turn],
-    old: list[torch.Tensor],
-    temperature: float,
-    pad_id: int,
-    micro_tokens: int,
-) -> list[torch.Tensor]:
+    meter: Meter, model, batch: AdapterBatch, temperature: float, micro_tokens: int
+) -> torch.Tensor:
     """chi2_update: token chi2 of pi_new / pi_old on the step's tokens, after all updates.
-    Returns the new log-probs (the trainer refuses an update that made them non-finite)."""
-    new, _ = score_logps(model, adapter, turns, temperature, pad_id, micro_tokens)
-    for role, idx in _by_role(turns).items():
-        log_ratio = torch.cat([new[i] - old[i] for i in idx])
-        if log_ratio.numel():
-            mask = torch.ones_like(log_ratio, dtype=torch.bool)
-            n = log_ratio.numel()
+    Returns the new (N, L) log-probs (the trainer refuses an update that made them non-finite)."""
+    new, _ = _score_all(model, batch, batch.adapter, temperature, micro_tokens)
+    for role, idx in batch.by_role().items():
+        mask = batch.mask[idx]
+        n = int(mask.sum())
+        if n:
+            log_ratio = new[idx] - batch.old_logp[idx].to(new.dtype)
             meter.mean(role, "chi2_update", float(chi2_token(log_ratio, mask)) * n, n)
-    return new
+    return new[batch.mask]
+
+
+def probe_logp(model, batch: AdapterBatch, temperature: float) -> torch.Tensor:
+    """Log-probs of the batch's shortest turn under its adapter: the cheap finiteness check of an
+    updated policy on steps without the post-update rescoring."""
+    row = int(torch.argmin(batch.seq_len))
+    with torch.no_grad(), use_adapter(model, batch.adapter):
+        _, scored = next(score_rows(model, batch, [row], temperature=temperature, micro_tokens=1))
+    return scored.logp[scored.mask]
 
 
 def finish_role_stats(meter_values: dict[str, float]) -> dict[str, float]:
@@ -362,13 +291,12 @@ def finish_role_stats(meter_values: dict[str, float]) -> dict[str, float]:
 
 __all__ = [
     "NonFiniteLoss",
-    "TurnBatch",
     "finish_role_stats",
+    "fused_old_logp",
     "kl_to_base_stats",
     "post_update_stats",
     "pre_update_stats",
-    "score_logps",
-    "split_by_adapter",
-    "turn_advantages",
+    "probe_logp",
+    "score_old",
     "update_adapter",
 ]

@@ -2,8 +2,9 @@
 
 An adapter's update of a step is *skipped* when its loss or gradient is NaN/inf in any of its
 mini-batches (:class:`~marlow.train.grpo.NonFiniteLoss`), or when the updated adapter gives
-non-finite log-probabilities on the step's own turns (the post-update rescoring, which a finite
-but exploded update such as ``optim.lr=1e30`` produces). Skipped means undone: the adapter's
+non-finite log-probabilities on the step's own turns (the post-update rescoring of a diagnostics
+step, else its shortest turn per adapter: a finite but exploded update such as ``optim.lr=1e30``
+gives NaN logits on any input). Skipped means undone: the adapter's
 weights and AdamW state go back to where the step found them, so the earlier mini-batches of the
 step are undone too. The price is one copy of each adapter's LoRA weights and AdamW moments per
 step, kept on their device (:meth:`~marlow.train.optim.AdapterOptimizers.snapshot`). The schedule clock
@@ -19,7 +20,7 @@ write or load a non-finite one). The streak is not checkpointed: a resumed run c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 
@@ -61,11 +62,12 @@ class NonFiniteGuard:
             self._undo(adapter, str(err))
             self.optim.end_role_update(adapter)
 
-    def check_policy(self, adapter: str, new_logps: Sequence[torch.Tensor]) -> None:
-        """Undo ``adapter``'s update when its updated policy scores the step's tokens non-finite."""
+    def check_policy(self, adapter: str, new_logp: torch.Tensor) -> None:
+        """Undo ``adapter``'s update when its updated policy scores the step's tokens (all of
+        them, or one turn's on steps without the post-update rescoring) non-finite."""
         if adapter in self._skipped or adapter not in self._snapshots:
             return
-        if new_logps and not bool(torch.isfinite(torch.cat(list(new_logps))).all()):  # one sync
+        if not bool(torch.isfinite(new_logp).all()):  # one sync
             self._undo(adapter, "log-probabilities after the update are not finite")
 
     def _undo(self, adapter: str, reason: str) -> None:

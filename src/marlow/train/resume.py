@@ -40,6 +40,7 @@ RESUME_SAFE = {
     "steps": "may only grow (the run goes on to the new last step)",
     "sample_episodes": "episodes written as text per step",
     "threads": "torch threads, a machine setting",
+    "diagnostics.every": "which steps log the sampled diagnostics (chi2_update, kl_to_base)",
     "sinks": "the TensorBoard and W&B mirrors of metrics.jsonl",
     "train": "checkpoints kept and the non-finite streak that stops a run",
 }

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from marlow.algo.credit import turn_advantages
 from marlow.config import ConfigError, RunConfig, dump_config
 from marlow.diagnostics.detectors import describe, run_detectors
 from marlow.diagnostics.metrics import Meter, episode_metrics
@@ -35,18 +36,19 @@ from marlow.policy.adapters import (
 )
 from marlow.policy.routing import Routing, make_routing
 from marlow.rewards.sandbox import Isolation, SandboxUnavailable, isolation_in_force
-from marlow.rollout.hf import HFEngine
+from marlow.rollout import make_engine
 from marlow.tasks import build_task
 from marlow.train import checkpoint
 from marlow.train import resume as resume_lib
+from marlow.train.batch import build_batches, credit_rows
 from marlow.train.grpo import (
     finish_role_stats,
+    fused_old_logp,
     kl_to_base_stats,
     post_update_stats,
     pre_update_stats,
-    score_logps,
-    split_by_adapter,
-    turn_advantages,
+    probe_logp,
+    score_old,
     update_adapter,
 )
 from marlow.train.nonfinite import NonFiniteGuard
@@ -90,7 +92,9 @@ class Trainer:
             if self.adapters
             else self.base
         )
-        self.engine = HFEngine(self.model, self.tokenizer, max_batch=config.rollout.max_batch)
+        self.engine = make_engine(
+            config.rollout.backend, self.model, self.tokenizer, max_batch=config.rollout.max_batch
+        )
         self.pad_id = self.tokenizer.pad_token_id
         self.optim = AdapterOptimizers(
             {a: list(adapter_parameters(self.model, a).values()) for a in self.adapters},
@@ -160,35 +164,24 @@ class Trainer:
         return record
 
     def learn(self, step: int, episodes: list[Episode]) -> dict[str, float]:
-        """The GRPO update of step ``step`` on ``episodes``; returns the step's metrics."""
-        g = self.cfg.grpo
-        temperature = self.cfg.rollout.temperature
+        """The GRPO update of step ``step`` on ``episodes``; returns the step's metrics.
+
+        batch -> advantages -> logp_old -> update -> metrics (``marlow.train.grpo`` says which
+        passes are fused or sampled)."""
+        g, temperature = self.cfg.grpo, self.cfg.rollout.temperature
+        diagnose = self.diagnostics_step(step)
         t1 = time.perf_counter()
+        turns, rows = credit_rows(episodes)
         adv, frac_zero = turn_advantages(
-            episodes, g.advantage_scope, g.eps, g.same_role_weighting, g.role_weights
+            rows, g.advantage_scope, g.eps, g.same_role_weighting, g.role_weights
         )
-        batches = split_by_adapter(episodes, adv)
-        meter = Meter()
-        old = {}
-        t_kl = 0.0  # the kl_to_base forward, inside the scoring time
+        batches = build_batches(turns, rows, adv, self.pad_id)
+        fused = {a: fused_old_logp(b, g, self.cfg.policy.lora_dropout) for a, b in batches.items()}
         for adapter, batch in batches.items():
-            old[adapter], ent = score_logps(
-                self.model, adapter, batch.turns, temperature, self.pad_id, g.micro_tokens
-            )
-            pre_update_stats(meter, batch.turns, old[adapter], ent)
-            if self.cfg.diagnostics.kl_to_base:
-                tk = time.perf_counter()
-                kl_to_base_stats(
-                    meter,
-                    self.model,
-                    batch.turns,
-                    old[adapter],
-                    temperature,
-                    self.pad_id,
-                    g.micro_tokens,
-                )
-                t_kl += time.perf_counter() - tk
+            if not fused[adapter]:
+                score_old(self.model, batch, temperature, g.micro_tokens)
         t2 = time.perf_counter()
+        meter = Meter()
         self.model.train()
         gen = torch.Generator().manual_seed(step_seed(self.cfg.seed, step, salt=1))
         for adapter in self.adapters:
@@ -198,15 +191,13 @@ class Trainer:
                     partial(
                         update_adapter,
                         self.model,
-                        adapter,
                         batches[adapter],
-                        old[adapter],
                         self.optim,
                         g,
                         temperature=temperature,
-                        pad_id=self.pad_id,
                         generator=gen,
                         meter=meter,
+                        fused=fused[adapter],
                     ),
                 )
             else:
@@ -214,18 +205,20 @@ class Trainer:
         self.optim.end_step()
         self.model.eval()
         t3 = time.perf_counter()
-        for adapter, batch in batches.items():
-            new = post_update_stats(
-                meter,
-                self.model,
-                adapter,
-                batch.turns,
-                old[adapter],
-                temperature,
-                self.pad_id,
-                g.micro_tokens,
-            )
-            self.nonfinite.check_policy(adapter, new)
+        t_kl = 0.0
+        for batch in batches.values():
+            if batch.old_logp is None:  # a fused update that was undone: score the restored policy
+                score_old(self.model, batch, temperature, g.micro_tokens)
+            pre_update_stats(meter, batch)
+            if diagnose and self.cfg.diagnostics.kl_to_base:
+                tk = time.perf_counter()
+                kl_to_base_stats(meter, self.model, batch, temperature, g.micro_tokens)
+                t_kl += time.perf_counter() - tk
+            if diagnose:
+                new = post_update_stats(meter, self.model, batch, temperature, g.micro_tokens)
+            else:
+                new = probe_logp(self.model, batch, temperature)
+            self.nonfinite.check_policy(batch.adapter, new)
         episode_metrics(meter, episodes)
         meter.set("all", "frac_reward_zero_std", frac_zero)
         out = finish_role_stats(meter.result("train"))
@@ -236,11 +229,15 @@ class Trainer:
                 "time/scoring_s": t2 - t1,
                 "time/kl_to_base_s": t_kl,
                 "time/update_s": t3 - t2,
-                "time/stats_s": t4 - t3,
+                "time/stats_s": t4 - t3 - t_kl,
                 "time/learn_s": t4 - t1,
             }
         )
         return out
+
+    def diagnostics_step(self, step: int) -> bool:
+        """Whether step ``step`` runs the sampled diagnostics (steps 1, 1 + k, 1 + 2k, ...)."""
+        return (step - 1) % self.cfg.diagnostics.every == 0
 
     def validate(self, step: int) -> dict[str, float]:
         self.model.eval()
@@ -273,7 +270,7 @@ class Trainer:
                     "role": t.role,
                     "slot": t.slot,
                     "round": t.round,
-                    "policy": t.policy,
+                    "adapter": t.adapter,
                     "prompt": t.prompt_text,
                     "completion": t.completion_text,
                     "finish": t.finish_reason,

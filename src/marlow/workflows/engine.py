@@ -91,7 +91,7 @@ def run_episodes(
                 role=stage.role,
                 slot=slot,
                 round=stage.round,
-                policy=adapter,
+                adapter=adapter,
                 prompt_text=text,
                 prompt_ids=ids,
                 completion_ids=c.token_ids,

@@ -1,0 +1,166 @@
+"""The step's batch record: every trained turn as padded tensors, made once per adapter.
+
+Built right after the rewards (:func:`build_batches`), it holds for each trained turn its token
+ids, completion mask, role, group, reward, advantage and sampler log-probs; scoring adds the
+log-probs and entropies of the policy before the update (``old_logp``, ``entropy``). The update,
+the diagnostics and the finiteness checks all read this record; none keeps a copy of the turns'
+data. Tensors live on the CPU; each micro-batch (:meth:`AdapterBatch.chunk`) is moved to the
+model's device when it is scored.
+
+Layout per adapter, N turns, S = longest prompt + completion, L = longest completion::
+
+    ids          (N, S) long   prompt then completion, right-padded with the pad id
+    prompt_len   (N,)   long
+    seq_len      (N,)   long   prompt + completion length
+    targets      (N, L) long   completion ids, 0 on padding
+    mask         (N, L) bool   True on real completion tokens
+    sampler_logp (N, L) float  the sampler's log-probs, 0 on padding
+    advantages   (N,)   float
+    old_logp, entropy (N, L) float, 0 on padding (set by scoring)
+
+Turns on the frozen base (``__base__``) are not trained and have no batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from marlow.algo.credit import CreditRows
+from marlow.types import BASE, Episode, Turn
+
+
+@dataclass
+class Chunk:
+    """Some rows of an :class:`AdapterBatch`, cut to their own longest sequence and completion."""
+
+    rows: list[int]  # indices into the adapter's batch
+    ids: Tensor  # (T, S')
+    attention: Tensor  # (T, S') long
+    prompt_len: Tensor  # (T,)
+    targets: Tensor  # (T, L')
+    mask: Tensor  # (T, L') bool
+
+
+@dataclass
+class AdapterBatch:
+    """The step's trained turns of one adapter (see the module docstring for the layout)."""
+
+    adapter: str
+    turns: list[Turn]  # for text-level diagnostics (samples, signatures) only
+    roles: list[str]
+    groups: Tensor
+    rewards: Tensor
+    advantages: Tensor
+    ids: Tensor
+    prompt_len: Tensor
+    seq_len: Tensor
+    targets: Tensor
+    mask: Tensor
+    sampler_logp: Tensor
+    old_logp: Tensor | None = None
+    entropy: Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.roles)
+
+    def by_role(self) -> dict[str, list[int]]:
+        """Row indices of each role, roles in order of first appearance."""
+        out: dict[str, list[int]] = {}
+        for i, role in enumerate(self.roles):
+            out.setdefault(role, []).append(i)
+        return out
+
+    def chunk(self, rows: Sequence[int], device: torch.device | str = "cpu") -> Chunk:
+        rows = list(rows)
+        index = torch.tensor(rows, dtype=torch.long)
+        seq = int(self.seq_len[index].max())
+        width = int(self.mask[index].sum(1).max())
+        ids = self.ids[index, :seq]
+        attention = (torch.arange(seq)[None, :] < self.seq_len[index][:, None]).long()
+        return Chunk(
+            rows,
+            ids.to(device),
+            attention.to(device),
+            self.prompt_len[index].to(device),
+            self.targets[index, :width].to(device),
+            self.mask[index, :width].to(device),
+        )
+
+
+def credit_rows(episodes: Sequence[Episode]) -> tuple[list[Turn], CreditRows]:
+    """Every turn of the step in episode order, and the columns credit assignment reads."""
+    turns: list[Turn] = []
+    cols: dict[str, list] = {k: [] for k in CreditRows.__dataclass_fields__}
+    for e, ep in enumerate(episodes):
+        for t in ep.turns:
+            turns.append(t)
+            cols["episode"].append(e)
+            cols["group"].append(ep.group)
+            cols["role"].append(t.role)
+            cols["slot"].append(t.slot)
+            cols["round"].append(t.round)
+            cols["episode_reward"].append(ep.reward)
+            cols["own_reward"].append(t.reward)
+    return turns, CreditRows(**cols)
+
+
+def build_batches(
+    turns: Sequence[Turn],
+    rows: CreditRows,
+    advantages: Tensor,
+    pad_id: int,
+) -> dict[str, AdapterBatch]:
+    """One :class:`AdapterBatch` per adapter that has trained turns, in order of first appearance."""
+    members: dict[str, list[int]] = {}
+    for i, t in enumerate(turns):
+        if t.adapter != BASE:
+            members.setdefault(t.adapter, []).append(i)
+    return {
+        adapter: _pack(adapter, [turns[i] for i in idx], rows, idx, advantages, pad_id)
+        for adapter, idx in members.items()
+    }
+
+
+def _pack(
+    adapter: str,
+    turns: list[Turn],
+    rows: CreditRows,
+    idx: list[int],
+    advantages: Tensor,
+    pad_id: int,
+) -> AdapterBatch:
+    n = len(turns)
+    seq_len = [len(t.prompt_ids) + len(t.completion_ids) for t in turns]
+    width = max(len(t.completion_ids) for t in turns)
+    ids = torch.full((n, max(seq_len)), pad_id, dtype=torch.long)
+    targets = torch.zeros(n, width, dtype=torch.long)
+    mask = torch.zeros(n, width, dtype=torch.bool)
+    sampler = torch.zeros(n, width, dtype=torch.float32)
+    for i, t in enumerate(turns):
+        k = len(t.completion_ids)
+        ids[i, : seq_len[i]] = torch.tensor(t.prompt_ids + t.completion_ids, dtype=torch.long)
+        targets[i, :k] = torch.tensor(t.completion_ids, dtype=torch.long)
+        mask[i, :k] = True
+        sampler[i, :k] = torch.tensor(t.sampler_logprobs, dtype=torch.float32)
+    index = torch.tensor(idx, dtype=torch.long)
+    reward = [
+        rows.episode_reward[i] if rows.own_reward[i] is None else rows.own_reward[i] for i in idx
+    ]
+    return AdapterBatch(
+        adapter=adapter,
+        turns=turns,
+        roles=[t.role for t in turns],
+        groups=torch.tensor([rows.group[i] for i in idx], dtype=torch.long),
+        rewards=torch.tensor(reward, dtype=torch.float64),
+        advantages=advantages[index].to(torch.float32),
+        ids=ids,
+        prompt_len=torch.tensor([len(t.prompt_ids) for t in turns], dtype=torch.long),
+        seq_len=torch.tensor(seq_len, dtype=torch.long),
+        targets=targets,
+        mask=mask,
+        sampler_logp=sampler,
+    )

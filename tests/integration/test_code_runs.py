@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from marlow.chat import chat_prompt_ids
@@ -37,8 +39,12 @@ def test_code_episodes_with_a_random_tiny_model(workflow):
         credit="role",
     )
     assert len(episodes) == 4
+    fresh = CodeGrader(2.0)  # no cache shared with the run's grader
     for ep in episodes:
-        assert ep.turns and 0.0 <= ep.reward <= 1.0
+        problem = next(p for p in problems if p.id == ep.problem_id)
+        assert ep.turns
+        assert ep.reward == fresh(ep.final_answer, problem)  # the final answer's grade
+        assert ep.correct == (ep.reward >= 1.0)
         assert all(t.reward is not None for t in ep.turns)
         for t in ep.turns:
             assert t.prompt_ids == chat_prompt_ids(tokenizer, t.prompt_text)
@@ -52,13 +58,18 @@ def test_a_code_voting_run_trains_and_validates(small_config, tmp_path):
         workflow={"name": "voting"},
         policy={"routing": "sp"},
         grpo={"credit": "role"},
+        sample_episodes=12,  # every training episode of a step: 3 problems x 4
     )
     out = Trainer(cfg, tmp_path / "run").run()
     records = read_metrics(out)
     assert [r["step"] for r in records] == [0, 1, 2]
     assert "val/all/accuracy" in records[0] and "val/all/accuracy" in records[2]
     assert records[1]["train/shared/updates"] >= 1
-    assert 0.0 <= records[1]["train/all/reward"] <= 1.0
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    rewards = [r["reward"] for r in samples if r["split"] == "train" and r["step"] == 1]
+    assert len(rewards) == 12
+    # the mean episode reward (role credit gives turns other rewards; they must not leak in)
+    assert records[1]["train/all/reward"] == pytest.approx(sum(rewards) / 12, abs=1e-12)
     assert any(k.endswith("pass_at_n") for k in records[1])
     assert records[1]["train/all/sandbox_errors"] == 0.0  # every program got a verdict
     assert "task:\n  name: code" in (out / "config.yaml").read_text()

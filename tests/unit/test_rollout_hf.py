@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import time
 
 import pytest
 import torch
@@ -268,12 +267,15 @@ def test_activate_keeps_all_adapters_trainable_and_routes_gradients(make_model, 
     with pytest.raises(ValueError, match="valid"):
         activate(model, "nobody")
 
-    n = 200
-    t0 = time.perf_counter()
-    for _ in range(n):
-        activate(model, "workers")
-        activate(model, BASE)
-    assert (time.perf_counter() - t0) / (2 * n) < 1e-3
+    # A switch is a flag flip: no parameter is replaced, moved or written (merging LoRA into the
+    # base, or re-creating adapters, would be). Its time is measured in bench/adapter_switch.py.
+    before = {n: (p, p.data_ptr(), p.detach().clone()) for n, p in model.named_parameters()}
+    for name in ("workers", BASE, "worker", BASE):
+        activate(model, name)
+        after = dict(model.named_parameters())
+        assert after.keys() == before.keys()
+        for n, (p, ptr, value) in before.items():
+            assert after[n] is p and p.data_ptr() == ptr and torch.equal(p, value), n
 
 
 def test_save_load_round_trip_keeps_parameter_identity(make_model, tmp_path):

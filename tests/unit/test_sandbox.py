@@ -222,20 +222,18 @@ def hostile_runs(listener):
     port = listener.getsockname()[1]
     names = list(HOSTILE)
     items = [(_py(HOSTILE[n][0].replace("PORT", str(port))), TESTS) for n in names]
-    t0 = time.monotonic()
     try:
         scores = score_code_batch(items, max_workers=2, **HOSTILE_LIMITS)
     finally:
         del os.environ["MARLOW_FAKE_SECRET"]
         os.unlink(READABLE)
-    elapsed = time.monotonic() - t0
     try:
         conn, _ = listener.accept()
         accepted = True
         conn.close()
     except OSError:
         accepted = False
-    return dict(zip(names, scores, strict=True)), elapsed, accepted
+    return dict(zip(names, scores, strict=True)), accepted
 
 
 @pytest.fixture(scope="module")
@@ -268,7 +266,7 @@ def test_isolation_mechanisms_detected():
 
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_hostile_program(name, hostile_runs):
-    scores, _, _ = hostile_runs
+    scores, _ = hostile_runs
     score = scores[name]
     assert score.reward == 0.0
     outcome = score.tests[0]
@@ -277,6 +275,8 @@ def test_hostile_program(name, hostile_runs):
     allowed = HOSTILE[name][1]
     run_status = run.status
     assert run_status in allowed, (run_status, run.detail, run.stderr[-500:])
+    # ended by the caller's limits, not by the program (the slow ones would run 60 s or more);
+    # the slack is for the kill path (SIGTERM, up to 2 s, then SIGKILL of the group)
     assert run.wall_s < HOSTILE_LIMITS["wall_s"] + 3.0
     left = _procs_of(run.sid, run.uid)
     assert left == [], f"processes left behind: {_describe(left)}"
@@ -288,7 +288,7 @@ def test_hostile_program(name, hostile_runs):
 
 
 def test_hostile_specific_harms(hostile_runs):
-    scores, elapsed, accepted = hostile_runs
+    scores, accepted = hostile_runs
     assert not accepted, "a sandboxed program connected to the caller's localhost listener"
     assert not os.path.exists(ESCAPE) and not os.path.exists(SHM_ESCAPE)
     assert not os.path.exists("/usr/marlow-x")
@@ -297,8 +297,6 @@ def test_hostile_specific_harms(hostile_runs):
     assert "refused" in refused  # it could not kill its parent (EPERM / ESRCH)
     assert len(scores["huge_stdout"].tests[0].run.stdout) <= HOSTILE_LIMITS["stdout_bytes"]
     assert "42" in scores["kill_self"].tests[0].run.stdout  # output before the kill is kept
-    # Two at a time, a slowed machine at worst: bounded by the timeouts, not by the programs.
-    assert elapsed < len(HOSTILE) * (HOSTILE_LIMITS["wall_s"] + 1.0) / 2 + 10
 
 
 def test_caller_carries_on_after_hostile_suite(hostile_runs):
@@ -328,8 +326,9 @@ def test_statuses_and_fields():
     slow = run_program("while True: pass", limits=Limits(cpu_s=1, wall_s=5))
     assert slow.status == TIMEOUT and slow.signal == signal.SIGXCPU
     assert 0.9 < slow.cpu_s < 2.5
-    wall = run_program("import time; time.sleep(5)", limits=Limits(wall_s=0.5))
-    assert wall.status == TIMEOUT and 0.5 <= wall.wall_s < 2.0
+    wall = run_program("import time; time.sleep(30); print('late')", limits=Limits(wall_s=0.5))
+    assert wall.status == TIMEOUT and wall.signal is None and "late" not in wall.stdout
+    assert 0.5 <= wall.wall_s < 30  # not stopped before its limit; stopped long before its end
 
 
 def test_big_stdin_and_exact_output_cap():
@@ -353,13 +352,19 @@ def test_env_is_scrubbed_and_workdir_private(monkeypatch):
 
 
 def test_run_many_keeps_order_and_runs_in_parallel():
-    jobs = [Job(f"import time\ntime.sleep(0.4)\nprint({i})") for i in range(4)]
-    t0 = time.monotonic()
-    out = run_many(jobs, max_workers=4)
-    elapsed = time.monotonic() - t0
-    assert [r.stdout.strip() for r in out] == ["0", "1", "2", "3"]
-    assert elapsed < 4 * 0.4  # sequential would take at least 1.6 s
-    assert len({r.uid for r in out}) >= 2 or out[0].uid is None  # concurrent runs, own uids
+    # Each program prints the host clock when it starts and when it ends (no time namespace:
+    # the same clock as ours). In parallel, all four are running at one moment: the last start
+    # comes before the first end. One at a time, each start would follow the previous end.
+    prog = "import time\nprint(time.time())\ntime.sleep(1.5)\nprint({i}, time.time())"
+    out = run_many([Job(prog.format(i=i)) for i in range(4)], max_workers=4)
+    lines = [r.stdout.split() for r in out]
+    assert [words[1] for words in lines] == ["0", "1", "2", "3"]  # results in job order
+    starts, ends = [float(w[0]) for w in lines], [float(w[2]) for w in lines]
+    assert max(starts) < min(ends)
+    if "setuid" in out[0].isolation:  # root: concurrent runs each get a uid of their own
+        assert len({r.uid for r in out}) == 4
+    else:  # no separate uid: none is reported
+        assert all(r.uid is None for r in out)
 
 
 def test_results_and_limits_pickle():

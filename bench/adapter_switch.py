@@ -18,19 +18,12 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from marlow.policy.adapters import LoraSpec, activate, attach_adapters
 from marlow.types import BASE
 
+WIDTHS = {"vocab_size": 64, "hidden_size": 64, "intermediate_size": 128, "head_dim": 16}
+
 
 def build(layers: int) -> Qwen3ForCausalLM:
-    config = Qwen3Config(
-        vocab_size=64,
-        hidden_size=64,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        intermediate_size=128,
-        max_position_embeddings=256,
-    )
-    return Qwen3ForCausalLM(config).eval()
+    heads = {"num_attention_heads": 4, "num_key_value_heads": 2}
+    return Qwen3ForCausalLM(Qwen3Config(num_hidden_layers=layers, **heads, **WIDTHS)).eval()
 
 
 def main() -> None:

@@ -33,9 +33,9 @@ from dataclasses import fields
 
 import torch
 
+from marlow.experiments.tinyeval import generator_texts, greedy_report, role_rates, voting_eval
 from marlow.rewards.math import grade_math
 from marlow.tiny.corpus import CorpusConfig
-from marlow.tiny.evaluate import generator_texts, role_format_rates, voting_eval
 from marlow.tiny.mathgen import val_problems
 from marlow.tiny.model import SCALES, build_model, n_parameters
 from marlow.tiny.pretrain import load_tiny, pretrain_tiny, train
@@ -153,7 +153,7 @@ def measure(path: str, n_val: int) -> dict:
     ) / len(problems)
     out["voting_T0.7"] = voting_eval(model, tok, problems, temperature=0.7, seed=2)
     out["voting_T1.0"] = voting_eval(model, tok, problems, temperature=1.0, seed=3)
-    out["roles_greedy"] = role_format_rates(model, tok, problems[:200])
+    out["roles_greedy"] = role_rates(model, tok, problems[:200])
     out["measure_seconds"] = time.perf_counter() - t0
     return out
 
@@ -230,7 +230,7 @@ def main() -> None:
         "threads": args.threads,
         "tokens_per_second": round(meta["tokens_per_second"]),
         "final_loss": meta["final_loss"],
-        "meta_greedy_accuracy_200": meta["greedy_generator_accuracy"],
+        "greedy_accuracy_200": greedy_report(path)["accuracy"],
         "load_avg_before_after": [load_before, os.getloadavg()],
         "n_val": args.n_val,
         **measure(str(path), args.n_val),

@@ -1,11 +1,13 @@
-r"""Pure text parsers of what a role wrote: an evaluator's verdict, an orchestrator's strategies.
+r"""Pure text parsers of what a role wrote: an evaluator's verdict, an orchestrator's strategies,
+an aggregator's selection.
 
 The workflows act on these readings (Eval-Opt stops revising on a ``Correct`` verdict,
-Orch-Workers hands strategy ``i`` to worker ``i``) and diagnostics measure them (the evaluator's
-``verdict_parse_rate``, the orchestrator's strategy diversity). Both must read a text the same
-way, so the rules live here, below both: this module imports only the math reward's box rule
-(``marlow.rewards.math.last_boxed``), never a workflow, and diagnostics import it instead of the
-workflows' parsers.
+Orch-Workers hands strategy ``i`` to worker ``i``, Voting answers with the selected candidate),
+diagnostics measure them (the evaluator's ``verdict_parse_rate``, the orchestrator's strategy
+diversity) and so does the tiny worlds' evaluation (``marlow.experiments.tinyeval``: the share of
+a role's outputs that parse). All must read a text the same way, so the rules live here, below
+them all: this module imports only the math reward's box rule (``marlow.rewards.math.last_boxed``),
+never a workflow, and diagnostics import it instead of the workflows' parsers.
 """
 
 from __future__ import annotations
@@ -34,3 +36,10 @@ def strategies_of(text: str, n: int) -> list[str | None]:
         if m and 1 <= int(m.group(1)) <= n and int(m.group(1)) not in found:
             found[int(m.group(1))] = m.group(2).strip()
     return [found.get(i) for i in range(1, n + 1)]
+
+
+def selection_of(text: str, n: int) -> int | None:
+    """The aggregator's choice among ``n`` candidates as a 0-based index: its last box, stripped,
+    holds an integer 1..n; None otherwise (Voting then falls back to the first candidate)."""
+    choice = (last_boxed(text) or "").strip()
+    return int(choice) - 1 if choice.isdigit() and 1 <= int(choice) <= n else None

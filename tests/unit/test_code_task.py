@@ -125,22 +125,22 @@ def test_a_sandbox_failure_scores_zero_is_counted_and_never_cached(monkeypatch):
     assert grade.sandbox_errors == 1
 
 
-def test_the_pretraining_check_counts_programs_the_sandbox_failed_on(monkeypatch):
-    from marlow.tiny import codeeval
+def test_the_greedy_report_counts_programs_the_sandbox_failed_on(monkeypatch):
+    from marlow.experiments import tinyeval
 
     problems = codegen.val_problems(6)
     rights = [codegen.fence(codegen.spec_of(p).right) for p in problems]
-    monkeypatch.setattr(codeeval, "generator_texts", lambda *a, **k: rights)
-    assert codeeval.generator_scores(None, None, problems)["sandbox_errors"] == 0
-    real = codeeval.score_code_batch
+    scores = tinyeval.answer_scores(rights, problems, "code")
+    assert scores["sandbox_errors"] == 0 and scores["accuracy"] == 1.0
+    real = code_reward.score_code_batch
 
     def half_broken(items, **kw):  # the sandbox fails to set up for the first program only
         scores = real(items, **kw)
         failed = code_reward.TestOutcome(False, "sandbox_error", "unshare failed")
         return [code_reward.CodeScore(0.0, [failed])] + scores[1:]
 
-    monkeypatch.setattr(codeeval, "score_code_batch", half_broken)
-    scores = codeeval.generator_scores(None, None, problems)
+    monkeypatch.setattr(code_reward, "score_code_batch", half_broken)
+    scores = tinyeval.answer_scores(rights, problems, "code")
     assert scores["sandbox_errors"] == 1 and scores["accuracy"] == 5 / 6
 
 

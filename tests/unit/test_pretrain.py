@@ -90,7 +90,6 @@ def test_one_recipe_no_autocast_and_the_key_does_not_depend_on_the_cpu(monkeypat
 
 
 def test_threads_are_honoured_and_restored(tmp_path, monkeypatch):
-    monkeypatch.setattr(pretrain, "EVAL_PROBLEMS", 8)
     seen = []
     real_train = pretrain.train
 
@@ -110,7 +109,6 @@ def test_threads_are_honoured_and_restored(tmp_path, monkeypatch):
 
 
 def test_a_killed_pretraining_leaves_nothing_and_the_next_run_starts_clean(tmp_path, monkeypatch):
-    monkeypatch.setattr(pretrain, "EVAL_PROBLEMS", 8)
     root = tmp_path / "cache"
     code = (
         "import sys; from marlow.tiny.pretrain import pretrain_tiny; "

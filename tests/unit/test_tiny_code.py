@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from marlow.rewards.code import code_key, extract_code, score_code_batch
+from marlow.codetext import code_key, extract_code
+from marlow.rewards.code import score_code_batch
 from marlow.tiny import codegen
 from marlow.tiny.codecorpus import (
     MAKERS,
@@ -216,11 +217,16 @@ def test_math_cache_key_is_unchanged_and_code_has_its_own():
         pretrain_tiny("tiny-s", steps=0, task="code", corpus=CorpusConfig())
 
 
-def test_code_pretraining_writes_its_own_folder(tmp_path):
+def test_code_pretraining_writes_its_own_folder(tmp_path, monkeypatch):
     path = pretrain_tiny("tiny-s", steps=2, cache_dir=tmp_path, task="code")
     assert path.name.startswith("tiny-s-code-")
     assert pretrain_tiny("tiny-s", steps=2, cache_dir=tmp_path, task="code") == path  # cached
     import json
 
+    from marlow.experiments import tinyeval
+
     meta = json.loads((path / "meta.json").read_text())
-    assert meta["task"] == "code" and 0.0 <= meta["greedy_generator_reward"] <= 1.0
+    assert meta["task"] == "code" and meta["corpus_version"] == 1
+    monkeypatch.setattr(tinyeval, "REPORT_PROBLEMS", 6)
+    report = tinyeval.greedy_report(path, "code")  # the untrained world writes no passing program
+    assert report["problems"] == 6 and report["reward"] == 0.0 and "accuracy/io1" in report

@@ -16,8 +16,9 @@ never enter the sandbox, so an always-equal object, a ``str`` subclass, an exit 
 answer line or reading the tests from memory or disk wins nothing
 (``tests/unit/test_reward_hacks.py`` holds the catalogue).
 
-Extraction: the last fenced block tagged ``python``/``py``/``python3``; else the last fenced block
-of any language; else the whole completion if it parses as Python; else nothing (reward 0).
+Extraction (:func:`marlow.codetext.extract_code`, one rule for every reader of code): the last
+fenced block tagged ``python``/``py``/``python3``; else the last fenced block of any language; else
+the whole completion if it parses as Python; else nothing (reward 0).
 
 Test styles (``tests`` may also be the JSON string of any of these):
 
@@ -61,58 +62,18 @@ All public functions and records are module level, so they pickle.
 
 from __future__ import annotations
 
-import ast
 import json
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from marlow.codetext import code_key as code_key  # re-exported: the workflows vote with it
+from marlow.codetext import extract_code, parses_as_python
 from marlow.rewards.harness import CandidateFailed, Session, run_check, serve_source
 from marlow.rewards.sandbox import SANDBOX_ERROR, Channel, Job, Limits, RunResult, run_many
 
 DEFAULT_TIMEOUT_S = 6.0
-
-_FENCE = re.compile(r"^[ \t]*```[ \t]*([^\n`]*)\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE)
-_PY_TAGS = {"python", "py", "python3", "py3"}
-
-
-def extract_code(completion: str) -> str | None:
-    """The code to run from a completion (see the module docstring), or None."""
-    blocks = [(m.group(1).strip().lower(), m.group(2)) for m in _FENCE.finditer(completion)]
-    py = [body for tag, body in blocks if tag.split()[:1] and tag.split()[0] in _PY_TAGS]
-    if py:
-        return py[-1]
-    if blocks:
-        return blocks[-1][1]
-    if completion.strip() and _parses(completion):
-        return completion
-    return None
-
-
-def code_key(completion: str) -> str | None:
-    """The program of a completion, normalised for comparing answers (Voting's majority vote):
-    blank lines dropped, runs of spaces inside a line collapsed, indentation kept; None when
-    there is no code."""
-    code = extract_code(completion)
-    if code is None:
-        return None
-    lines = []
-    for line in code.splitlines():
-        if line.strip():
-            indent = len(line) - len(line.lstrip())
-            lines.append(" " * indent + " ".join(line.split()))
-    return "\n".join(lines) or None
-
-
-def _parses(code: str) -> bool:
-    try:
-        ast.parse(code)
-    except (SyntaxError, ValueError):
-        return False
-    return True
-
 
 # ----------------------------------------------------------------------------- tests
 
@@ -358,7 +319,7 @@ def _plan(
     other run is the harness (one per test, or one for all with ``suite``)."""
     cases = parse_tests(tests)
     code = extract_code(completion)
-    if code is None or not _parses(code):
+    if code is None or not parses_as_python(code):
         return code, cases, []
     if suite and _suitable(cases):
         return code, cases, [_harness_job(code, cases, limits)]

@@ -29,19 +29,24 @@ strategy ``quick`` always writes the systematic slip where there is one.
 from __future__ import annotations
 
 import random
-from collections import Counter
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
-from marlow.rewards.code import code_key
+from marlow.codetext import code_key
 from marlow.tiny.codegen import Spec, fence, spec_of, train_problems
-from marlow.tiny.corpus import ROLES, Example, draw_examples, make_from
+from marlow.tiny.corpus import (
+    MATH_WEIGHTS,
+    N_CANDIDATES,
+    Example,
+    RoleCorpus,
+    check_rates,
+    pick,
+    plan_lines,
+)
 from marlow.types import Problem
 from marlow.workflows.prompts import numbered, render
 
 STRATEGIES = ("direct", "check edges", "test small")
 BAD_STRATEGY = "quick"
-N_CANDIDATES = 3
 
 
 @dataclass(frozen=True)
@@ -63,30 +68,20 @@ class CodeCorpusConfig:
     careful_typo: float = 0.25  # typo rate under "check edges"
     weights: dict[str, float] = field(
         default_factory=lambda: {
-            "generator/answer": 0.45,
-            "generator/revise": 0.07,
-            "evaluator/review": 0.10,
-            "aggregator/select": 0.12,
+            **MATH_WEIGHTS,
             "orchestrator/plan": 0.03,
-            "worker/solve": 0.13,
             "synthesizer/conclude": 0.07,
         }
     )
 
     def __post_init__(self) -> None:
-        for name, value in asdict(self).items():
-            if name != "weights" and not 0.0 <= value <= 1.0:
-                raise ValueError(f"CodeCorpusConfig.{name} must be a probability, got {value}")
-        if self.select_check + self.select_majority > 1.0:
-            raise ValueError("CodeCorpusConfig.select_check + select_majority must be <= 1")
-        known = {f"{r}/{v}" for r, v in ROLES}
-        if set(self.weights) - known or not sum(self.weights.values()):
-            raise ValueError(
-                f"CodeCorpusConfig.weights: keys among {', '.join(sorted(known))}, positive sum"
-            )
+        check_rates(self)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+CODE = RoleCorpus("tiny code corpus", CodeCorpusConfig, train_problems, "marlow-tiny-code-corpus")
 
 
 def write_program(spec: Spec, rng: random.Random, bug: float, typo: float) -> str:
@@ -108,6 +103,7 @@ def _fields(problem: Problem, **extra: object) -> dict[str, object]:
     return {"problem": problem.prompt, "n": N_CANDIDATES, **extra}
 
 
+@CODE.writes("generator", "answer")
 def generator_answer(problem: Problem, rng: random.Random, cfg: CodeCorpusConfig) -> Example:
     spec = spec_of(problem)
     code = write_program(spec, rng, cfg.bug, cfg.typo)
@@ -159,6 +155,7 @@ def _reviewed(spec: Spec, rng: random.Random, cfg: CodeCorpusConfig) -> str:
     return rng.choice(wrongs)
 
 
+@CODE.writes("evaluator", "review")
 def evaluator_review(problem: Problem, rng: random.Random, cfg: CodeCorpusConfig) -> Example:
     spec = spec_of(problem)
     code = _reviewed(spec, rng, cfg)
@@ -168,6 +165,7 @@ def evaluator_review(problem: Problem, rng: random.Random, cfg: CodeCorpusConfig
     return Example("evaluator", "review", prompt, text, right)
 
 
+@CODE.writes("generator", "revise")
 def generator_revise(problem: Problem, rng: random.Random, cfg: CodeCorpusConfig) -> Example:
     """A revision after an Incorrect critique (the only case where Eval-Opt revises)."""
     spec = spec_of(problem)
@@ -187,44 +185,26 @@ def generator_revise(problem: Problem, rng: random.Random, cfg: CodeCorpusConfig
     return Example("generator", "revise", prompt, fence(new), new == spec.right)
 
 
-def pick(codes: list[str], right: str, rng: random.Random, cfg: CodeCorpusConfig) -> int:
-    """Index chosen by one of the three selection policies (check / majority / random)."""
-    u = rng.random()
-    if u < cfg.select_check:
-        for i, c in enumerate(codes):
-            if c == right:
-                return i
-    elif u >= cfg.select_check + cfg.select_majority:
-        return rng.randrange(len(codes))
-    votes = Counter(code_key(fence(c)) for c in codes)
-    top = max(votes.values())
-    return next(i for i, c in enumerate(codes) if votes[code_key(fence(c))] == top)
+def _vote_key(code: str) -> str | None:
+    return code_key(fence(code))
 
 
+@CODE.writes("aggregator", "select")
 def aggregator_select(problem: Problem, rng: random.Random, cfg: CodeCorpusConfig) -> Example:
     spec = spec_of(problem)
     codes = [write_program(spec, rng, cfg.bug, cfg.typo) for _ in range(N_CANDIDATES)]
-    k = pick(codes, spec.right, rng, cfg)
+    k = pick(codes, spec.right, rng, cfg, key=_vote_key)
     fields = _fields(problem, candidates=numbered([fence(c) for c in codes], "tiny"))
     prompt = render("tiny", "code", "aggregator", "select", fields)
     return Example("aggregator", "select", prompt, f"\\boxed{{{k + 1}}}", codes[k] == spec.right)
 
 
-def plan_lines(rng: random.Random, cfg: CodeCorpusConfig) -> list[str]:
-    lines = list(STRATEGIES)
-    rng.shuffle(lines)
-    if rng.random() < cfg.plan_repeat:
-        i = rng.randrange(3)
-        lines[i] = lines[(i + rng.choice((1, 2))) % 3]
-    if rng.random() < cfg.plan_bad:
-        lines[rng.randrange(3)] = BAD_STRATEGY
-    if rng.random() < cfg.plan_short:
-        lines = lines[: rng.choice((1, 2))]
-    return lines
-
-
+@CODE.writes("orchestrator", "plan")
 def orchestrator_plan(problem: Problem, rng: random.Random, cfg: CodeCorpusConfig) -> Example:
-    text = "\n".join(f"STRATEGY {i}: {s}" for i, s in enumerate(plan_lines(rng, cfg), 1))
+    text = "\n".join(
+        f"STRATEGY {i}: {s}"
+        for i, s in enumerate(plan_lines(rng, cfg, STRATEGIES, BAD_STRATEGY), 1)
+    )
     prompt = render("tiny", "code", "orchestrator", "plan", _fields(problem))
     return Example("orchestrator", "plan", prompt, text, None)
 
@@ -240,6 +220,7 @@ def worker_program(spec: Spec, strategy: str, rng: random.Random, cfg: CodeCorpu
     return write_program(spec, rng, cfg.bug, cfg.typo)
 
 
+@CODE.writes("worker", "solve")
 def worker_solve(problem: Problem, rng: random.Random, cfg: CodeCorpusConfig) -> Example:
     spec = spec_of(problem)
     strategy = rng.choice((*STRATEGIES, BAD_STRATEGY))
@@ -248,40 +229,19 @@ def worker_solve(problem: Problem, rng: random.Random, cfg: CodeCorpusConfig) ->
     return Example("worker", "solve", prompt, fence(code), code == spec.right)
 
 
+@CODE.writes("synthesizer", "conclude")
 def synthesizer_conclude(problem: Problem, rng: random.Random, cfg: CodeCorpusConfig) -> Example:
     spec = spec_of(problem)
-    plan = plan_lines(rng, cfg)
+    plan = plan_lines(rng, cfg, STRATEGIES, BAD_STRATEGY)
     plan += ["direct"] * (N_CANDIDATES - len(plan))  # the engine fills missing ones with "direct"
     codes = [worker_program(spec, s, rng, cfg) for s in plan]
-    k = pick(codes, spec.right, rng, cfg)
+    k = pick(codes, spec.right, rng, cfg, key=_vote_key)
     fields = _fields(problem, solutions=numbered([fence(c) for c in codes], "tiny"))
     prompt = render("tiny", "code", "synthesizer", "conclude", fields)
     completion = f"use {k + 1};\n" + fence(codes[k])
     return Example("synthesizer", "conclude", prompt, completion, codes[k] == spec.right)
 
 
-MAKERS = {
-    "generator/answer": generator_answer,
-    "generator/revise": generator_revise,
-    "evaluator/review": evaluator_review,
-    "aggregator/select": aggregator_select,
-    "orchestrator/plan": orchestrator_plan,
-    "worker/solve": worker_solve,
-    "synthesizer/conclude": synthesizer_conclude,
-}
-
-
-def make_example(
-    role: str, variant: str, problem: Problem, rng: random.Random, cfg: CodeCorpusConfig
-) -> Example:
-    return make_from(MAKERS, "tiny code corpus", f"{role}/{variant}", problem, rng, cfg)
-
-
-def examples(
-    cfg: CodeCorpusConfig | None = None, seed: int = 0, role: str | None = None
-) -> Iterator[Example]:
-    """An infinite, seeded stream of examples on training problems, roles drawn by ``weights``
-    (or only ``role``, e.g. ``"aggregator/select"``)."""
-    cfg = cfg or CodeCorpusConfig()
-    rng = random.Random(f"marlow-tiny-code-corpus-{seed}")
-    return draw_examples(MAKERS, "tiny code corpus", train_problems(seed), rng, cfg, role)
+MAKERS = CODE.makers()
+make_example = CODE.make_example
+examples = CODE.examples

@@ -36,13 +36,12 @@ written here and run in-process (they are ours, not model output) to compute exp
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from marlow.tiny.splits import Split, text_hash
 from marlow.types import Problem
 
 FAMILY_WEIGHTS: dict[str, float] = {
@@ -203,14 +202,8 @@ def _io2(rng: random.Random, name: str, k: int, c: int, op: str) -> Spec:
     head = "a, b = map(int, input().split())\n"
     tpl = head + f"print({expr})"
     bug = f"a = int(input())\nb = int(input())\nprint({expr})"
-    return Spec(
-        family,
-        f"read a b; print {shown}",
-        None,
-        tpl.format(K=kk, C=cc),
-        bug.format(K=kk, C=cc),
-        _typos(tpl, kk, cc),
-    )
+    right, wrong = tpl.format(K=kk, C=cc), bug.format(K=kk, C=cc)
+    return Spec(family, f"read a b; print {shown}", None, right, wrong, _typos(tpl, kk, cc))
 
 
 def _ion(rng: random.Random, name: str, k: int, c: int, op: str) -> Spec:
@@ -225,14 +218,8 @@ def _ion(rng: random.Random, name: str, k: int, c: int, op: str) -> Spec:
     typos = [right.format(A=a, C=c) for a in ("sum", "max", "min") if a != agg]
     if plus:
         typos += [right.format(A=agg, C=c + d) for d in (1, -1) if c + d >= 1]
-    return Spec(
-        family,
-        f"read n, then n ints; print {shown}",
-        None,
-        right.format(A=agg, C=c),
-        bug.format(A=agg, C=c),
-        tuple(typos),
-    )
+    text = f"read n, then n ints; print {shown}"
+    return Spec(family, text, None, right.format(A=agg, C=c), bug.format(A=agg, C=c), tuple(typos))
 
 
 _FAMILIES = {
@@ -332,14 +319,10 @@ def _inputs(spec: Spec, rng: random.Random) -> list:
     return rows
 
 
-def _hash(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
-
-
 def build_tests(spec: Spec) -> dict[str, Any]:
     """The hidden tests of ``spec`` (a pure function of its text), drawn until the systematic
     slip and every typo fail at least one of them."""
-    rng = random.Random(f"marlow-tiny-code-tests-{_hash(spec.text)}")
+    rng = random.Random(f"marlow-tiny-code-tests-{text_hash(spec.text)}")
     wrongs = [w for w in (spec.bug, *spec.typos) if w is not None]
     for _ in range(100):
         inputs = _inputs(spec, rng)
@@ -365,7 +348,7 @@ def make_problem(spec: Spec) -> Problem:
         "fn_name": spec.fn_name,
     }
     return Problem(
-        id=f"tc-{spec.family}-{_hash(spec.text):016x}", prompt=spec.text, answer="", meta=meta
+        id=f"tc-{spec.family}-{text_hash(spec.text):016x}", prompt=spec.text, answer="", meta=meta
     )
 
 
@@ -377,31 +360,16 @@ def spec_of(problem: Problem) -> Spec:
     )
 
 
-def is_val(text: str) -> bool:
-    """Whether a statement belongs to the validation split (stable across runs and seeds)."""
-    return _hash("code:" + text) % VAL_BUCKETS == 0
-
-
-def train_problems(seed: int = 0) -> Iterator[Problem]:
-    """An infinite, seeded stream of training problems (never a validation problem)."""
-    rng = random.Random(f"marlow-tiny-code-train-{seed}")
-    while True:
-        spec = sample_spec(rng)
-        if not is_val(spec.text):
-            yield make_problem(spec)
-
-
-def val_problems(n: int, seed: int = 0) -> list[Problem]:
-    """``n`` distinct validation problems, the same list for the same (n, seed); a larger ``n``
-    extends a smaller one."""
-    if not 0 <= n <= MAX_VAL:
-        raise ValueError(f"code val_problems n must be in 0..{MAX_VAL}, got {n}")
-    rng = random.Random(f"marlow-tiny-code-val-{seed}")
-    out: list[Problem] = []
-    seen: set[str] = set()
-    while len(out) < n:
-        spec = sample_spec(rng)
-        if is_val(spec.text) and spec.text not in seen:
-            seen.add(spec.text)
-            out.append(make_problem(spec))
-    return out
+SPLIT = Split(
+    "code",
+    "marlow-tiny-code",
+    draw=sample_spec,
+    text=lambda spec: spec.text,
+    make=make_problem,
+    buckets=VAL_BUCKETS,
+    max_val=MAX_VAL,
+    salt="code:",
+)
+is_val = SPLIT.is_val
+train_problems = SPLIT.train
+val_problems = SPLIT.val

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from marlow.tiny.errors import Fix, check_line, expected_accuracy, first_error, slip, solve
 from marlow.tiny.mathgen import Block, boxed, column_block, format_working, train_problems
@@ -50,6 +51,16 @@ ROLES: tuple[tuple[str, str], ...] = (
 """Every (role, prompt variant) of the built-in math workflows."""
 
 N_CANDIDATES = 3  # Voting's generators and Orch-Workers' workers (the engine's default n)
+MATH_WEIGHTS: dict[str, float] = {
+    "generator/answer": 0.45,
+    "generator/revise": 0.07,
+    "evaluator/review": 0.10,
+    "aggregator/select": 0.12,
+    "orchestrator/plan": 0.04,
+    "worker/solve": 0.13,
+    "synthesizer/conclude": 0.06,
+}
+"""The math corpus's default role mixture (relative weights); the code corpus differs in two."""
 
 
 @dataclass(frozen=True)
@@ -82,34 +93,32 @@ class CorpusConfig:
     careful_error: float = 0.15  # P(a random slip) under "show carries" (and no systematic slip)
     inverse_fix: float = 0.7  # P(a last block caught by "check inverse" is redone right)
     # role mixture: relative weights, one per entry of ROLES (generator / answer the largest)
-    weights: dict[str, float] = field(
-        default_factory=lambda: {
-            "generator/answer": 0.45,
-            "generator/revise": 0.07,
-            "evaluator/review": 0.10,
-            "aggregator/select": 0.12,
-            "orchestrator/plan": 0.04,
-            "worker/solve": 0.13,
-            "synthesizer/conclude": 0.06,
-        }
-    )
+    weights: dict[str, float] = field(default_factory=lambda: dict(MATH_WEIGHTS))
 
     def __post_init__(self) -> None:
-        for name, value in asdict(self).items():
-            if name != "weights" and not 0.0 <= value <= 1.0:
-                raise ValueError(f"CorpusConfig.{name} must be a probability, got {value}")
-        if self.select_check + self.select_majority > 1.0:
-            raise ValueError("CorpusConfig.select_check + select_majority must be <= 1")
-        known = {f"{r}/{v}" for r, v in ROLES}
-        unknown = set(self.weights) - known
-        if unknown or any(w < 0 for w in self.weights.values()) or not sum(self.weights.values()):
-            raise ValueError(
-                f"CorpusConfig.weights: keys must be among {', '.join(sorted(known))} with "
-                f"non-negative weights and a positive sum; got {self.weights}"
-            )
+        check_rates(self)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+def check_rates(cfg: Any) -> None:
+    """A corpus config's checks (math and code): every field but ``weights`` a probability,
+    ``select_check + select_majority <= 1``, and ``weights`` keyed by :data:`ROLES` pairs, with
+    non-negative weights and a positive sum."""
+    name = type(cfg).__name__
+    for field_name, value in asdict(cfg).items():
+        if field_name != "weights" and not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name}.{field_name} must be a probability, got {value}")
+    if cfg.select_check + cfg.select_majority > 1.0:
+        raise ValueError(f"{name}.select_check + select_majority must be <= 1")
+    known = {f"{r}/{v}" for r, v in ROLES}
+    unknown = set(cfg.weights) - known
+    if unknown or any(w < 0 for w in cfg.weights.values()) or not sum(cfg.weights.values()):
+        raise ValueError(
+            f"{name}.weights: keys must be among {', '.join(sorted(known))} with "
+            f"non-negative weights and a positive sum; got {cfg.weights}"
+        )
 
 
 @dataclass(frozen=True)
@@ -121,6 +130,69 @@ class Example:
     prompt: str  # user text, before the chat template
     completion: str  # without the closing <|im_end|>
     correct: bool | None = None  # answer roles: is the boxed value right; selectors: is the pick
+
+
+Maker = Callable[[Problem, random.Random, Any], Example]
+
+
+@dataclass(frozen=True)
+class RoleCorpus:
+    """A world's role corpus: one maker ``(problem, rng, cfg) -> Example`` per (role, variant) of
+    :data:`ROLES`, each registered with :meth:`writes`, and the seeded stream of examples over
+    the world's training problems. The math corpus (:data:`MATH`) and the code corpus
+    (``marlow.tiny.codecorpus.CODE``) are two of these."""
+
+    name: str  # how errors name it, e.g. "tiny corpus"
+    default_config: Callable[[], Any]
+    train_problems: Callable[[int], Iterator[Problem]]
+    stream: str  # the example stream's rng is seeded with f"{stream}-{seed}"
+    _makers: dict[str, Maker] = field(default_factory=dict, repr=False)
+
+    def writes(self, role: str, variant: str) -> Callable[[Maker], Maker]:
+        """Decorator: the function writes this corpus's examples of (role, variant)."""
+        key = f"{role}/{variant}"
+        if (role, variant) not in ROLES or key in self._makers:
+            raise ValueError(f"{self.name}: {key} is not a (role, variant) of ROLES without maker")
+
+        def register(maker: Maker) -> Maker:
+            self._makers[key] = maker
+            return maker
+
+        return register
+
+    def makers(self) -> dict[str, Maker]:
+        """The makers by ``"role/variant"`` in :data:`ROLES` order (the order the example stream
+        draws roles in, whatever order they were written in); every pair must have one."""
+        missing = [f"{r}/{v}" for r, v in ROLES if f"{r}/{v}" not in self._makers]
+        if missing:
+            raise ValueError(f"{self.name} has no maker for {', '.join(missing)}")
+        return {f"{r}/{v}": self._makers[f"{r}/{v}"] for r, v in ROLES}
+
+    def make_example(
+        self, role: str, variant: str, problem: Problem, rng: random.Random, cfg: Any
+    ) -> Example:
+        """One example of (role, variant) on ``problem``; the error lists the known pairs."""
+        key = f"{role}/{variant}"
+        if key not in self._makers:
+            raise ValueError(f"no {self.name} role {key!r}; known: {', '.join(self.makers())}")
+        return self._makers[key](problem, rng, cfg)
+
+    def examples(
+        self, cfg: Any | None = None, seed: int = 0, role: str | None = None
+    ) -> Iterator[Example]:
+        """An infinite, seeded stream of examples on training problems, one per problem, roles
+        drawn by ``cfg.weights`` (or only ``role``, e.g. ``"aggregator/select"``)."""
+        cfg = cfg or self.default_config()
+        rng = random.Random(f"{self.stream}-{seed}")
+        makers = self.makers()
+        keys = [k for k in makers if cfg.weights.get(k, 0.0) > 0] if role is None else [role]
+        weights = [cfg.weights.get(k, 1.0) for k in keys]
+        for problem in self.train_problems(seed):
+            key = rng.choices(keys, weights=weights)[0]
+            yield self.make_example(*key.split("/", 1), problem, rng, cfg)
+
+
+MATH = RoleCorpus("tiny corpus", CorpusConfig, train_problems, "marlow-tiny-corpus")
 
 
 # ---- one example per role ----------------------------------------------------------------
@@ -146,6 +218,7 @@ def _right(blocks: list[Block], problem: Problem) -> bool:
     return blocks[-1].result == int(problem.answer)
 
 
+@MATH.writes("generator", "answer")
 def generator_answer(problem: Problem, rng: random.Random, cfg: CorpusConfig) -> Example:
     blocks = generator_blocks(problem.prompt, rng, cfg)
     prompt = render("tiny", "math", "generator", "answer", _fields(problem))
@@ -188,6 +261,7 @@ def _reviewed_answer(problem: Problem, rng: random.Random, cfg: CorpusConfig) ->
     return blocks
 
 
+@MATH.writes("evaluator", "review")
 def evaluator_review(problem: Problem, rng: random.Random, cfg: CorpusConfig) -> Example:
     blocks = _reviewed_answer(problem, rng, cfg)
     text, _ = critique(blocks, rng, cfg)
@@ -197,6 +271,7 @@ def evaluator_review(problem: Problem, rng: random.Random, cfg: CorpusConfig) ->
     return Example("evaluator", "review", prompt, text, verdict_right)
 
 
+@MATH.writes("generator", "revise")
 def generator_revise(problem: Problem, rng: random.Random, cfg: CorpusConfig) -> Example:
     """A revision after an Incorrect critique (the only case where Eval-Opt revises)."""
     for _ in range(100):
@@ -222,8 +297,13 @@ def generator_revise(problem: Problem, rng: random.Random, cfg: CorpusConfig) ->
     return Example("generator", "revise", prompt, format_working(new), _right(new, problem))
 
 
-def pick(values: list[int | None], gold: int, rng: random.Random, cfg: CorpusConfig) -> int:
-    """Index chosen by one of the three selection policies (see CorpusConfig)."""
+def pick(
+    values: list, gold: object, rng: random.Random, cfg: Any, key: Callable = lambda v: v
+) -> int:
+    """Index chosen by one of the three selection policies (see CorpusConfig): check (the first
+    value equal to ``gold``), majority (the first value whose ``key`` is the most common one;
+    a None key does not vote; 0 when none votes) or a uniformly random one. Shared by the math
+    corpus (values: boxed answers) and the code corpus (programs, voting by ``code_key``)."""
     u = rng.random()
     if u < cfg.select_check:
         for i, v in enumerate(values):
@@ -231,13 +311,15 @@ def pick(values: list[int | None], gold: int, rng: random.Random, cfg: CorpusCon
                 return i
     elif u >= cfg.select_check + cfg.select_majority:
         return rng.randrange(len(values))
-    votes = Counter(v for v in values if v is not None)
+    keys = [key(v) for v in values]
+    votes = Counter(k for k in keys if k is not None)
     if not votes:
         return 0
     top = max(votes.values())
-    return next(i for i, v in enumerate(values) if v is not None and votes[v] == top)
+    return next(i for i, k in enumerate(keys) if k is not None and votes[k] == top)
 
 
+@MATH.writes("aggregator", "select")
 def aggregator_select(problem: Problem, rng: random.Random, cfg: CorpusConfig) -> Example:
     cands = [generator_blocks(problem.prompt, rng, cfg) for _ in range(N_CANDIDATES)]
     values: list[int | None] = [c[-1].result for c in cands]
@@ -247,20 +329,29 @@ def aggregator_select(problem: Problem, rng: random.Random, cfg: CorpusConfig) -
     return Example("aggregator", "select", prompt, boxed(k + 1), values[k] == int(problem.answer))
 
 
-def plan_lines(rng: random.Random, cfg: CorpusConfig) -> list[str]:
-    """Strategies of one orchestrator plan (before the ``STRATEGY i:`` prefixes)."""
-    lines = list(STRATEGIES)
+def plan_lines(
+    rng: random.Random,
+    cfg: Any,
+    strategies: tuple[str, ...] = STRATEGIES,
+    bad: str = BAD_STRATEGY,
+) -> list[str]:
+    """Strategies of one orchestrator plan (before the ``STRATEGY i:`` prefixes): the world's
+    three ``strategies`` shuffled, one repeated at ``cfg.plan_repeat``, one replaced by the
+    ``bad`` one at ``cfg.plan_bad``, cut to 1 or 2 at ``cfg.plan_short``. Shared by the math and
+    code corpora."""
+    lines = list(strategies)
     rng.shuffle(lines)
     if rng.random() < cfg.plan_repeat:
         i = rng.randrange(3)
         lines[i] = lines[(i + rng.choice((1, 2))) % 3]
     if rng.random() < cfg.plan_bad:
-        lines[rng.randrange(3)] = BAD_STRATEGY
+        lines[rng.randrange(3)] = bad
     if rng.random() < cfg.plan_short:
         lines = lines[: rng.choice((1, 2))]
     return lines
 
 
+@MATH.writes("orchestrator", "plan")
 def orchestrator_plan(problem: Problem, rng: random.Random, cfg: CorpusConfig) -> Example:
     text = "\n".join(f"STRATEGY {i}: {s}" for i, s in enumerate(plan_lines(rng, cfg), 1))
     prompt = render("tiny", "math", "orchestrator", "plan", _fields(problem))
@@ -296,6 +387,7 @@ def worker_text(
     return "; ".join([*parts, boxed(value)]), value
 
 
+@MATH.writes("worker", "solve")
 def worker_solve(problem: Problem, rng: random.Random, cfg: CorpusConfig) -> Example:
     strategy = rng.choice((*STRATEGIES, BAD_STRATEGY))
     text, value = worker_text(problem.prompt, strategy, rng, cfg)
@@ -303,6 +395,7 @@ def worker_solve(problem: Problem, rng: random.Random, cfg: CorpusConfig) -> Exa
     return Example("worker", "solve", prompt, text, value == int(problem.answer))
 
 
+@MATH.writes("synthesizer", "conclude")
 def synthesizer_conclude(problem: Problem, rng: random.Random, cfg: CorpusConfig) -> Example:
     plan = plan_lines(rng, cfg)
     plan += ["direct"] * (N_CANDIDATES - len(plan))  # the engine fills missing ones with "direct"
@@ -315,48 +408,6 @@ def synthesizer_conclude(problem: Problem, rng: random.Random, cfg: CorpusConfig
     return Example("synthesizer", "conclude", prompt, completion, values[k] == int(problem.answer))
 
 
-MAKERS = {
-    "generator/answer": generator_answer,
-    "generator/revise": generator_revise,
-    "evaluator/review": evaluator_review,
-    "aggregator/select": aggregator_select,
-    "orchestrator/plan": orchestrator_plan,
-    "worker/solve": worker_solve,
-    "synthesizer/conclude": synthesizer_conclude,
-}
-
-
-def make_example(
-    role: str, variant: str, problem: Problem, rng: random.Random, cfg: CorpusConfig
-) -> Example:
-    """One example of (role, variant) on ``problem``; the error lists the known pairs."""
-    return make_from(MAKERS, "tiny corpus", f"{role}/{variant}", problem, rng, cfg)
-
-
-def examples(
-    cfg: CorpusConfig | None = None, seed: int = 0, role: str | None = None
-) -> Iterator[Example]:
-    """An infinite, seeded stream of examples on training problems, roles drawn by ``weights``
-    (or only ``role``, e.g. ``"aggregator/select"``)."""
-    cfg = cfg or CorpusConfig()
-    rng = random.Random(f"marlow-tiny-corpus-{seed}")
-    return draw_examples(MAKERS, "tiny corpus", train_problems(seed), rng, cfg, role)
-
-
-def make_from(makers: dict, what: str, key: str, problem: Problem, rng: random.Random, cfg):
-    """``makers[key](problem, rng, cfg)``; an unknown key names ``what`` and the known keys."""
-    if key not in makers:
-        raise ValueError(f"no {what} role {key!r}; known: {', '.join(makers)}")
-    return makers[key](problem, rng, cfg)
-
-
-def draw_examples(
-    makers: dict, what: str, problems, rng: random.Random, cfg, role: str | None = None
-) -> Iterator[Example]:
-    """One example per problem, its role drawn by ``cfg.weights`` (or always ``role``). Shared
-    by the math and code corpora."""
-    keys = [k for k in makers if cfg.weights.get(k, 0.0) > 0] if role is None else [role]
-    weights = [cfg.weights.get(k, 1.0) for k in keys]
-    for problem in problems:
-        key = rng.choices(keys, weights=weights)[0]
-        yield make_from(makers, what, key, problem, rng, cfg)
+MAKERS = MATH.makers()
+make_example = MATH.make_example
+examples = MATH.examples

@@ -9,8 +9,9 @@ Problems are bare expressions (the ``{problem}`` field of the prompts), in three
 
 Every intermediate and final result is a non-negative integer below 1000.
 
-The split is a pure function of the problem text (a stable hash): a problem is either in the
-validation split or in the training stream, never both, whatever the seeds.
+The split is a pure function of the problem text (a stable hash, :mod:`marlow.tiny.splits`): a
+problem is either in the validation split or in the training stream, never both, whatever the
+seeds.
 
 The solver writes WORKING: one block per operation, each block the operation's columns from the
 units up, carries and borrows written as explicit terms, then ``\boxed{answer}``::
@@ -28,12 +29,12 @@ later block starts from that result, so a slip propagates consistently.
 
 from __future__ import annotations
 
-import hashlib
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from marlow.tiny.splits import Split, text_hash
 from marlow.types import Problem
 
 LEVEL_WEIGHTS: dict[int, float] = {1: 0.3, 2: 0.4, 3: 0.3}
@@ -240,15 +241,6 @@ def first_bad_column(block: Block) -> tuple[int, Column] | None:
 # ---- problems and splits -----------------------------------------------------------------
 
 
-def _hash(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
-
-
-def is_val(text: str) -> bool:
-    """Whether a problem text belongs to the validation split (stable across runs and seeds)."""
-    return _hash(text) % VAL_BUCKETS == 0
-
-
 def _mul(rng: random.Random) -> str:
     x, y = rng.randint(10, 99), rng.randint(2, 9)
     return f"{x}*{y}" if rng.random() < 0.7 else f"{y}*{x}"
@@ -283,30 +275,19 @@ def sample_text(rng: random.Random, level: int | None = None) -> tuple[int, str]
 
 
 def make_problem(text: str, level: int) -> Problem:
-    pid = f"tm{level}-{_hash(text):016x}"
+    pid = f"tm{level}-{text_hash(text):016x}"
     return Problem(id=pid, prompt=text, answer=str(evaluate(text)), meta={"level": level})
 
 
-def train_problems(seed: int = 0) -> Iterator[Problem]:
-    """An infinite, seeded stream of training problems (never a validation problem)."""
-    rng = random.Random(f"marlow-tiny-train-{seed}")
-    while True:
-        level, text = sample_text(rng)
-        if not is_val(text):
-            yield make_problem(text, level)
-
-
-def val_problems(n: int, seed: int = 0) -> list[Problem]:
-    """``n`` distinct validation problems, the same list for the same (n, seed); a larger ``n``
-    extends a smaller one."""
-    if not 0 <= n <= MAX_VAL:
-        raise ValueError(f"val_problems n must be in 0..{MAX_VAL}, got {n}")
-    rng = random.Random(f"marlow-tiny-val-{seed}")
-    out: list[Problem] = []
-    seen: set[str] = set()
-    while len(out) < n:
-        level, text = sample_text(rng)
-        if is_val(text) and text not in seen:
-            seen.add(text)
-            out.append(make_problem(text, level))
-    return out
+SPLIT = Split(
+    "math",
+    "marlow-tiny",
+    draw=sample_text,  # (level, text)
+    text=lambda drawn: drawn[1],
+    make=lambda drawn: make_problem(drawn[1], drawn[0]),
+    buckets=VAL_BUCKETS,
+    max_val=MAX_VAL,
+)
+is_val = SPLIT.is_val
+train_problems = SPLIT.train
+val_problems = SPLIT.val

@@ -53,7 +53,6 @@ from marlow.tiny import codegen, mathgen
 from marlow.tiny.codecorpus import CodeCorpusConfig
 from marlow.tiny.codecorpus import examples as code_examples
 from marlow.tiny.corpus import CorpusConfig, Example, examples
-from marlow.tiny.evaluate import generator_accuracy
 from marlow.tiny.model import build_model, get_scale
 from marlow.tiny.tokenizer import CHARACTERS, CHAT_TEMPLATE, SPECIAL_TOKENS, build_tokenizer
 from marlow.workflows.prompts import TEMPLATES
@@ -70,7 +69,6 @@ MICRO_TOKENS = 8192  # padded tokens per forward/backward; a step sums several (
 WARMUP_FRACTION = 0.05
 WEIGHT_DECAY = 0.01
 GRAD_CLIP = 1.0
-EVAL_PROBLEMS = 200  # validation problems for the greedy accuracy in meta.json
 PRECISION = "float32"
 """One precision recipe on every CPU, never chosen by the machine: float32 weights, activations
 and optimizer state, PyTorch's fused (sdpa) attention. Measured with ``bench/tiny_pretrain.py
@@ -402,8 +400,10 @@ def _train(
     threads: int,
     log: Log,
 ) -> tuple[Qwen3ForCausalLM, Any, dict[str, Any]]:
-    """(trained model in eval mode, tokenizer, meta) of one tiny world."""
+    """(trained model in eval mode, tokenizer, meta) of one tiny world. Its accuracy is not
+    measured here (the world does not import the rewards): see ``marlow.experiments.tinyeval``."""
     spec = get_scale(scale)
+    task = "code" if isinstance(corpus, CodeCorpusConfig) else "math"
     t0 = time.perf_counter()
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -414,34 +414,14 @@ def _train(
             model, tokenizer, corpus, steps=steps, lr=spec.pretrain_lr, seed=seed, log=log
         )
         model.eval()
-        extra: dict[str, Any] = {}
-        if isinstance(corpus, CodeCorpusConfig):
-            from marlow.tiny.codeeval import generator_scores
-
-            problems = codegen.val_problems(EVAL_PROBLEMS)
-            scores = generator_scores(model, tokenizer, problems, temperature=0.0)
-            greedy = scores["accuracy"]
-            extra = {
-                "task": "code",
-                "greedy_generator_reward": scores["reward"],
-                "sandbox_errors": scores["sandbox_errors"],
-            }
-            if scores["sandbox_errors"]:
-                log(
-                    f"WARNING {scale}: {scores['sandbox_errors']} of {EVAL_PROBLEMS} programs got "
-                    "no verdict (the sandbox failed to set up): the accuracy below undercounts"
-                )
-        else:
-            problems = mathgen.val_problems(EVAL_PROBLEMS)
-            greedy = generator_accuracy(model, tokenizer, problems, temperature=0.0)
-        log(f"{scale}: greedy generator accuracy {greedy:.3f} on {EVAL_PROBLEMS} val problems")
     finally:
         torch.set_num_threads(previous)
     meta = {
         "scale": spec.to_dict(),
         "model_config": model.config.to_dict(),
         "corpus": corpus.to_dict(),
-        "corpus_version": CODE_CORPUS_VERSION if extra else CORPUS_VERSION,
+        "task": task,
+        "corpus_version": CODE_CORPUS_VERSION if task == "code" else CORPUS_VERSION,
         "steps": steps,
         "seed": seed,
         "lr": spec.pretrain_lr,
@@ -451,8 +431,5 @@ def _train(
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "seconds": time.perf_counter() - t0,
         **stats,
-        "greedy_generator_accuracy": greedy,
-        "eval_problems": EVAL_PROBLEMS,
-        **extra,
     }
     return model, tokenizer, meta

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from marlow.parsers import strategies_of, verdict_of
+from marlow.parsers import selection_of, strategies_of, verdict_of
 from marlow.rewards.code import code_key
 from marlow.rewards.math import last_boxed, normalize_answer
 from marlow.types import Problem, Turn
@@ -56,11 +56,9 @@ def parse_strategies(n: int) -> Callable[[EpisodeState, list[Turn]], None]:
 
 def parse_selection(n: int) -> Callable[[EpisodeState, list[Turn]], None]:
     def parse(state: EpisodeState, turns: list[Turn]) -> None:
-        choice = (last_boxed(turns[-1].completion_text) or "").strip()
-        if choice.isdigit() and 1 <= int(choice) <= n:
-            state.vars["choice"] = int(choice) - 1
-        else:
-            state.vars["choice"] = 0
+        choice = selection_of(turns[-1].completion_text, n)
+        state.vars["choice"] = 0 if choice is None else choice
+        if choice is None:
             state.count("selection_fallback")
 
     return parse

@@ -214,14 +214,29 @@ def pretrain_tiny_cmd(
     threads: Annotated[
         int | None, typer.Option(help="torch threads (default: every core)", min=1)
     ] = None,
+    report: Annotated[
+        bool, typer.Option(help="measure the greedy generator on validation problems")
+    ] = True,
 ) -> None:
-    """Pre-train a tiny scale (cached by a hash of its config) and print its folder."""
+    """Pre-train a tiny scale (cached by a hash of its config), report its greedy generator's
+    accuracy and print its folder."""
     from marlow.tiny.pretrain import pretrain_tiny
 
     try:
         path = pretrain_tiny(scale, steps=steps, log=_log, task=task, threads=threads)
     except ValueError as err:
         _fail(str(err))
+    if report:
+        from marlow.experiments.tinyeval import greedy_report
+
+        scores = greedy_report(path, task)
+        n, accuracy = int(scores["problems"]), scores["accuracy"]
+        _log(f"{scale} ({task}): greedy generator accuracy {accuracy:.3f} on {n} val problems")
+        if scores.get("sandbox_errors"):
+            _log(
+                f"WARNING: {int(scores['sandbox_errors'])} of {n} programs got no verdict (the "
+                "sandbox failed to set up): the accuracy above undercounts"
+            )
     print(path)
 
 

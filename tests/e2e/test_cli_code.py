@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,18 @@ def test_code_quickstart_on_a_shrunk_tiny_world(tiny_cache, tmp_path: Path):
 def test_pretrain_tiny_names_the_valid_tasks(tmp_path):
     done = run(["pretrain-tiny", "--task", "chess"], str(tmp_path), tmp_path)
     assert done.returncode == 2 and "valid: math, code" in done.stderr
+
+
+def test_pretrain_tiny_reports_the_greedy_generator_of_its_world(tiny_cache, tmp_path):
+    # the conftest's world: a cache hit, then the greedy report (measured by the CLI, not stored)
+    done = run(["pretrain-tiny", "--steps", str(PRETRAIN_STEPS)], tiny_cache, tmp_path)
+    assert done.returncode == 0, done.stderr
+    path = Path(done.stdout.strip())
+    assert path.parent == Path(tiny_cache) and (path / "meta.json").exists()
+    assert re.search(
+        r"tiny-s \(math\): greedy generator accuracy [01]\.\d{3} on 200 val", done.stderr
+    )
+    quiet = run(
+        ["pretrain-tiny", "--steps", str(PRETRAIN_STEPS), "--no-report"], tiny_cache, tmp_path
+    )
+    assert quiet.stdout == done.stdout and "greedy" not in quiet.stderr

@@ -24,9 +24,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from marlow.algo.losses import AGGREGATIONS
 
-SCOPES = ("problem", "role", "slot")
-STEPPINGS = ("per-step", "per-role-update")
-
 
 class ConfigError(ValueError):
     """A config problem, in one line that names the field and the valid choices."""
@@ -58,7 +55,7 @@ class ModelConfig(_Section):
 MATH_DATASETS = ("gsm8k", "math500", "dapo")
 CODE_DATASETS = ("humaneval", "deepcoder")
 DEEPCODER_SUBSETS = ("primeintellect", "taco", "lcbv5", "codeforces")
-TINY_CODE_MAX_VAL = 1000  # marlow.tiny.codegen.MAX_VAL (not imported: config stays light)
+"""The DeepCoder configurations ``task.subset`` names (the loader in ``marlow.tasks`` reads these)."""
 
 
 class TaskConfig(_Section):
@@ -70,7 +67,7 @@ class TaskConfig(_Section):
         "deepcoder (code)",
     )
     subset: str | None = Field(
-        None, description="deepcoder only: primeintellect, taco, lcbv5 or codeforces"
+        None, description=f"deepcoder only: one of {', '.join(DEEPCODER_SUBSETS)}"
     )
     split_seed: int = Field(0, description="seed of the fixed train/validation split of a dataset")
     val_size: int = Field(500, ge=1)
@@ -92,10 +89,12 @@ class TaskConfig(_Section):
                 raise ValueError(
                     "task.dataset is only for a file or hub source; task.source is tiny"
                 )
-            if self.name == "code" and self.val_size > TINY_CODE_MAX_VAL:
+            from marlow.tiny.codegen import MAX_VAL  # stdlib only: config stays light
+
+            if self.name == "code" and self.val_size > MAX_VAL:
                 raise ValueError(
                     f"task.val_size is {self.val_size}; the tiny code world has at most "
-                    f"{TINY_CODE_MAX_VAL} validation problems"
+                    f"{MAX_VAL} validation problems"
                 )
         elif self.dataset not in valid:
             raise ValueError(

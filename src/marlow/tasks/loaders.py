@@ -72,11 +72,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from marlow.config import CODE_DATASETS, DEEPCODER_SUBSETS, MATH_DATASETS
 from marlow.rewards.code import parse_tests
 from marlow.types import Problem
 
-DATASETS = ("gsm8k", "math500", "humaneval", "dapo", "deepcoder")
-DEEPCODER_SUBSETS = ("primeintellect", "taco", "lcbv5", "codeforces")
+DATASETS = (*MATH_DATASETS, *CODE_DATASETS)
 FILE_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
 EXTRA_HINT = "pip install 'marlow[data]'"
 

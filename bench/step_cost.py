@@ -1,9 +1,14 @@
-"""Step cost of Voting under IP and SP on the tiny model, identical settings.
+"""Step cost of Voting under IP and SP on the tiny model, identical settings, side by side.
 
-Prints the mean step time of each, their ratio, and the rollout / scoring / update split
-(scoring = the trainer's logp_old pass; stats = the post-update chi2 pass and metrics).
+The two trainers run in one process and take turns step by step (IP step 1, SP step 1, IP
+step 2, ...), so a change of machine load falls on both. Prints the mean step time of each, their
+ratio, and the phase split: rollout, scoring (the separate logp_old pass; none for an adapter
+whose step is one update), update, kl_to_base and stats (metrics, the post-update chi2 pass on
+diagnostics steps and the one-turn finiteness probe on the others). Diagnostics steps are steps
+1, 1 + k, ... with k = diagnostics.every; the means are over every timed step, so they hold the
+sampled passes in their true proportion.
 
-    .venv/bin/python bench/step_cost.py [--steps 12] [--warmup 2] [--threads 2]
+    .venv/bin/python bench/step_cost.py [--steps 12] [--warmup 2] [--threads 2] [key=value ...]
 """
 
 from __future__ import annotations
@@ -15,36 +20,10 @@ import time
 
 import torch
 
-from marlow.config import resolve
+from marlow.config import load_config
 from marlow.train.trainer import Trainer
 
-PARTS = ("time/rollout_s", "time/scoring_s", "time/update_s", "time/stats_s")
-
-
-def measure(routing: str, steps: int, warmup: int, seed: int) -> dict[str, float]:
-    cfg = resolve(
-        {
-            "preset": "tiny",
-            "seed": seed,
-            "steps": steps + warmup,
-            "workflow": {"name": "voting"},
-            "policy": {"routing": routing},
-        }
-    )
-    with tempfile.TemporaryDirectory() as out:
-        trainer = Trainer(cfg, out)
-        totals: list[float] = []
-        parts: dict[str, list[float]] = {p: [] for p in PARTS}
-        for step in range(1, steps + warmup + 1):
-            t0 = time.perf_counter()
-            record = trainer.train_step(step)
-            if step > warmup:
-                totals.append(time.perf_counter() - t0)
-                for p in PARTS:
-                    parts[p].append(record[p])
-    result = {"step_s": statistics.mean(totals), "step_s_sd": statistics.stdev(totals)}
-    result.update({p.split("/")[1]: statistics.mean(v) for p, v in parts.items()})
-    return result
+PARTS = ("rollout_s", "scoring_s", "update_s", "kl_to_base_s", "stats_s")
 
 
 def main() -> None:
@@ -53,21 +32,38 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("overrides", nargs="*", help="key=value settings applied to both")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    cfg = resolve({"preset": "tiny"})
+    total = args.steps + args.warmup
+    common = ["workflow.name=voting", f"seed={args.seed}", f"steps={total}", *args.overrides]
+    cfgs = {r: load_config(None, [*common, f"policy.routing={r}"]) for r in ("ip", "sp")}
+    cfg = cfgs["ip"]
     print(
         f"Voting, tiny preset: B={cfg.grpo.batch_problems} n={cfg.grpo.group_size} "
         f"M={cfg.grpo.minibatch_turns} max_new={cfg.rollout.max_new_tokens} "
-        f"threads={args.threads}, {args.steps} steps after {args.warmup} warm-up"
+        f"diagnostics.every={cfg.diagnostics.every} kl_to_base={cfg.diagnostics.kl_to_base} "
+        f"threads={args.threads}, {args.steps} steps after {args.warmup} warm-up, interleaved"
     )
-    rows = {r: measure(r, args.steps, args.warmup, args.seed) for r in ("ip", "sp")}
-    for routing, r in rows.items():
-        split = "  ".join(
-            f"{k} {r[k]:.3f}" for k in ("rollout_s", "scoring_s", "update_s", "stats_s")
-        )
-        print(f"{routing.upper()}: step {r['step_s']:.3f} s (sd {r['step_s_sd']:.3f})  {split}")
-    print(f"IP/SP step-time ratio: {rows['ip']['step_s'] / rows['sp']['step_s']:.3f}")
+    times: dict[str, list[float]] = {r: [] for r in cfgs}
+    parts: dict[str, dict[str, list[float]]] = {r: {p: [] for p in PARTS} for r in cfgs}
+    with tempfile.TemporaryDirectory() as out:
+        trainers = {r: Trainer(c, f"{out}/{r}") for r, c in cfgs.items()}
+        torch.set_num_threads(args.threads)  # a trainer sets its config's threads
+        for step in range(1, total + 1):
+            for routing, trainer in trainers.items():
+                t0 = time.perf_counter()
+                record = trainer.train_step(step)
+                if step > args.warmup:
+                    times[routing].append(time.perf_counter() - t0)
+                    for p in PARTS:
+                        parts[routing][p].append(record[f"time/{p}"])
+    mean = {r: statistics.mean(v) for r, v in times.items()}
+    for routing in cfgs:
+        split = "  ".join(f"{p} {statistics.mean(parts[routing][p]):.3f}" for p in PARTS)
+        sd = statistics.stdev(times[routing]) if len(times[routing]) > 1 else 0.0
+        print(f"{routing.upper()}: step {mean[routing]:.3f} s (sd {sd:.3f})  {split}")
+    print(f"IP/SP step-time ratio: {mean['ip'] / mean['sp']:.3f}")
 
 
 if __name__ == "__main__":

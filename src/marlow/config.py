@@ -1,7 +1,8 @@
 """One typed run config, validated once (pydantic), with the ``paper`` and ``tiny`` presets.
 
-Layering: preset -> YAML file -> ``key=value`` overrides (dotted keys, YAML-parsed values). The
-resolved config is written beside a run's outputs; that file alone reproduces the run.
+Layering: preset (with its overlay for the run's task, :data:`PRESETS`) -> YAML file ->
+``key=value`` overrides (dotted keys, YAML-parsed values). The resolved config is written beside a
+run's outputs; that file alone reproduces the run.
 
 Choices the paper does not fix, made here and recorded in each run's config:
 
@@ -346,6 +347,7 @@ class RunConfig(_Section):
         return self
 
 
+PER_TASK = "per_task"  # the key of a preset's per-task overlays (not a config field)
 PRESETS: dict[str, dict[str, Any]] = {
     # The paper's Table 7 (real Qwen3 models on GPU). Response caps are per (workflow, task): set
     # rollout.max_new_tokens to 5120 for math, 2048 for code.
@@ -371,8 +373,24 @@ PRESETS: dict[str, dict[str, Any]] = {
         "grpo": {"batch_problems": 16, "group_size": 8, "minibatch_turns": 64, "credit": "role"},
         "optim": {"lr": 1e-3, "warmup_steps": 3, "grad_clip": 1.0},
         "policy": {"lora_rank": 16, "lora_alpha": 32, "lora_dropout": 0.0},
+        PER_TASK: {
+            # The tiny code world: 200 validation problems (grading runs every program in the
+            # sandbox, ~20 ms of a core each); a tiny code answer is at most ~100 characters, a
+            # synthesizer's ~120, so 128 new tokens.
+            "code": {"task": {"val_size": 200}, "rollout": {"max_new_tokens": 128}},
+        },
     },
 }
+"""Every run preset, in one place: a preset's settings, and under :data:`PER_TASK` the settings
+it adds for one ``task.name`` (merged over its own, under the run's file and overrides)."""
+
+
+def preset_settings(preset: str, task: str) -> dict[str, Any]:
+    """The settings ``preset`` gives a run of ``task``: its own with its overlay for ``task``."""
+    if not isinstance(preset, str) or preset not in PRESETS:
+        raise ConfigError(f"config field 'preset' is {preset!r}; valid: {', '.join(PRESETS)}")
+    own = {k: v for k, v in PRESETS[preset].items() if k != PER_TASK}
+    return merge(own, PRESETS[preset].get(PER_TASK, {}).get(task, {}))
 
 
 def merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
@@ -467,12 +485,16 @@ def _valid_range(loc: tuple) -> str:
 
 
 def resolve(data: dict[str, Any]) -> RunConfig:
-    """Validate a merged dict; raise ConfigError with one line naming the field."""
-    preset = data.get("preset", "tiny")
-    if preset not in PRESETS:
-        raise ConfigError(f"config field 'preset' is {preset!r}; valid: {', '.join(PRESETS)}")
+    """Validate a merged dict over its preset (:func:`preset_settings`); raise ConfigError with
+    one line naming the field."""
+    task = data.get("task")
+    name = task.get("name") if isinstance(task, dict) else None
+    preset = preset_settings(
+        data.get("preset", RunConfig.model_fields["preset"].default),
+        name if isinstance(name, str) else TaskConfig.model_fields["name"].default,
+    )
     try:
-        return RunConfig.model_validate(merge(PRESETS[preset], data))
+        return RunConfig.model_validate(merge(preset, data))
     except ValidationError as err:
         raise ConfigError(_one_line(err)) from None
 

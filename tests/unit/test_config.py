@@ -120,3 +120,18 @@ def test_quickstart_cells_follow_the_chosen_tiny_scale():
     )
     with pytest.raises(ConfigError, match="valid: tiny-s, tiny-m, tiny-l"):
         cell_configs(settings={"model": {"name": "Qwen/Qwen3-0.6B"}})
+
+
+def test_a_preset_overlays_its_settings_for_the_task_under_the_run_own():
+    # the tiny preset's code overlay: 200 validation problems and 128 new tokens (math: 500, 96)
+    math, code = resolve({}), resolve({"task": {"name": "code"}})
+    assert (math.task.val_size, math.rollout.max_new_tokens) == (500, 96)
+    assert (code.task.val_size, code.rollout.max_new_tokens) == (200, 128)
+    assert code.steps == math.steps == 24 and code.optim.lr == math.optim.lr == 1e-3
+    mine = load_config(None, ["task.name=code", "task.val_size=9", "rollout.max_new_tokens=40"])
+    assert (mine.task.val_size, mine.rollout.max_new_tokens) == (9, 40)  # the run's own win
+    paper = resolve({"preset": "paper", "task": {"name": "code"}})  # the paper preset has none
+    assert (paper.task.val_size, paper.rollout.max_new_tokens) == (500, 5120)
+    for bad, needle in (({"task": "code"}, "'task'"), ({"preset": ["tiny"]}, "valid: paper")):
+        with pytest.raises(ConfigError, match=needle):
+            resolve(bad)

@@ -11,8 +11,8 @@ its own process, one torch thread each; the output folder is a grid results fold
 ``cells/NAME/``), so an interrupted quickstart run again finishes only what was missing.
 
 ``task="code"`` runs the same cells on the tiny code world (its own pre-trained model,
-``marlow.tiny.codecorpus``) with :data:`CODE_SETTINGS` under the tiny preset; cells are named
-``...-Code``.
+``marlow.tiny.codecorpus``) under the tiny preset, whose code overlay (``marlow.config.PRESETS``)
+sets what the code world needs; cells are named ``...-Code``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from marlow.config import ConfigError, RunConfig, merge
+from marlow.config import ConfigError, RunConfig
 from marlow.diagnostics.runstats import run_statistics, series
 from marlow.experiments.grid import GridSpec, expand
 from marlow.experiments.runner import run_grid
@@ -33,12 +33,7 @@ Log = Callable[[str], None]
 
 SCALE = "tiny-s"  # the default; model.name=tiny-m (or tiny-l) in the settings picks another
 TASKS = ("math", "code")
-CODE_SETTINGS: dict = {
-    # 200 validation problems: grading runs programs in the sandbox (~20 ms of a core each)
-    "task": {"name": "code", "val_size": 200},
-    # a tiny code answer is at most ~100 characters, a synthesizer's ~120
-    "rollout": {"max_new_tokens": 128},
-}
+PRESET = "tiny"  # every cell's preset (marlow.config.PRESETS), with its overlay for the task
 
 
 def quickstart_grid(
@@ -51,7 +46,7 @@ def quickstart_grid(
 
     if task not in TASKS:
         raise ConfigError(f"quickstart task is {task!r}; valid: {', '.join(TASKS)}")
-    base = merge(CODE_SETTINGS, settings or {}) if task == "code" else dict(settings or {})
+    base = dict(settings or {})
     if base.get("task", {}).get("name", task) != task:
         raise ConfigError(f"task.name {base['task']['name']!r} contradicts quickstart task {task}")
     model = dict(base.get("model", {}))
@@ -60,7 +55,7 @@ def quickstart_grid(
         raise ConfigError(
             f"quickstart runs on the tiny world: model.name is {scale!r}; valid: {', '.join(SCALES)}"
         )
-    shared = {"preset": "tiny", **base, "model": model}
+    shared = {"preset": PRESET, **base, "model": model}
     if steps is not None:
         shared["steps"] = steps
     return GridSpec(

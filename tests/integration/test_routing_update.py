@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 
 from marlow.policy.adapters import adapter_parameters
+from marlow.prompts import TEMPLATES, register_template
 from marlow.train.trainer import Trainer
 from marlow.workflows import Stage, WorkflowSpec, register_workflow, spec
-from marlow.workflows.prompts import TEMPLATES, register_template
 from marlow.workflows.spec import last_text
 
 NAME = "twin-workers"

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from marlow.codetext import code_key, extract_code
+from marlow.prompts import TEMPLATES, render
 from marlow.rewards.code import score_code_batch
 from marlow.tiny import codegen
 from marlow.tiny.codecorpus import (
@@ -21,7 +22,6 @@ from marlow.tiny.corpus import ROLES, CorpusConfig
 from marlow.tiny.pretrain import cache_key, pretrain_tiny
 from marlow.types import Episode, Problem, Turn
 from marlow.workflows.builtin import parse_selection, parse_strategies, parse_verdict
-from marlow.workflows.prompts import TEMPLATES, render
 from marlow.workflows.spec import EpisodeState
 
 

@@ -25,6 +25,7 @@ from typing import Any
 from marlow.chat import chat_prompt_ids
 from marlow.codetext import code_key
 from marlow.parsers import selection_of, strategies_of, verdict_of
+from marlow.prompts import numbered, render
 from marlow.rewards.math import grade_math, last_boxed
 from marlow.rollout.hf import HFEngine
 from marlow.tasks.base import TINY_CODE_TIMEOUT_S, CodeGrader
@@ -33,7 +34,6 @@ from marlow.tiny.corpus import N_CANDIDATES
 from marlow.tiny.pretrain import load_tiny
 from marlow.types import BASE, GenRequest, Problem, SamplingParams
 from marlow.workflows.builtin import answer_key, majority_index
-from marlow.workflows.prompts import numbered, render
 
 TASKS = ("math", "code")
 REPORT_PROBLEMS = 200  # validation problems of the greedy report (:func:`greedy_report`)

@@ -32,6 +32,7 @@ import random
 from dataclasses import asdict, dataclass, field
 
 from marlow.codetext import code_key
+from marlow.prompts import numbered, render
 from marlow.tiny.codegen import Spec, fence, spec_of, train_problems
 from marlow.tiny.corpus import (
     MATH_WEIGHTS,
@@ -43,7 +44,6 @@ from marlow.tiny.corpus import (
     plan_lines,
 )
 from marlow.types import Problem
-from marlow.workflows.prompts import numbered, render
 
 STRATEGIES = ("direct", "check edges", "test small")
 BAD_STRATEGY = "quick"

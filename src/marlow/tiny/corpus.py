@@ -1,7 +1,7 @@
 """The pre-training corpus: every role of every math workflow, with imperfect, tunable skill.
 
 Each example is (prompt, completion): the prompt is rendered with the very templates the workflow
-engine uses (``marlow.workflows.prompts``, style ``tiny``), the completion is what a role of a
+engine uses (``marlow.prompts``, style ``tiny``), the completion is what a role of a
 given skill would answer. Pre-training on it teaches the tiny model every role's output format,
 and the skill gaps written in here are the headroom RL works with.
 
@@ -27,10 +27,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from marlow.prompts import numbered, render
 from marlow.tiny.errors import Fix, check_line, expected_accuracy, first_error, slip, solve
 from marlow.tiny.mathgen import Block, boxed, column_block, format_working, train_problems
 from marlow.types import Problem
-from marlow.workflows.prompts import numbered, render
 
 STRATEGIES = ("direct", "show carries", "check inverse")
 """Useful strategies: plain column working; every carry and borrow written, even zero ones (no

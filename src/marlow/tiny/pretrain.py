@@ -49,13 +49,13 @@ import torch
 from transformers import PreTrainedTokenizerFast, Qwen3ForCausalLM
 
 from marlow.chat import chat_prompt_text
+from marlow.prompts import TEMPLATES
 from marlow.tiny import codegen, mathgen
 from marlow.tiny.codecorpus import CodeCorpusConfig
 from marlow.tiny.codecorpus import examples as code_examples
 from marlow.tiny.corpus import CorpusConfig, Example, examples
 from marlow.tiny.model import build_model, get_scale
 from marlow.tiny.tokenizer import CHARACTERS, CHAT_TEMPLATE, SPECIAL_TOKENS, build_tokenizer
-from marlow.workflows.prompts import TEMPLATES
 
 CORPUS_VERSION = 1
 """Bump when the corpus or problem generator changes in a way its config does not show."""

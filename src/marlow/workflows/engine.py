@@ -20,10 +20,10 @@ from dataclasses import replace
 
 from marlow.chat import chat_prompt_ids
 from marlow.policy.routing import Routing
+from marlow.prompts import GENERIC_STRATEGY, numbered, render
 from marlow.rollout.base import RolloutEngine
 from marlow.types import Episode, GenRequest, Problem, SamplingParams, Turn
 from marlow.workflows.credit import ANSWERING, assign_role_rewards
-from marlow.workflows.prompts import GENERIC_STRATEGY, numbered, render
 from marlow.workflows.spec import EpisodeState, Grader, WorkflowSpec
 
 

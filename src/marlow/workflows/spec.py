@@ -15,7 +15,7 @@ A new workflow is a new spec, a few lines of Python::
         answer=last_text("generator"),
     ))
 
-plus prompt templates for any new (role, variant) in :mod:`marlow.workflows.prompts`.
+plus prompt templates for any new (role, variant) in :mod:`marlow.prompts`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,30 @@
+"""Lower layers never import upper ones: each module below is imported alone, in a fresh
+interpreter, and must not load any of the packages named beside it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+RULES = {
+    "marlow.config": ("marlow.workflows", "marlow.rollout", "marlow.train"),
+    "marlow.tiny.pretrain": ("marlow.rollout", "marlow.rewards", "marlow.workflows"),
+    "marlow.tiny.codecorpus": ("marlow.rollout", "marlow.rewards", "marlow.workflows"),
+    "marlow.diagnostics.signatures": ("marlow.workflows", "marlow.train", "marlow.report"),
+    "marlow.diagnostics.detectors": ("marlow.workflows", "marlow.train", "marlow.report"),
+    "marlow.report.figures": ("marlow.experiments", "marlow.train"),
+    "marlow.algo.credit": ("marlow.train", "marlow.workflows", "marlow.types"),
+}
+
+
+@pytest.mark.parametrize("module", sorted(RULES))
+def test_module_loads_nothing_above_it(module):
+    code = f"import json, sys; import {module}; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert module in loaded  # the check itself sees what it imported
+    above = [m for m in loaded if m.startswith(RULES[module])]
+    assert above == [], f"{module} loads {above}"

@@ -97,4 +97,4 @@ def turn_advantages(
         key = list(zip(rows.episode, rows.role, rows.round, strict=True))
         count = Counter(key)
         adv = adv / torch.tensor([count[k] for k in key], dtype=adv.dtype)
-    return adv.reshape(n), zero_std_fraction(rewards, index)
+    return adv, zero_std_fraction(rewards, index)

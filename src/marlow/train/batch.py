@@ -4,8 +4,8 @@ Built right after the rewards (:func:`build_batches`), it holds for each trained
 ids, completion mask, role, group, reward, advantage and sampler log-probs; scoring adds the
 log-probs and entropies of the policy before the update (``old_logp``, ``entropy``). The update,
 the diagnostics and the finiteness checks all read this record; none keeps a copy of the turns'
-data. Tensors live on the CPU; each micro-batch (:meth:`AdapterBatch.chunk`) is moved to the
-model's device when it is scored.
+data. Its tensors are built once and moved once to the model's device (``build_batches(device=)``);
+micro-batches (:meth:`AdapterBatch.chunk`) are slices on that device, and log-probs stay there.
 
 Layout per adapter, N turns, S = longest prompt + completion, L = longest completion::
 
@@ -74,20 +74,21 @@ class AdapterBatch:
             out.setdefault(role, []).append(i)
         return out
 
-    def chunk(self, rows: Sequence[int], device: torch.device | str = "cpu") -> Chunk:
+    def chunk(self, rows: Sequence[int]) -> Chunk:
         rows = list(rows)
-        index = torch.tensor(rows, dtype=torch.long)
-        seq = int(self.seq_len[index].max())
+        device = self.ids.device
+        index = torch.tensor(rows, dtype=torch.long, device=device)
+        seq_len = self.seq_len[index]
+        seq = int(seq_len.max())
         width = int(self.mask[index].sum(1).max())
-        ids = self.ids[index, :seq]
-        attention = (torch.arange(seq)[None, :] < self.seq_len[index][:, None]).long()
+        attention = (torch.arange(seq, device=device)[None, :] < seq_len[:, None]).long()
         return Chunk(
             rows,
-            ids.to(device),
-            attention.to(device),
-            self.prompt_len[index].to(device),
-            self.targets[index, :width].to(device),
-            self.mask[index, :width].to(device),
+            self.ids[index, :seq],
+            attention,
+            self.prompt_len[index],
+            self.targets[index, :width],
+            self.mask[index, :width],
         )
 
 
@@ -113,14 +114,16 @@ def build_batches(
     rows: CreditRows,
     advantages: Tensor,
     pad_id: int,
+    device: torch.device | str = "cpu",
 ) -> dict[str, AdapterBatch]:
-    """One :class:`AdapterBatch` per adapter that has trained turns, in order of first appearance."""
+    """One :class:`AdapterBatch` per adapter that has trained turns, in order of first appearance,
+    its tensors on ``device``."""
     members: dict[str, list[int]] = {}
     for i, t in enumerate(turns):
         if t.adapter != BASE:
             members.setdefault(t.adapter, []).append(i)
     return {
-        adapter: _pack(adapter, [turns[i] for i in idx], rows, idx, advantages, pad_id)
+        adapter: _pack(adapter, [turns[i] for i in idx], rows, idx, advantages, pad_id, device)
         for adapter, idx in members.items()
     }
 
@@ -132,6 +135,7 @@ def _pack(
     idx: list[int],
     advantages: Tensor,
     pad_id: int,
+    device: torch.device | str,
 ) -> AdapterBatch:
     n = len(turns)
     seq_len = [len(t.prompt_ids) + len(t.completion_ids) for t in turns]
@@ -154,13 +158,13 @@ def _pack(
         adapter=adapter,
         turns=turns,
         roles=[t.role for t in turns],
-        groups=torch.tensor([rows.group[i] for i in idx], dtype=torch.long),
-        rewards=torch.tensor(reward, dtype=torch.float64),
-        advantages=advantages[index].to(torch.float32),
-        ids=ids,
-        prompt_len=torch.tensor([len(t.prompt_ids) for t in turns], dtype=torch.long),
-        seq_len=torch.tensor(seq_len, dtype=torch.long),
-        targets=targets,
-        mask=mask,
-        sampler_logp=sampler,
+        groups=torch.tensor([rows.group[i] for i in idx], dtype=torch.long).to(device),
+        rewards=torch.tensor(reward, dtype=torch.float32).to(device),
+        advantages=advantages[index].to(device=device, dtype=torch.float32),
+        ids=ids.to(device),
+        prompt_len=torch.tensor([len(t.prompt_ids) for t in turns], dtype=torch.long).to(device),
+        seq_len=torch.tensor(seq_len, dtype=torch.long).to(device),
+        targets=targets.to(device),
+        mask=mask.to(device),
+        sampler_logp=sampler.to(device),
     )

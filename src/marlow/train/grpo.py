@@ -65,11 +65,13 @@ def _score_all(
             model, batch, range(len(batch)), temperature=temperature, micro_tokens=micro_tokens
         ):
             if logp is None:
-                logp = torch.zeros(batch.mask.shape, dtype=s.logp.dtype)
-                ent = torch.zeros(batch.mask.shape, dtype=s.entropy.dtype)
+                logp, ent = (
+                    s.logp.new_zeros(batch.mask.shape),
+                    s.entropy.new_zeros(batch.mask.shape),
+                )
             width = s.mask.shape[1]
-            logp[local, :width] = s.logp.cpu()
-            ent[local, :width] = s.entropy.cpu()
+            logp[local, :width] = s.logp
+            ent[local, :width] = s.entropy
     return logp, ent
 
 
@@ -136,9 +138,7 @@ def update_adapter(
     roles = sorted(set(batch.roles))
     shared = len(roles) > 1
     params = optim.params[adapter]
-    if fused:
-        old_logp = torch.zeros(batch.mask.shape)
-        entropy = torch.zeros(batch.mask.shape)
+    old_logp = entropy = None  # fused: filled from the update forward
     updates = 0
     for _ in range(cfg.epochs):
         order = torch.randperm(len(batch), generator=generator).tolist()
@@ -163,15 +163,18 @@ def update_adapter(
                     w_chunk = s.mask.shape[1]
                     if fused:
                         old_lp = s.logp.detach()
-                        old_logp[rows, :w_chunk] = old_lp.cpu().to(old_logp.dtype)
-                        entropy[rows, :w_chunk] = s.entropy.cpu().to(entropy.dtype)
+                        if old_logp is None:
+                            old_logp = old_lp.new_zeros(batch.mask.shape)
+                            entropy = s.entropy.new_zeros(batch.mask.shape)
+                        old_logp[rows, :w_chunk] = old_lp
+                        entropy[rows, :w_chunk] = s.entropy
                     else:
-                        old_lp = batch.old_logp[rows, :w_chunk].to(s.logp)
-                    adv = batch.advantages[rows].to(s.logp)
+                        old_lp = batch.old_logp[rows, :w_chunk]
+                    adv = batch.advantages[rows].to(s.logp.dtype)
                     out = clipped_surrogate(
                         s.logp, old_lp, adv, cfg.clip_low, cfg.clip_high, cfg.clip_ratio_c
                     )
-                    w = weights[local, :w_chunk].to(s.logp)
+                    w = weights[local, :w_chunk].to(s.logp.dtype)
                     loss = (w * out.loss).sum()
                     if not torch.isfinite(loss):
                         raise NonFiniteLoss(f"loss is {float(loss.detach())}")

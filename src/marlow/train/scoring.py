@@ -32,10 +32,6 @@ class Scored:
     mask: torch.Tensor  # (T, L) bool, True on real completion tokens
 
 
-def model_device(model) -> torch.device:
-    return next(model.parameters()).device
-
-
 def score_chunk(model, chunk: Chunk, temperature: float) -> Scored:
     """Log-probs (with gradient when enabled) and entropies of one micro-batch's completions."""
     length = chunk.ids.shape[1]
@@ -100,7 +96,5 @@ def score_rows(
     rows = list(rows)
     lengths = batch.seq_len[rows].tolist()
     keys = [batch.roles[i] for i in rows] if by_role else None
-    device = model_device(model)
     for local in micro_batches(lengths, micro_tokens, keys=keys):
-        chunk = batch.chunk([rows[j] for j in local], device)
-        yield local, score_chunk(model, chunk, temperature)
+        yield local, score_chunk(model, batch.chunk([rows[j] for j in local]), temperature)

@@ -96,6 +96,7 @@ class Trainer:
             config.rollout.backend, self.model, self.tokenizer, max_batch=config.rollout.max_batch
         )
         self.pad_id = self.tokenizer.pad_token_id
+        self.device = next(self.model.parameters()).device
         self.optim = AdapterOptimizers(
             {a: list(adapter_parameters(self.model, a).values()) for a in self.adapters},
             lr=config.optim.lr,
@@ -175,7 +176,7 @@ class Trainer:
         adv, frac_zero = turn_advantages(
             rows, g.advantage_scope, g.eps, g.same_role_weighting, g.role_weights
         )
-        batches = build_batches(turns, rows, adv, self.pad_id)
+        batches = build_batches(turns, rows, adv, self.pad_id, self.device)
         fused = {a: fused_old_logp(b, g, self.cfg.policy.lora_dropout) for a, b in batches.items()}
         for adapter, batch in batches.items():
             if not fused[adapter]:

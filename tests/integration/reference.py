@@ -4,6 +4,15 @@ from __future__ import annotations
 
 import torch
 
+VOTING_IP = dict(  # Voting-IP: two adapters, so a run restores or checks more than one optimizer
+    steps=3,
+    val_every=3,
+    workflow={"name": "voting"},
+    policy={"routing": "ip"},
+    grpo={"batch_problems": 2, "group_size": 3, "minibatch_turns": 8},
+    rollout={"max_new_tokens": 16},
+)
+
 
 def completion_logp(model, turn, temperature: float) -> torch.Tensor:
     """(L,) log-probs of a turn's completion tokens, one unpadded forward, temperature-scaled."""

@@ -15,17 +15,9 @@ from marlow.policy.adapters import adapter_parameters
 from marlow.train import checkpoint
 from marlow.train.nonfinite import NonFiniteRun
 from marlow.train.trainer import Trainer, read_metrics
-from tests.integration.reference import vary_rewards
+from tests.integration.reference import VOTING_IP, vary_rewards
 
-SETTINGS = dict(
-    steps=3,
-    val_every=3,
-    workflow={"name": "voting"},
-    policy={"routing": "ip"},
-    grpo={"batch_problems": 2, "group_size": 3, "minibatch_turns": 8},
-    rollout={"max_new_tokens": 16},
-    train={"keep_checkpoints": None},  # every step's checkpoint, to compare them
-)
+SETTINGS = {**VOTING_IP, "train": {"keep_checkpoints": None}}  # every step's checkpoint
 ADAPTERS = ("aggregator", "generator")
 
 

@@ -21,16 +21,9 @@ from typer.testing import CliRunner
 from marlow.cli import app
 from marlow.train.trainer import Trainer
 from tests.conftest import shrunk_config
-from tests.integration.reference import vary_rewards
+from tests.integration.reference import VOTING_IP, vary_rewards
 
-SETTINGS = dict(  # Voting-IP: two adapters, so resume restores more than one optimizer
-    steps=3,
-    val_every=3,
-    workflow={"name": "voting"},
-    policy={"routing": "ip"},
-    grpo={"batch_problems": 2, "group_size": 3, "minibatch_turns": 8},
-    rollout={"max_new_tokens": 16},
-)
+SETTINGS = VOTING_IP
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +203,7 @@ from pathlib import Path
 from marlow.config import RunConfig
 from marlow.train import checkpoint
 from marlow.train.trainer import Trainer
-from tests.integration.reference import vary_rewards
+from tests.integration.reference import VOTING_IP, vary_rewards
 
 config, out, point = RunConfig.model_validate_json(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 STEP2 = "step_000002"

@@ -241,6 +241,12 @@ class DetectConfig(_Section):
     amp_flat: float = Field(
         1.5, gt=1.0, description="gradient_amplification: ratio every single-slot role stays under"
     )
+    amp_window: int = Field(
+        3,
+        ge=1,
+        description="gradient_amplification: values in the running median the ratios are "
+        "taken on (1: the raw series)",
+    )
     capture_share: float = Field(
         0.7, gt=0.5, le=1.0, description="sp_role_capture: gradient-mass share of the dominant role"
     )
@@ -349,18 +355,11 @@ class RunConfig(_Section):
 
 PER_TASK = "per_task"  # the key of a preset's per-task overlays (not a config field)
 PRESETS: dict[str, dict[str, Any]] = {
-    # The paper's Table 7 (real Qwen3 models on GPU). Response caps are per (workflow, task): set
-    # rollout.max_new_tokens to 5120 for math, 2048 for code.
-    "paper": {
-        "steps": 500,
-        "val_every": 10,
-        "ckpt_every": 5,
-        "model": {"name": "Qwen/Qwen3-1.7B", "dtype": "bfloat16"},
-        "rollout": {"temperature": 0.7, "max_new_tokens": 5120},
-        "grpo": {"batch_problems": 64, "group_size": 8, "minibatch_turns": 64},
-        "optim": {"lr": 2e-5, "warmup_steps": 15, "grad_clip": 1.0},
-        "policy": {"lora_rank": 64, "lora_alpha": 32, "lora_dropout": 0.0},
-    },
+    # The paper's Table 7 (real Qwen3 models on GPU). Every field's default *is* its Table 7 value
+    # (steps, intervals, sampling, GRPO, optimizer, LoRA: one home, the fields); the preset only
+    # names the model. Response caps are per (workflow, task): the default 5120 is math's, set
+    # rollout.max_new_tokens to 2048 for code.
+    "paper": {"model": {"name": "Qwen/Qwen3-1.7B", "dtype": "bfloat16"}},
     # What works on the CPU tiny world in a quickstart's budget (measured: README). Per-role credit:
     # with the paper's broadcast credit Voting gained +3 points in 24 steps, with role credit +8.
     "tiny": {

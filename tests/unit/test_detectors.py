@@ -55,27 +55,56 @@ def amplification_run(gen_chi2, agg_chi2, accs):
 SLOTS = {"generator": 3, "aggregator": 1}
 
 
-def test_gradient_amplification_fires_when_the_multi_slot_role_rises_before_the_drop():
+def test_gradient_amplification_fires_at_the_multi_slot_roles_onset():
     records = amplification_run(
         [0.01, 0.03, 0.08, 0.05], [0.01, 0.012, 0.011, 0.01], [(0, 0.5), (2, 0.6), (4, 0.5)]
     )
-    v = gradient_amplification(records, SLOTS)
-    assert v.fired and v.step == 3 and v.evidence["role"] == "generator"
-    assert v.evidence["ratios"]["generator"]["chi2_update"] == 8.0
+    v = gradient_amplification(records, SLOTS, window=1)
+    # the generator reaches 3x its first value at step 2; validation then falls to 0.5 at step 4
+    assert v.fired and v.step == 2 and v.evidence["role"] == "generator"
+    assert v.evidence["onset_ratio"] == pytest.approx(3.0)
+    assert v.evidence["ratios"]["generator"]["chi2_update"] == pytest.approx(8.0)
+    assert v.evidence["validation_drop"] == (4, 0.5) and v.evidence["best_before"] == 0.6
+    assert v.evidence["single_slot_max"]["aggregator"] == pytest.approx(1.2)
+    assert "rose 3.00x by step 2" in describe(v) and "fell to 0.500 at step 4" in describe(v)
 
 
-def test_gradient_amplification_stays_quiet_without_drop_or_when_single_slot_roles_move_too():
+def test_gradient_amplification_stays_quiet_without_a_later_drop_or_when_single_slot_roles_move():
     no_drop = amplification_run(
         [0.01, 0.03, 0.08, 0.05], [0.01, 0.01, 0.01, 0.01], [(0, 0.5), (2, 0.6), (4, 0.61)]
     )
     both_rise = amplification_run(
         [0.01, 0.03, 0.08, 0.05], [0.01, 0.03, 0.05, 0.01], [(0, 0.5), (2, 0.6), (4, 0.5)]
     )
-    late_peak = amplification_run(
-        [0.01, 0.02, 0.03, 0.09], [0.01, 0.01, 0.01, 0.01], [(0, 0.5), (1, 0.6), (2, 0.5)]
+    fell_before_the_rise = amplification_run(
+        [0.01, 0.02, 0.02, 0.09], [0.01, 0.01, 0.01, 0.01], [(0, 0.5), (1, 0.6), (2, 0.5)]
     )
-    for records in (no_drop, both_rise, late_peak):
-        assert not gradient_amplification(records, SLOTS).fired
+    for records in (no_drop, both_rise, fell_before_the_rise):
+        assert not gradient_amplification(records, SLOTS, window=1).fired
+    assert gradient_amplification(no_drop, SLOTS, window=1).evidence["ratios"]["generator"][
+        "chi2_update"
+    ] == pytest.approx(8.0)
+
+
+def test_gradient_amplification_smooths_out_a_single_spike_but_not_a_sustained_rise():
+    accs = [(0, 0.5), (4, 0.6), (8, 0.5)]
+    flat_agg = [0.01] * 7
+    spike = amplification_run([0.01, -0.002, 0.01, 0.5, 0.01, 0.012, 0.01], flat_agg, accs)
+    assert gradient_amplification(spike, SLOTS, window=1).fired  # the raw series fires
+    quiet = gradient_amplification(spike, SLOTS)  # the running median of 3 does not
+    assert not quiet.fired
+    assert quiet.evidence["ratios"]["generator"]["chi2_update"] == pytest.approx(1.2)
+    # medians at steps 3..7: 0.01, 0.01, 0.05, 0.06, 0.08 -> 5x at step 5; the aggregator
+    # jumps only after the onset (its inputs went bad), which does not hold the alarm back
+    rising = amplification_run(
+        [0.01, 0.01, 0.01, 0.05, 0.06, 0.08, 0.08], [0.01] * 5 + [5.0, 5.0], accs
+    )
+    v = gradient_amplification(rising, SLOTS)
+    assert v.fired and v.step == 5 and v.evidence["onset_ratio"] == pytest.approx(5.0)
+    assert v.evidence["ratios"]["aggregator"]["chi2_update"] == pytest.approx(500.0)
+    assert gradient_amplification(rising, SLOTS, window=5).evidence["ratios"]["generator"][
+        "chi2_update"
+    ] == pytest.approx(6.0)  # medians 0.01 (step 5), 0.05, 0.06
 
 
 def shares(*gen_shares):
@@ -192,7 +221,8 @@ def test_gradient_amplification_fires_on_a_rise_past_the_warmup():
     # peak 3.58 at step 19 clears rise = 3, before validation falls at step 20.
     rise = {17: 2.0, 18: 6.0, 19: 30.0, 20: 30.0}
     records = scheduled_run(lambda t: rise.get(t, 1.0))
-    v = gradient_amplification(records, SLOTS)
+    v = gradient_amplification(records, SLOTS, window=1)  # the raw series: what is shown is
+    # where the baseline sits
     assert v.fired and v.evidence["role"] == "generator"
     lr = {r["step"]: r["train/generator/lr"] for r in records if "train/generator/lr" in r}
     peak = max(rise[t] * (lr[t] / lr[16]) ** 2 for t in rise)

@@ -6,11 +6,11 @@ inspect`` and reports run them on finished runs.
   stays there for the last ``patience`` validations (all of them, up to the last one logged).
   It fires at the first validation of that final run below the line.
 * ``gradient_amplification`` (an IP mechanism; computed from per-role metrics, which SP logs
-  too): a role with several slots has a peak-over-first ratio of ``chi2_update`` or
-  ``perplexity`` of at least ``rise``, every single-slot role stays under ``flat`` on both, and
-  the multi-slot role's peak comes no later than the first validation that is ``drop`` below
-  the peak accuracy. Ratios are ``runstats``' (baseline: the first positive value once
-  the learning-rate warmup is over, so the schedule alone cannot fire it).
+  too): a role with several slots has a ``chi2_update`` or ``perplexity`` curve (running median
+  of ``window`` values over its first one, from the end of the learning-rate warmup, so the
+  schedule alone cannot fire it) that reaches ``rise`` at some step, the onset; every single-slot
+  role's curves stayed under ``flat`` up to the onset; and a validation after the onset is at
+  least ``drop`` under the best validation up to it. It fires at the onset.
 * ``sp_role_capture`` (SP): at a signature step s, one role's ``grad_mass_share`` has been at
   least ``share`` on each of the last ``patience`` training steps up to s (the dominant role),
   and another role of the same adapter (the captured one) has moved toward the dominant role's
@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from marlow.diagnostics.runstats import run_statistics, series
+from marlow.diagnostics.runstats import rise_curve, series, warmup_end
 
 if TYPE_CHECKING:
     from marlow.config import DetectConfig
@@ -43,17 +43,6 @@ class Verdict:
     fired: bool
     step: int | None = None  # where it fired
     evidence: dict = field(default_factory=dict)
-
-
-def _first_drop(val: list[tuple[int, float]], drop: float) -> tuple[int, float, int] | None:
-    """(peak step, peak, step of the first validation at least ``drop`` under the running peak)."""
-    peak_step, peak = val[0]
-    for step, acc in val[1:]:
-        if acc > peak:
-            peak_step, peak = step, acc
-        elif acc <= peak - drop:
-            return peak_step, peak, step
-    return None
 
 
 def terminal_cliff(records: Sequence[dict], drop: float = 0.05, patience: int = 2) -> Verdict:
@@ -85,31 +74,62 @@ def gradient_amplification(
     rise: float = 3.0,
     flat: float = 1.5,
     drop: float = 0.05,
+    window: int = 3,
 ) -> Verdict:
-    """``slots``: each role's slot count in the workflow (Voting: generator 3, aggregator 1)."""
-    roles = run_statistics(records)["roles"]
-    ratios = {
+    """``slots``: each role's slot count in the workflow (Voting: generator 3, aggregator 1).
+
+    Each role's ``chi2_update`` and ``perplexity`` curve is ``runstats.rise_curve``: from the
+    warmup's end, the running median of ``window`` logged values over its first value. The
+    detector fires at the onset, the first step at which a multi-slot role's curve reaches
+    ``rise``, when every single-slot role's curves stayed under ``flat`` up to that step and a
+    later validation is at least ``drop`` under the best one up to it. Why the onset and not the
+    peak: on the tiny world a raised rate drove the 3-slot generator's chi2 up 100-fold over
+    eight steps while validation was already falling, and the aggregator's chi2 jumped only once
+    its inputs (the generators' answers) had gone bad (issue 13, D2): "rising while single-slot
+    roles stay flat, before a validation drop" (SPEC 5) is read as the rise coming first.
+    """
+    start = warmup_end(records)
+    curves = {
         role: {
-            m: roles.get(role, {}).get(m, {}).get("peak_over_first")
+            m: rise_curve(series(records, f"train/{role}/{m}"), start, window)
             for m in ("chi2_update", "perplexity")
         }
         for role in slots
     }
+    ratios = {
+        role: {m: max((r for _, r in c), default=None) for m, c in by.items()}
+        for role, by in curves.items()
+    }
     singles = [r for r, n in slots.items() if n == 1]
-    flat_ok = all((v or 0.0) < flat for r in singles for v in ratios[r].values())
     val = series(records, "val/all/accuracy")
-    cliff = _first_drop(val, drop) if val else None
-    evidence: dict = {"ratios": ratios, "slots": dict(slots), "validation_drop": cliff}
+    evidence: dict = {"ratios": ratios, "slots": dict(slots), "window": window}
     for role, n in slots.items():
         if n < 2:
             continue
-        for metric, ratio in ratios[role].items():
-            if ratio is None or ratio < rise or not flat_ok or cliff is None:
+        for metric, curve in curves[role].items():
+            onset = next(((step, r) for step, r in curve if r >= rise), None)
+            if onset is None:
                 continue
-            peak_step = roles[role][metric]["peak_step"]
-            if peak_step <= cliff[2]:
-                evidence.update(role=role, metric=metric, peak_step=peak_step)
-                return Verdict("gradient_amplification", True, peak_step, evidence)
+            step = onset[0]
+            upto = {
+                r: max((x for c in curves[r].values() for s, x in c if s <= step), default=0.0)
+                for r in singles
+            }
+            before = [acc for s, acc in val if s <= step]
+            fallen = [
+                (s, acc) for s, acc in val if s > step and before and acc <= max(before) - drop
+            ]
+            if all(x < flat for x in upto.values()) and fallen:
+                evidence.update(
+                    role=role,
+                    metric=metric,
+                    onset=step,
+                    onset_ratio=onset[1],
+                    single_slot_max=upto,
+                    best_before=max(before),
+                    validation_drop=fallen[0],
+                )
+                return Verdict("gradient_amplification", True, step, evidence)
     return Verdict("gradient_amplification", False, evidence=evidence)
 
 
@@ -202,7 +222,9 @@ def run_detectors(
     """Every detector with the run's thresholds (``detect.*``); ``slots``: slots per role."""
     return [
         terminal_cliff(records, cfg.cliff_drop, cfg.cliff_patience),
-        gradient_amplification(records, dict(slots), cfg.amp_rise, cfg.amp_flat, cfg.cliff_drop),
+        gradient_amplification(
+            records, dict(slots), cfg.amp_rise, cfg.amp_flat, cfg.cliff_drop, cfg.amp_window
+        ),
         sp_role_capture(
             records,
             signatures,
@@ -223,11 +245,12 @@ def describe(v: Verdict) -> str:
             f"{e['peak'] - e['threshold']:.3g} below its peak {e['peak']:.3f} (step {e['peak_step']})"
         )
     if v.name == "gradient_amplification":
-        ratio = e["ratios"][e["role"]][e["metric"]]
+        step, acc = e["validation_drop"]
         return (
-            f"{e['role']} ({e['slots'][e['role']]} slots) {e['metric']} rose {ratio:.2f}x by step "
-            f"{e['peak_step']} while single-slot roles stayed flat, before validation fell at "
-            f"step {e['validation_drop'][2]}"
+            f"{e['role']} ({e['slots'][e['role']]} slots) {e['metric']} rose "
+            f"{e['onset_ratio']:.2f}x by step {e['onset']} (running median of {e['window']}) "
+            f"while single-slot roles stayed flat; validation then fell to {acc:.3f} at step "
+            f"{step} (best before: {e['best_before']:.3f})"
         )
     if v.name == "sp_role_capture":
         return (

@@ -25,6 +25,7 @@ series never positive from there has no ratio (None).
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 
 RATIO_METRICS = ("chi2_update", "perplexity", "grad_norm")
@@ -74,6 +75,28 @@ def _peak_over_first(
         "peak_step": peak_step,
         "peak_over_first": peak / base[1] if base else None,
     }
+
+
+def rise_curve(
+    points: list[tuple[int, float]], start: int | None, window: int
+) -> list[tuple[int, float]]:
+    """(step, ratio) from ``start`` on (the warmup's end; every point when None or when nothing
+    is logged from there): the running median of the last ``window`` logged values over the first
+    positive such median, the baseline. A median of 3 lets no single value move the curve: the
+    sampled-token ``chi2_update`` estimate (mean rho^2 - 1) is noisy and can be negative, and one
+    spike fired the detector on a default-rate run (issue 13, D2). Empty when fewer than
+    ``window`` values are logged or no median is positive. ``window=1`` is the raw series."""
+    if start is not None and any(step >= start for step, _ in points):
+        points = [(step, v) for step, v in points if step >= start]
+    medians = [
+        (points[i][0], statistics.median(v for _, v in points[i - window + 1 : i + 1]))
+        for i in range(window - 1, len(points))
+    ]
+    base = next((m for _, m in medians if m > 0), None)
+    if base is None:
+        return []
+    first = next(i for i, (_, m) in enumerate(medians) if m > 0)
+    return [(step, m / base) for step, m in medians[first:]]
 
 
 def _collapse(points: list[tuple[int, float]]) -> float | None:

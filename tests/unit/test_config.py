@@ -19,6 +19,8 @@ def test_presets_resolve_and_paper_matches_table_7():
     )
     assert paper.grpo.aggregation == "seq-mean-token-mean"
     assert (paper.steps, paper.val_every, paper.ckpt_every) == (500, 10, 5)
+    assert (paper.rollout.temperature, paper.rollout.max_new_tokens) == (0.7, 5120)
+    assert (paper.model.name, paper.model.dtype) == ("Qwen/Qwen3-1.7B", "bfloat16")
     assert resolve({}).preset == "tiny"
 
 

@@ -6,17 +6,19 @@ log-probs and entropies of the policy before the update (``old_logp``, ``entropy
 the diagnostics and the finiteness checks all read this record; none keeps a copy of the turns'
 data. Its tensors are built once and moved once to the model's device (``build_batches(device=)``);
 micro-batches (:meth:`AdapterBatch.chunk`) are slices on that device, and log-probs stay there.
+The lengths are also kept on the host (``seq_len``, ``completion_len``), known from the turns'
+token lists: every shape (micro-batch cuts, padded widths) is decided without reading the device.
 
 Layout per adapter, N turns, S = longest prompt + completion, L = longest completion::
 
     ids          (N, S) long   prompt then completion, right-padded with the pad id
     prompt_len   (N,)   long
-    seq_len      (N,)   long   prompt + completion length
     targets      (N, L) long   completion ids, 0 on padding
     mask         (N, L) bool   True on real completion tokens
-    sampler_logp (N, L) float  the sampler's log-probs, 0 on padding
-    advantages   (N,)   float
-    old_logp, entropy (N, L) float, 0 on padding (set by scoring)
+    sampler_logp (N, L) float32  the sampler's log-probs, 0 on padding
+    rewards, advantages (N,) float32
+    old_logp, entropy (N, L) float32, 0 on padding (set by scoring)
+    seq_len, completion_len    N ints on the host: prompt + completion, completion lengths
 
 Turns on the frozen base (``__base__``) are not trained and have no batch.
 """
@@ -57,10 +59,11 @@ class AdapterBatch:
     advantages: Tensor
     ids: Tensor
     prompt_len: Tensor
-    seq_len: Tensor
     targets: Tensor
     mask: Tensor
     sampler_logp: Tensor
+    seq_len: list[int]
+    completion_len: list[int]
     old_logp: Tensor | None = None
     entropy: Tensor | None = None
 
@@ -78,9 +81,9 @@ class AdapterBatch:
         rows = list(rows)
         device = self.ids.device
         index = torch.tensor(rows, dtype=torch.long, device=device)
-        seq_len = self.seq_len[index]
-        seq = int(seq_len.max())
-        width = int(self.mask[index].sum(1).max())
+        seq = max(self.seq_len[r] for r in rows)
+        width = max(self.completion_len[r] for r in rows)
+        seq_len = self.prompt_len[index] + self.mask[index].sum(1)  # (T,)
         attention = (torch.arange(seq, device=device)[None, :] < seq_len[:, None]).long()
         return Chunk(
             rows,
@@ -139,7 +142,8 @@ def _pack(
 ) -> AdapterBatch:
     n = len(turns)
     seq_len = [len(t.prompt_ids) + len(t.completion_ids) for t in turns]
-    width = max(len(t.completion_ids) for t in turns)
+    completion_len = [len(t.completion_ids) for t in turns]
+    width = max(completion_len)
     ids = torch.full((n, max(seq_len)), pad_id, dtype=torch.long)
     targets = torch.zeros(n, width, dtype=torch.long)
     mask = torch.zeros(n, width, dtype=torch.bool)
@@ -163,8 +167,9 @@ def _pack(
         advantages=advantages[index].to(device=device, dtype=torch.float32),
         ids=ids.to(device),
         prompt_len=torch.tensor([len(t.prompt_ids) for t in turns], dtype=torch.long).to(device),
-        seq_len=torch.tensor(seq_len, dtype=torch.long).to(device),
         targets=targets.to(device),
         mask=mask.to(device),
         sampler_logp=sampler.to(device),
+        seq_len=seq_len,
+        completion_len=completion_len,
     )

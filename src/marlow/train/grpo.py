@@ -83,17 +83,21 @@ def score_old(model, batch: AdapterBatch, temperature: float, micro_tokens: int)
 
 
 def pre_update_stats(meter: Meter, batch: AdapterBatch) -> None:
-    """Entropy, perplexity and chi2_rollout (trainer vs sampler) per role, token-weighted."""
+    """Entropy, perplexity and chi2_rollout (trainer vs sampler) per role, token-weighted: one
+    read of the device per role."""
     for role, idx in batch.by_role().items():
-        mask = batch.mask[idx]
-        n = int(mask.sum())
+        n = sum(batch.completion_len[i] for i in idx)
         if n == 0:
             continue
+        mask = batch.mask[idx]
         lp = batch.old_logp[idx]
         sampler = batch.sampler_logp[idx].to(lp.dtype)
-        meter.mean(role, "entropy", float(batch.entropy[idx].sum()), n)
-        meter.mean(role, "nll", float(-lp.sum()), n)
-        meter.mean(role, "chi2_rollout", float(chi2_token(lp - sampler, mask)) * n, n)
+        ent, nll, chi2 = torch.stack(
+            [batch.entropy[idx].sum(), -lp.sum(), chi2_token(lp - sampler, mask)]
+        ).tolist()
+        meter.mean(role, "entropy", ent, n)
+        meter.mean(role, "nll", nll, n)
+        meter.mean(role, "chi2_rollout", chi2 * n, n)
 
 
 def kl_to_base_stats(
@@ -104,10 +108,9 @@ def kl_to_base_stats(
     Both sides are temperature-scaled, as the sampler's distribution is."""
     base, _ = _score_all(model, batch, BASE, temperature, micro_tokens)
     for role, idx in batch.by_role().items():
-        mask = batch.mask[idx]
-        n = int(mask.sum())
+        n = sum(batch.completion_len[i] for i in idx)
         if n:
-            kl = kl_k3(batch.old_logp[idx], base[idx].to(batch.old_logp.dtype), mask)
+            kl = kl_k3(batch.old_logp[idx], base[idx].to(batch.old_logp.dtype), batch.mask[idx])
             meter.mean(role, "kl_to_base", float(kl) * n, n)
 
 
@@ -144,9 +147,9 @@ def update_adapter(
         order = torch.randperm(len(batch), generator=generator).tolist()
         for start in range(0, len(order), cfg.minibatch_turns):
             idx = order[start : start + cfg.minibatch_turns]
-            width = int(batch.mask[idx].sum(1).max())
+            width = max(batch.completion_len[i] for i in idx)
             weights = token_weights(batch.mask[idx, :width], cfg.aggregation)  # (M, L)
-            total_loss = 0.0
+            total_loss = None  # () on the device: read once per update, after the backwards
             own = RoleGradients(params) if shared else None
             with use_adapter(model, adapter):
                 for local, s in score_rows(
@@ -176,11 +179,12 @@ def update_adapter(
                     )
                     w = weights[local, :w_chunk].to(s.logp.dtype)
                     loss = (w * out.loss).sum()
-                    if not torch.isfinite(loss):
-                        raise NonFiniteLoss(f"loss is {float(loss.detach())}")
                     loss.backward()
-                    total_loss += float(loss.detach())
+                    total_loss = loss.detach() if total_loss is None else total_loss + loss.detach()
                     _ratio_stats(meter, [batch.roles[i] for i in rows], out, s.mask)
+            loss_value = float(total_loss)
+            if not math.isfinite(loss_value):  # its gradients are dropped when the step is undone
+                raise NonFiniteLoss(f"loss is {loss_value}")
             if own is not None:
                 norms = own.finish()  # a role absent from this mini-batch has share 0 in it
                 total = sum(norms.values())
@@ -199,7 +203,7 @@ def update_adapter(
                 raise NonFiniteLoss(f"gradient norm is {norm}")
             meter.mean(adapter, "grad_norm", norm, 1, also_all=False)
             meter.max(adapter, "grad_norm_max", norm, also_all=False)
-            meter.mean(adapter, "loss", total_loss, 1, also_all=False)
+            meter.mean(adapter, "loss", loss_value, 1, also_all=False)
             updates += 1
     if fused:
         batch.old_logp, batch.entropy = old_logp, entropy
@@ -210,13 +214,14 @@ def update_adapter(
 
 class RoleGradients:
     """Each role's own gradient in one update, from snapshots of the accumulated gradient taken
-    where the (role-consecutive) micro-batches switch role."""
+    where the (role-consecutive) micro-batches switch role. Snapshots and norms stay on the
+    gradients' device (float32, the LoRA weights' dtype); :meth:`finish` reads them once."""
 
     def __init__(self, params: Sequence[torch.Tensor]) -> None:
         self.params = list(params)
         self.role: str | None = None
         self.before: list[torch.Tensor] = []
-        self.norms: dict[str, float] = {}
+        self.norms: dict[str, torch.Tensor] = {}  # role -> () norm on the device
 
     def _grads(self) -> list[torch.Tensor]:
         return [
@@ -234,23 +239,29 @@ class RoleGradients:
 
     def _close(self, now: list[torch.Tensor]) -> None:
         if self.role is not None:
-            sq = sum(float((a - b).pow(2).sum()) for a, b in zip(now, self.before, strict=True))
-            self.norms[self.role] = math.sqrt(sq)
+            sq = [(a - b).pow(2).sum() for a, b in zip(now, self.before, strict=True)]
+            self.norms[self.role] = torch.stack(sq).sum().sqrt()
 
     def finish(self) -> dict[str, float]:
+        """Each role's gradient norm in this update (one read of the device)."""
         self._close(self._grads())
         self.role = None
-        return self.norms
+        return dict(zip(self.norms, torch.stack(list(self.norms.values())).tolist(), strict=True))
 
 
 def _ratio_stats(meter: Meter, roles: Sequence[str], out, mask: torch.Tensor) -> None:
-    """Clip fractions and max ratio per role, from one micro-batch (whole-tensor ops, one sync)."""
+    """Clip fractions and max ratio per role, from one micro-batch (whole-tensor ops, one read
+    of the device)."""
     with torch.no_grad():
         m = mask.to(out.ratio.dtype)
-        n = mask.sum(1).tolist()
-        low = (out.clipped_low.to(m.dtype) * m).sum(1).tolist()
-        high = (out.clipped_high.to(m.dtype) * m).sum(1).tolist()
-        top = out.ratio.detach().masked_fill(~mask, float("-inf")).amax(1).tolist()
+        n, low, high, top = torch.stack(
+            [
+                m.sum(1),
+                (out.clipped_low.to(m.dtype) * m).sum(1),
+                (out.clipped_high.to(m.dtype) * m).sum(1),
+                out.ratio.detach().masked_fill(~mask, float("-inf")).amax(1),
+            ]
+        ).tolist()  # 4 x (T,)
     for role, k, lo, hi, r in zip(roles, n, low, high, top, strict=True):
         if k == 0:
             continue
@@ -266,18 +277,18 @@ def post_update_stats(
     Returns the new (N, L) log-probs (the trainer refuses an update that made them non-finite)."""
     new, _ = _score_all(model, batch, batch.adapter, temperature, micro_tokens)
     for role, idx in batch.by_role().items():
-        mask = batch.mask[idx]
-        n = int(mask.sum())
+        n = sum(batch.completion_len[i] for i in idx)
         if n:
             log_ratio = new[idx] - batch.old_logp[idx].to(new.dtype)
-            meter.mean(role, "chi2_update", float(chi2_token(log_ratio, mask)) * n, n)
+            chi2 = float(chi2_token(log_ratio, batch.mask[idx]))
+            meter.mean(role, "chi2_update", chi2 * n, n)
     return new[batch.mask]
 
 
 def probe_logp(model, batch: AdapterBatch, temperature: float) -> torch.Tensor:
     """Log-probs of the batch's shortest turn under its adapter: the cheap finiteness check of an
     updated policy on steps without the post-update rescoring."""
-    row = int(torch.argmin(batch.seq_len))
+    row = min(range(len(batch)), key=batch.seq_len.__getitem__)
     with torch.no_grad(), use_adapter(model, batch.adapter):
         _, scored = next(score_rows(model, batch, [row], temperature=temperature, micro_tokens=1))
     return scored.logp[scored.mask]

@@ -6,6 +6,11 @@ length P is predicted by the logits at position P + j - 1. Logits are divided by
 temperature, as verl does, so the ratio in the loss compares the same distribution the sampler
 drew from.
 
+Precision: the logits come in the base's dtype (bfloat16 under ``dtype=bfloat16``); they are cast
+to float32 before the temperature and the log-softmax
+(:func:`marlow.algo.stats.token_logprobs_and_entropy`), so log-probs and entropies are float32
+whatever the base's dtype, on the model's device.
+
 Turns are sorted by length and cut into micro-batches of at most ``micro_tokens`` padded tokens
 with little padding (memory and speed only: the result is the same up to float round-off). Under a
 Shared-Policy this matters: long aggregator prompts and short voter turns would otherwise share one
@@ -27,8 +32,8 @@ MAX_PAD_WASTE = 0.25  # at most this share of a micro-batch's padded tokens is p
 
 @dataclass
 class Scored:
-    logp: torch.Tensor  # (T, L) log-prob of each completion token; 0 on padding
-    entropy: torch.Tensor  # (T, L) entropy of the temperature-scaled policy; 0 on padding
+    logp: torch.Tensor  # (T, L) float32 log-prob of each completion token; 0 on padding
+    entropy: torch.Tensor  # (T, L) float32 entropy of the temperature-scaled policy; 0 on padding
     mask: torch.Tensor  # (T, L) bool, True on real completion tokens
 
 
@@ -94,7 +99,7 @@ def score_rows(
     free each chunk's graph before the next is built. ``by_role`` keeps micro-batches role-pure and
     each role's consecutive."""
     rows = list(rows)
-    lengths = batch.seq_len[rows].tolist()
+    lengths = [batch.seq_len[i] for i in rows]
     keys = [batch.roles[i] for i in rows] if by_role else None
     for local in micro_batches(lengths, micro_tokens, keys=keys):
         yield local, score_chunk(model, batch.chunk([rows[j] for j in local]), temperature)

@@ -12,13 +12,17 @@ Choices the paper does not fix, made here and recorded in each run's config:
   validation of a run samples with one fixed seed, so checkpoints are compared on the same draws
   as far as their policies agree. Validation uses n = 1.
 * The cosine schedule decays to 0 at ``steps`` and stays there past it.
+* ``device`` is checked here for its form only (``auto``, ``cpu``, ``cuda``, ``cuda:N``,
+  ``mps``): a config written on a GPU machine stays readable on a laptop (``marlow report``,
+  ``inspect``). Whether the device exists is checked where the run starts, before anything is
+  loaded or written (:func:`marlow.models.resolve_device`).
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -40,7 +44,6 @@ class ModelConfig(_Section):
     name: str = Field(
         "tiny-s", description="a tiny scale (tiny-s, tiny-m, tiny-l) or an HF id/path"
     )
-    dtype: Literal["float32", "bfloat16"] = "float32"
     pretrain_steps: int | None = Field(
         None, ge=1, description="tiny scales: override pretraining steps"
     )
@@ -318,9 +321,28 @@ class RewardsConfig(_Section):
     sandbox: SandboxConfig = SandboxConfig()
 
 
+DEVICES = "auto, cpu, cuda, cuda:N, mps"
+"""The device names a config may give (``device``); :func:`marlow.models.resolve_device` says
+what each means on the machine."""
+DEVICE_FORM = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+Dtype = Literal["float32", "bfloat16", "float16"]
+DTYPES: tuple[str, ...] = get_args(Dtype)
+"""The dtypes of the base weights (``dtype``); each is the name of a torch dtype."""
+
+
 class RunConfig(_Section):
     preset: Literal["paper", "tiny"] = "tiny"
     seed: int = 0
+    device: str = Field(
+        "auto",
+        description=f"where every tensor of the run lives: {DEVICES} (auto: cuda if available, "
+        "else mps, else cpu)",
+    )
+    dtype: Dtype = Field(
+        "float32",
+        description="the frozen base weights' dtype (and so its activations); LoRA weights, "
+        "optimizer state and log-prob arithmetic stay float32",
+    )
     steps: int = Field(
         500, ge=0, description="training steps; 0 only for an evaluation run (routing base or map)"
     )
@@ -341,6 +363,13 @@ class RunConfig(_Section):
     rewards: RewardsConfig = RewardsConfig()
     train: TrainConfig = TrainConfig()
 
+    @field_validator("device")
+    @classmethod
+    def _device_form(cls, v: str) -> str:
+        if not DEVICE_FORM.fullmatch(v):
+            raise ValueError(f"unknown device {v!r}; valid: {DEVICES}")
+        return v
+
     @model_validator(mode="after")
     def _trains_something(self) -> RunConfig:
         # steps 0 is the grid's evaluation-only cells (base and transfer controls); a run that
@@ -357,9 +386,9 @@ PER_TASK = "per_task"  # the key of a preset's per-task overlays (not a config f
 PRESETS: dict[str, dict[str, Any]] = {
     # The paper's Table 7 (real Qwen3 models on GPU). Every field's default *is* its Table 7 value
     # (steps, intervals, sampling, GRPO, optimizer, LoRA: one home, the fields); the preset only
-    # names the model. Response caps are per (workflow, task): the default 5120 is math's, set
+    # names the model and its bfloat16 base weights. Response caps are per (workflow, task): the default 5120 is math's, set
     # rollout.max_new_tokens to 2048 for code.
-    "paper": {"model": {"name": "Qwen/Qwen3-1.7B", "dtype": "bfloat16"}},
+    "paper": {"dtype": "bfloat16", "model": {"name": "Qwen/Qwen3-1.7B"}},
     # What works on the CPU tiny world in a quickstart's budget (measured: README). Per-role credit:
     # with the paper's broadcast credit Voting gained +3 points in 24 steps, with role credit +8.
     "tiny": {
@@ -483,9 +512,22 @@ def _valid_range(loc: tuple) -> str:
     return " and ".join(bounds) or "a finite number"
 
 
+def _refuse_moved(data: dict[str, Any]) -> None:
+    """``model.dtype`` moved to the top-level ``dtype`` (it is the run's precision, not a property
+    of the model's name). The old field is an error naming the new one, never silently mapped:
+    one home per setting. Run folders written before the move carry it in their config.yaml."""
+    model = data.get("model")
+    if isinstance(model, dict) and "dtype" in model:
+        raise ConfigError(
+            f"config field 'model.dtype' is now the top-level 'dtype' (write dtype: "
+            f"{model['dtype']}); valid: {', '.join(DTYPES)}"
+        )
+
+
 def resolve(data: dict[str, Any]) -> RunConfig:
     """Validate a merged dict over its preset (:func:`preset_settings`); raise ConfigError with
     one line naming the field."""
+    _refuse_moved(data)
     task = data.get("task")
     name = task.get("name") if isinstance(task, dict) else None
     preset = preset_settings(

@@ -1,4 +1,5 @@
-"""Loading the frozen base model and its tokenizer: a tiny scale or a Hugging Face id/path.
+"""Loading the frozen base model and its tokenizer: a tiny scale or a Hugging Face id/path, in
+the run's dtype, on the run's device.
 
 A tiny scale name (``tiny-s``, ``tiny-m``, ``tiny-l``) is pre-trained on first use and cached
 (``marlow.tiny.pretrain``), one model per task (the math and the code world each have their own
@@ -11,6 +12,13 @@ corpus). Anything else goes to ``from_pretrained``, after checks that fail fast 
   cached took 66-70 s of download retries to fail offline. With ``HF_HUB_OFFLINE`` set no
   request is made at all. The message says how to fix it (download it, or use a folder or a tiny
   scale).
+
+Precision (config ``dtype``): the base weights are loaded in that dtype, so its activations and
+logits are too. Everything marlow trains or accumulates stays float32 whatever the base's dtype:
+LoRA weights and their gradients (PEFT's ``autocast_adapter_dtype``,
+:func:`marlow.policy.adapters.attach_adapters`), AdamW state, and the log-prob, entropy, chi2 and
+KL arithmetic (logits are cast to float32 before the log-softmax). The model is moved to the
+run's device (config ``device``, :func:`resolve_device`) once, right after loading.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from marlow.config import ModelConfig
+from marlow.config import DEVICE_FORM, DEVICES, ConfigError, ModelConfig
 
 
 class ModelLoadError(RuntimeError):
@@ -92,39 +100,79 @@ def prompt_style(name: str) -> str:
     return "tiny" if is_tiny(name) else "chat"
 
 
+def resolve_device(name: str) -> torch.device:
+    """The device config ``device`` names, on this machine: ``auto`` is cuda if torch sees a CUDA
+    device, else mps if available, else cpu; ``cuda`` is the current CUDA device, with its index
+    (``cuda:0``), so that it compares equal to the device its tensors report. A device this
+    machine lacks is a one-line ConfigError listing the ones it has."""
+    if not DEVICE_FORM.fullmatch(name):
+        raise ConfigError(f"config field 'device': unknown device {name!r}; valid: {DEVICES}")
+    has_cuda = torch.cuda.is_available()
+    has_mps = torch.backends.mps.is_available()
+    if name == "auto":
+        name = "cuda" if has_cuda else "mps" if has_mps else "cpu"
+    kind, _, index = name.partition(":")
+    count = torch.cuda.device_count() if has_cuda else 0
+    present = {"cpu": True, "mps": has_mps, "cuda": count > (int(index) if index else 0)}
+    if not present[kind]:
+        here = ["auto", "cpu"] + (["cuda", *(f"cuda:{i}" for i in range(count))] if count else [])
+        if has_mps:
+            here.append("mps")
+        why = (
+            f"torch sees {count} CUDA device(s)"
+            if kind == "cuda"
+            else "torch.backends.mps.is_available() is False"
+        )
+        if kind == "cuda" and not count and torch.version.cuda is None:
+            why += f" (torch {torch.__version__} is a CPU-only build)"
+        raise ConfigError(
+            f"config field 'device' is {name!r} but this machine has no such device: {why}; "
+            f"valid here: {', '.join(here)}"
+        )
+    if kind == "cuda" and not index:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(name)
+
+
 def load_base(
     config: ModelConfig,
     log: Callable[[str], None] | None = None,
     task: str = "math",
     threads: int | None = None,
+    *,
+    dtype: str = "float32",
+    device: torch.device | str = "cpu",
 ):
-    """(model, tokenizer) with every base weight frozen. ``task`` picks the tiny world's
-    pre-training corpus and ``threads`` its torch threads if it must be pre-trained (both
-    ignored for a Hugging Face model)."""
+    """(model, tokenizer) with every base weight frozen, in ``dtype`` (a torch dtype's name,
+    config ``dtype``) and moved to ``device``. ``task`` picks the tiny world's pre-training
+    corpus and ``threads`` its torch threads if it must be pre-trained (both ignored for a
+    Hugging Face model); pre-training itself is float32 on the CPU, only the loaded copy is
+    cast."""
+    torch_dtype = getattr(torch, dtype)
     if is_tiny(config.name):
         from marlow.tiny.pretrain import load_tiny, pretrain_tiny
 
         path = pretrain_tiny(
             config.name, steps=config.pretrain_steps, log=log, task=task, threads=threads
         )
-        model, tokenizer = load_tiny(path)
+        model, tokenizer = load_tiny(path, dtype=torch_dtype)
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from marlow.tiny.pretrain import quiet_hf
 
         source = check_model_source(config.name)
-        dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
         try:
             tokenizer = AutoTokenizer.from_pretrained(source, padding_side="left")
             with quiet_hf():
-                model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+                model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
         except (OSError, ValueError) as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise ModelLoadError(
                 f"model.name {config.name!r} cannot be loaded (offline, or not a causal LM): "
                 f"{first}. Use a local path, a cached hub id, or a tiny scale: tiny-s, tiny-m, tiny-l"
             ) from None
+    model.to(device)
     for p in model.parameters():
         p.requires_grad_(False)
     model.eval()  # dropout off in the base; LoRA dropout is set by the adapter config

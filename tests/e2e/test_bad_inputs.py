@@ -247,7 +247,22 @@ CASES: list[Case] = [
         ["workflow.params", "rounds must be >= 0"],
     ),
     value("model-name-empty", "model.name=", "model.name", "tiny-s"),
-    value("model-dtype", "model.dtype=float16", "model.dtype", "'float32'"),
+    value("model-dtype", "model.dtype=bfloat16", "'model.dtype' is now", "float32, bfloat16"),
+    value("dtype", "dtype=float64", "'dtype'", "'float32', 'bfloat16' or 'float16'"),
+    value("device-tpu", "device=tpu", "'device'", "'tpu'", "auto, cpu, cuda, cuda:N, mps"),
+    value("device-meta", "device=meta", "'device'", "'meta'", "auto, cpu, cuda, cuda:N, mps"),
+    value("device-cuda-99", "device=cuda:99", "'device' is 'cuda:99'", "valid here: auto, cpu"),
+    # checked where the run starts, before the data, the model or any file: the machine's devices
+    *(
+        []
+        if torch.cuda.is_available()
+        else [value("device-no-cuda", "device=cuda", "'device' is 'cuda'", "valid here: auto")]
+    ),
+    *(
+        []
+        if torch.backends.mps.is_available()
+        else [value("device-no-mps", "device=mps", "'device' is 'mps'", "valid here: auto")]
+    ),
     value("pretrain-steps-0", "model.pretrain_steps=0", "model.pretrain_steps"),
     value("task-name", "task.name=physics", "task.name", "'math'"),
     value("task-val-size-0", "task.val_size=0", "task.val_size"),

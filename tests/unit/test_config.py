@@ -20,8 +20,9 @@ def test_presets_resolve_and_paper_matches_table_7():
     assert paper.grpo.aggregation == "seq-mean-token-mean"
     assert (paper.steps, paper.val_every, paper.ckpt_every) == (500, 10, 5)
     assert (paper.rollout.temperature, paper.rollout.max_new_tokens) == (0.7, 5120)
-    assert (paper.model.name, paper.model.dtype) == ("Qwen/Qwen3-1.7B", "bfloat16")
+    assert (paper.model.name, paper.dtype) == ("Qwen/Qwen3-1.7B", "bfloat16")
     assert resolve({}).preset == "tiny"
+    assert (resolve({}).device, resolve({}).dtype) == ("auto", "float32")
 
 
 def test_overrides_nest_and_parse_values():
@@ -46,6 +47,15 @@ def test_overrides_nest_and_parse_values():
         ("detect.on_alarm=panic", "'detect.on_alarm'"),
         ("preset=huge", "valid: paper, tiny"),
         ("optim.lr", "must look like key=value"),
+        ("device=tpu", "'device': unknown device 'tpu'; valid: auto, cpu, cuda, cuda:N, mps"),
+        ("device=meta", "'device': unknown device 'meta'; valid: auto, cpu, cuda, cuda:N, mps"),
+        ("device=cuda:-1", "'device': unknown device 'cuda:-1'; valid: auto"),
+        ("dtype=float64", "'dtype': Input should be 'float32', 'bfloat16' or 'float16'"),
+        (
+            "model.dtype=bfloat16",
+            "'model.dtype' is now the top-level 'dtype' (write dtype: bfloat16); valid: "
+            "float32, bfloat16, float16",
+        ),
     ],
 )
 def test_bad_fields_fail_in_one_line_naming_them(override, needle):
@@ -81,6 +91,15 @@ def test_workflow_fields_fail_in_one_line_where_workflows_are_built(override, ne
     message = str(err.value)
     assert needle in message
     assert "\n" not in message
+
+
+def test_model_dtype_in_a_file_names_its_new_home(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model: {name: tiny-s, dtype: float32}\n")
+    with pytest.raises(ConfigError, match="'model.dtype' is now the top-level 'dtype'"):
+        load_config(path)
+    path.write_text("dtype: bfloat16\ndevice: cpu\nmodel: {name: tiny-s}\n")
+    assert (load_config(path).dtype, load_config(path).device) == ("bfloat16", "cpu")
 
 
 def test_yaml_file_layers_over_preset(tmp_path):

@@ -13,6 +13,13 @@ Departures from plain PEFT usage, and why:
   ``requires_grad``. It also costs microseconds instead of a walk over every module.
 * **Parameters are matched by exact adapter name** (SPEC §4.7): ``...lora_A.<name>.weight`` with
   ``<name>`` a whole dotted path component, so adapters ``worker`` and ``workers`` never mix.
+* **LoRA weights are float32 on any base dtype.** PEFT first creates an adapter in its base
+  layer's dtype, then (``autocast_adapter_dtype=True``, passed explicitly here) casts bfloat16
+  and float16 LoRA weights to float32. Its LoRA forward casts the layer's input to the LoRA
+  weights' dtype and the sum back to the base output's dtype, so a bfloat16 base and float32
+  adapters mix with no autocast, and the gradients, and the AdamW state built from them, are
+  float32. (The random LoRA A of a bfloat16 base has passed through bfloat16 once on creation,
+  so it is the float32 run's rounded to bfloat16; B starts at 0 either way.)
 * **Saving is atomic per adapter**: each ``out_dir/<name>/`` is written beside its final place and
   renamed in, in the standard PEFT layout (``adapter_config.json`` + ``adapter_model.safetensors``)
   that ``PeftModel.from_pretrained(base, out_dir/<name>)`` loads anywhere.
@@ -111,7 +118,9 @@ def attach_adapters(
                 "ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning
             )
             try:
-                model = get_peft_model(base, config, adapter_name=names[0])
+                model = get_peft_model(
+                    base, config, adapter_name=names[0], autocast_adapter_dtype=True
+                )
             except ValueError as err:
                 if "target module" not in str(err).lower():
                     raise
@@ -122,7 +131,7 @@ def attach_adapters(
                 ) from None
         for i, name in enumerate(names[1:], start=1):
             torch.manual_seed(seed + i)
-            model.add_adapter(name, spec.to_peft())
+            model.add_adapter(name, spec.to_peft(), autocast_adapter_dtype=True)
     finally:
         torch.set_rng_state(rng_state)
     for p in model.base_model.model.parameters():

@@ -13,6 +13,12 @@ by adapter, one pass per adapter (MEASURED.md: faster than PEFT's mixed-adapter 
 also inference-only). Sampling draws from one ``torch.Generator`` seeded with ``params.seed`` per
 call, consumed group by group in order of first appearance, chunk by chunk: the same requests,
 params and ``max_batch`` give the same samples.
+
+Device and precision: every tensor of the loop (ids, masks, KV cache, the generator) is on the
+model's device; the logits come in the base's dtype and are cast to float32 before the
+temperature and the log-softmax, so sampling probabilities and recorded log-probs are float32.
+The host reads the device once per generated token (whether every row has stopped) and once per
+chunk at the end, to hand the sampled ids and log-probs over as Python lists.
 """
 
 from __future__ import annotations

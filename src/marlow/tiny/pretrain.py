@@ -133,12 +133,16 @@ def cache_key(
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
-def load_tiny(path: str | Path) -> tuple[Qwen3ForCausalLM, PreTrainedTokenizerFast]:
-    """(model in eval mode, tokenizer) from a folder written by :func:`pretrain_tiny`."""
+def load_tiny(
+    path: str | Path, dtype: torch.dtype = torch.float32
+) -> tuple[Qwen3ForCausalLM, PreTrainedTokenizerFast]:
+    """(model in eval mode, on the CPU, its weights cast to ``dtype``, tokenizer) from a folder
+    written by :func:`pretrain_tiny`. The folder always holds the float32 weights pre-training
+    made (:data:`PRECISION`); a run in bfloat16 casts its own copy here."""
     path = Path(path)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(path, padding_side="left")
     with quiet_hf():
-        model = Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float32)
+        model = Qwen3ForCausalLM.from_pretrained(path, dtype=dtype)
     return model.eval(), tokenizer
 
 

@@ -19,6 +19,12 @@ whose removal was cut short) never counts and is cleared by :func:`tidy`. :func:
 names the damaged file when reading fails or a value is not finite. Checkpoints written before
 manifests existed (``DONE`` holds just the step) are checked by loading them only.
 
+Devices: the trainer state is read onto the host and each optimizer moment then goes to its
+parameter's device, so a checkpoint resumes on another device. The RNG states saved are Python's,
+NumPy's and torch's CPU generator; an accelerator's global generator is not (the rollout and the
+mini-batch order use their own seeded generators, so on an accelerator only LoRA dropout > 0
+draws from it: such a run is reseeded, not continued, on resume; the paper's dropout is 0).
+
 Retention (:func:`prune`): a run keeps its last ``train.keep_checkpoints`` (default 2) plus the
 steps the trainer protects (its best validation, which ``detect.on_alarm=rollback`` restores), so
 a damaged latest checkpoint always has a good one before it.
@@ -241,7 +247,7 @@ def check(path: Path) -> None:
             break
     if damage is None:
         try:
-            state = torch.load(path / STATE, weights_only=False)
+            state = torch.load(path / STATE, map_location="cpu", weights_only=False)
             moments = [
                 v
                 for opt in state["optim"]["optimizers"].values()
@@ -269,7 +275,9 @@ def load(path: Path, model, adapters: list[str], optim: AdapterOptimizers) -> in
             raise CheckpointError(
                 f"checkpoint {path} does not fit this run: adapters/{name}: {_first_line(err)}"
             ) from None
-    state = torch.load(path / STATE, weights_only=False)
+    # Read onto the host: AdamW's load_state_dict moves each moment to its parameter's device, so
+    # a checkpoint written on one device resumes on another.
+    state = torch.load(path / STATE, map_location="cpu", weights_only=False)
     optim.load_state_dict(state["optim"])
     random.setstate(state["rng"]["python"])
     np.random.set_state(state["rng"]["numpy"])

@@ -21,8 +21,9 @@ checkpoint's step dropped. Choices made here, not fixed by the issue:
   stretches the schedule from the resume step on: the rate at the resume step jumps to the
   longer schedule's value. A run extended from 24 to 48 steps is therefore *not* the same as
   one started with 48; the ``resume`` event says so by listing the change.
-* ``threads`` is resume-safe (a machine setting), though another thread count may change
-  results at round-off level.
+* ``threads`` and ``device`` are resume-safe (machine settings), though another thread count or
+  device may change results at round-off level. ``dtype`` is not: bfloat16 against float32
+  changes the base's numerics far beyond round-off.
 * ``--resume-from STEP`` older than the latest checkpoint deletes the later checkpoints (their
   future is being redone), once every check has passed.
 """
@@ -40,6 +41,7 @@ RESUME_SAFE = {
     "steps": "may only grow (the run goes on to the new last step)",
     "sample_episodes": "episodes written as text per step",
     "threads": "torch threads, a machine setting",
+    "device": "the machine's accelerator (a run may move to another; results change at round-off)",
     "diagnostics.every": "which steps log the sampled diagnostics (chi2_update, kl_to_base)",
     "sinks": "the TensorBoard and W&B mirrors of metrics.jsonl",
     "train": "checkpoints kept and the non-finite streak that stops a run",

@@ -7,6 +7,18 @@ episodes per logged step, as text) and ``checkpoints/step_NNNNNN/``.
 Randomness is a pure function of (seed, step): the step's problems, its sampling seed and its
 mini-batch order. A run resumed from the checkpoint of step k therefore continues exactly as
 the uninterrupted run would have.
+
+Device and precision (config ``device``, ``dtype``; :mod:`marlow.models` says which tensor is in
+which dtype): the device is resolved first, before any data, model or file is touched, so a
+device the machine lacks is one line and an untouched folder. The base is moved there once after
+loading, the adapters are created there, and every tensor of the step is made there: the batch
+record (built on the host from the episodes' token lists, then moved once), scoring, the update,
+the diagnostics and the non-finite guard's snapshots. Values leave the device only as metrics
+(a few reads per role), as the control flow that needs them on the host (each update's gradient
+norm and summed loss, and whether the updated policy's log-probs are finite: a non-finite one
+undoes the update), and as the rollout's sampled tokens (:mod:`marlow.rollout.hf`). The
+mini-batch order is the one exception by design: it is a list of Python indices drawn from a CPU
+generator, so it is the same on every device and costs no device read.
 """
 
 from __future__ import annotations
@@ -27,7 +39,7 @@ from marlow.diagnostics.runstats import series
 from marlow.diagnostics.signatures import read_signatures, trajectory_signatures, write_signatures
 from marlow.diagnostics.sinks import JsonlSink, open_sinks, read_jsonl
 from marlow.fileio import write_json, write_text
-from marlow.models import load_base, prompt_style
+from marlow.models import load_base, prompt_style, resolve_device
 from marlow.policy.adapters import (
     LoraSpec,
     adapter_parameters,
@@ -74,12 +86,19 @@ class Trainer:
         if config.threads:
             torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
-        # What can be refused without the model is refused first: role-level settings, data.
+        # What can be refused without the model is refused first: role-level settings, the
+        # device, data.
         self.workflow = check_run_config(config)
+        self.device = resolve_device(config.device)
         self.task = build_task(config.task, log=self.log)
         self.isolation = sandbox_isolation(config, self.log)  # the code sandbox's, logged
         self.base, self.tokenizer = load_base(
-            config.model, log=self.log, task=config.task.name, threads=config.threads
+            config.model,
+            log=self.log,
+            task=config.task.name,
+            threads=config.threads,
+            dtype=config.dtype,
+            device=self.device,
         )
         self.style = prompt_style(config.model.name)
         self.grade = self.task.grader()
@@ -96,7 +115,6 @@ class Trainer:
             config.rollout.backend, self.model, self.tokenizer, max_batch=config.rollout.max_batch
         )
         self.pad_id = self.tokenizer.pad_token_id
-        self.device = next(self.model.parameters()).device
         self.optim = AdapterOptimizers(
             {a: list(adapter_parameters(self.model, a).values()) for a in self.adapters},
             lr=config.optim.lr,
@@ -184,7 +202,8 @@ class Trainer:
         t2 = time.perf_counter()
         meter = Meter()
         self.model.train()
-        gen = torch.Generator().manual_seed(step_seed(self.cfg.seed, step, salt=1))
+        # the mini-batch order: host indices, from a CPU generator (module docstring)
+        gen = torch.Generator(device="cpu").manual_seed(step_seed(self.cfg.seed, step, salt=1))
         for adapter in self.adapters:
             if adapter in batches:  # undone if non-finite (marlow.train.nonfinite)
                 self.nonfinite.update(
@@ -294,6 +313,7 @@ class Trainer:
         checkpoint step instead of the latest."""
         done = self._start(resume or resume_from is not None, resume_from)
         with open_sinks(self.out, self.cfg.sinks, self.cfg.model_dump()) as self.sinks:
+            self.log(f"device {self.device} (device={self.cfg.device}), base {self.cfg.dtype}")
             for line in self.sinks.describe():
                 self.log(line)
             self.sinks.truncate_after(done)

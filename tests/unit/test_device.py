@@ -1,0 +1,151 @@
+"""Device and precision (issue 15, item 1): which device a config's ``device`` names on this
+machine, and which dtype each tensor kind has when the base is bfloat16 (base weights bfloat16;
+LoRA weights, their gradients, AdamW state and log-probs float32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from marlow.algo.credit import CreditRows
+from marlow.config import ConfigError
+from marlow.models import resolve_device
+from marlow.policy.adapters import LoraSpec, adapter_parameters, attach_adapters, use_adapter
+from marlow.rollout.hf import HFEngine
+from marlow.train.batch import build_batches
+from marlow.train.optim import AdapterOptimizers
+from marlow.train.scoring import score_rows
+from marlow.types import GenRequest, SamplingParams, Turn
+
+NO_ACCELERATOR = not torch.cuda.is_available() and not torch.backends.mps.is_available()
+
+
+def machine(monkeypatch, cuda: int = 0, mps: bool = False) -> None:
+    """Pretend the machine has ``cuda`` CUDA devices (the current one: the last) and maybe mps."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: cuda - 1)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
+
+
+@pytest.mark.skipif(not NO_ACCELERATOR, reason="this machine has an accelerator")
+def test_auto_is_the_cpu_here_and_cpu_is_the_cpu():
+    assert resolve_device("auto") == torch.device("cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
+
+
+def test_auto_prefers_cuda_then_mps_then_cpu(monkeypatch):
+    machine(monkeypatch, cuda=2, mps=True)
+    assert resolve_device("auto") == torch.device("cuda", 1)  # the current device, with its index
+    assert resolve_device("cuda") == torch.device("cuda", 1)
+    assert resolve_device("cuda:0") == torch.device("cuda", 0)
+    machine(monkeypatch, cuda=0, mps=True)
+    assert resolve_device("auto") == torch.device("mps")
+    machine(monkeypatch, cuda=0, mps=False)
+    assert resolve_device("auto") == torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    ("cuda", "mps", "name", "message"),
+    [
+        (0, False, "cuda", "'device' is 'cuda' but this machine has no such device: torch sees "
+         "0 CUDA device(s)"),
+        (1, False, "cuda:1", "'device' is 'cuda:1' but this machine has no such device: torch "
+         "sees 1 CUDA device(s); valid here: auto, cpu, cuda, cuda:0"),
+        (0, True, "cuda", "valid here: auto, cpu, mps"),
+        (1, False, "mps", "'device' is 'mps' but this machine has no such device: "
+         "torch.backends.mps.is_available() is False; valid here: auto, cpu, cuda, cuda:0"),
+        (1, True, "meta", "'device': unknown device 'meta'; valid: auto, cpu, cuda, cuda:N, mps"),
+        (1, True, "tpu", "'device': unknown device 'tpu'; valid: auto, cpu, cuda, cuda:N, mps"),
+        (1, True, "cuda:", "unknown device 'cuda:'"),
+    ],
+)  # fmt: skip
+def test_a_device_the_machine_lacks_is_one_line_listing_those_it_has(
+    monkeypatch, cuda, mps, name, message
+):
+    machine(monkeypatch, cuda=cuda, mps=mps)
+    with pytest.raises(ConfigError) as err:
+        resolve_device(name)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+# -- dtypes under a bfloat16 base ------------------------------------------------------------
+
+
+def test_lora_weights_gradients_and_adamw_state_are_float32_on_a_bfloat16_base(make_model):
+    model = attach_adapters(make_model().to(torch.bfloat16), ["gen", "agg"], LoraSpec(8, 16), 0)
+    lora = {n: adapter_parameters(model, n) for n in ("gen", "agg")}
+    lora_ids = {id(p) for params in lora.values() for p in params.values()}
+    assert {p.dtype for params in lora.values() for p in params.values()} == {torch.float32}
+    base = [p for p in model.parameters() if id(p) not in lora_ids]
+    assert base and {p.dtype for p in base} == {torch.bfloat16}
+    optim = AdapterOptimizers(
+        {n: list(params.values()) for n, params in lora.items()},
+        lr=1e-2,
+        warmup=0,
+        total=10,
+        weight_decay=0.0,
+        betas=(0.9, 0.999),
+        grad_clip=1.0,
+        stepping="per-step",
+    )
+    ids = torch.randint(4, 60, (2, 12))
+    for name in ("gen", "agg"):
+        with use_adapter(model, name):
+            logits = model(input_ids=ids).logits  # (2, 12, V) in the base's dtype
+            assert logits.dtype == torch.bfloat16
+            logits.float().logsumexp(-1).mean().backward()
+        assert {p.grad.dtype for p in lora[name].values()} == {torch.float32}
+        assert optim.update(name) > 0
+        state = optim.optimizers[name].state
+        moments = [v for s in state.values() for k, v in s.items() if k != "step"]
+        assert moments and {v.dtype for v in moments} == {torch.float32}
+        snapshot = optim.snapshot(name)  # the non-finite guard's copy keeps dtype and device
+        assert {w.dtype for w in snapshot["weights"]} == {torch.float32}
+
+
+def make_turn(prompt: list[int], completion: list[int]) -> Turn:
+    return Turn(
+        role="generator",
+        slot=0,
+        round=0,
+        adapter="gen",
+        prompt_text="",
+        completion_text="",
+        prompt_ids=prompt,
+        completion_ids=completion,
+        sampler_logprobs=[0.0] * len(completion),
+        finish_reason="stop",
+    )
+
+
+def test_scored_logprobs_and_entropies_are_float32_arithmetic_on_bfloat16_logits(make_model):
+    """The scorer's log-probs equal a float64 log-softmax of the same bfloat16 logits within
+    1e-5; a bfloat16 log-softmax is off by up to ~1e-2 (its step at |logp| ~ 2 is 1/64)."""
+    model = attach_adapters(make_model(seed=1).to(torch.bfloat16), ["gen"], LoraSpec(8, 16), 0)
+    prompt, completion = [5, 17, 9, 30, 12], [40, 8, 22, 3]
+    turn = make_turn(prompt, completion)
+    rows = CreditRows([0], [0], ["generator"], [0], [0], [0.0], [None])
+    batch = build_batches([turn], rows, torch.zeros(1), pad_id=0)["gen"]
+    with torch.no_grad():
+        (_, scored), *_ = score_rows(model, batch, [0], temperature=0.7, micro_tokens=1000)
+        logits = model(input_ids=torch.tensor([prompt + completion])).logits[0]  # (S, V) bf16
+    assert logits.dtype == torch.bfloat16
+    assert scored.logp.dtype == scored.entropy.dtype == torch.float32
+    z = logits[len(prompt) - 1 : -1].double() / 0.7  # (L, V) the logits of the completion
+    want = torch.log_softmax(z, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
+    entropy = -(torch.softmax(z, -1) * torch.log_softmax(z, -1)).sum(-1)
+    torch.testing.assert_close(scored.logp[0].double(), want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(scored.entropy[0].double(), entropy, atol=1e-5, rtol=0)
+
+
+def test_sampler_logprobs_are_float32_on_a_bfloat16_base(make_model, tokenizer):
+    """bfloat16 log-probs would all be bfloat16 numbers; float32 arithmetic gives values that
+    bfloat16 cannot hold (a float32 log-softmax of the bfloat16 logits)."""
+    model = attach_adapters(make_model(seed=2).to(torch.bfloat16), ["gen"], LoraSpec(8, 16), 0)
+    reqs = [GenRequest(tokenizer.encode(p, add_special_tokens=False), "gen") for p in ("1+2=", "9")]
+    out = HFEngine(model, tokenizer).generate(reqs, SamplingParams(0.8, 12, seed=3))
+    logps = torch.tensor([lp for c in out for lp in c.logprobs])  # float32 from the engine
+    assert len(logps) > 10
+    held = logps.to(torch.bfloat16).float() == logps
+    assert held.float().mean() < 0.5, logps

@@ -401,6 +401,45 @@ def inspect(
 
 
 @app.command()
+def plan(
+    args: Annotated[
+        list[str] | None, typer.Argument(help="[CONFIG.yaml] [key=value ...]", show_default=False)
+    ] = None,
+    gpu_mem: Annotated[
+        float | None, typer.Option(help="GiB of accelerator memory: say whether the run fits")
+    ] = None,
+    prompt_tokens: Annotated[
+        int | None,
+        typer.Option(
+            help="prompt tokens of a rollout sequence, for the KV cache (the default is printed)",
+            min=0,
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
+) -> None:
+    """Size a run without loading a model (meta device): parameters, trainable LoRA parameters,
+    memory of weights, adapters and optimizer state, activations and KV cache."""
+    from marlow.config import load_config
+    from marlow.plan import plan_run
+    from marlow.plan import render as render_plan
+
+    if gpu_mem is not None and not 0 < gpu_mem < float("inf"):
+        _fail(f"--gpu-mem must be a positive number of GiB, got {gpu_mem}")
+    config, overrides = _split_args(args)
+    extra = {} if prompt_tokens is None else {"prompt_tokens": prompt_tokens}
+    try:
+        result = plan_run(load_config(config, overrides), gpu_mem_gib=gpu_mem, **extra)
+    except _user_errors() as err:
+        _fail(str(err))
+    if as_json:
+        print(json.dumps(result.to_dict(), indent=2))
+        return
+    out = Console()
+    for part in render_plan(result):
+        out.print(part)
+
+
+@app.command()
 def report(
     results: Annotated[Path, typer.Argument(help="a grid results folder (marlow grid --out)")],
     out: Annotated[

@@ -408,6 +408,32 @@ CASES: list[Case] = [
         files={"r/metrics.jsonl": '{"step": 0}\n'},
     ),
     Case("report-missing-folder", ["report", "nowhere"], ["nowhere"]),
+    # -- marlow plan: it loads no model, so no row needs one ---------------------------------
+    Case(
+        "plan-model-unknown",
+        ["plan", "model.name=Qwen/Qwen3-99B"],
+        ["model.name", "Qwen3-99B", "qwen3-0.6b, qwen3-1.7b, qwen3-4b", "tiny-s"],
+        env={"HF_HUB_OFFLINE": "1"},
+    ),
+    Case("plan-model-missing-folder", ["plan", "model.name=./nowhere"], ["model.name", "no such"]),
+    Case(
+        "plan-folder-without-config",
+        ["plan", "model.name=./m"],
+        ["model.name", "has no config.json", "qwen3-1.7b"],
+        files={"m/weights.bin": b"\x00"},
+    ),
+    Case("plan-gpu-mem-negative", ["plan", "--gpu-mem", "-1"], ["--gpu-mem", "positive"]),
+    Case("plan-gpu-mem-inf", ["plan", "--gpu-mem", "inf"], ["--gpu-mem", "positive"]),
+    Case("plan-gpu-mem-text", ["plan", "--gpu-mem", "lots"], ["--gpu-mem", "valid number"]),
+    Case("plan-prompt-tokens-negative", ["plan", "--prompt-tokens", "-5"], ["--prompt-tokens"]),
+    Case("plan-bad-override", ["plan", "optim.lr=inf"], ["optim.lr", "finite"]),
+    Case("plan-unknown-workflow", ["plan", "workflow.name=debate"], ["workflow.name", "voting"]),
+    Case(
+        "plan-unknown-target-module",
+        ["plan", "model.name=qwen3-0.6b", "policy.target_modules=[nope_proj]"],
+        ["policy.target_modules", "q_proj"],
+    ),
+    Case("plan-config-missing", ["plan", "nope.yaml"], ["nope.yaml"]),
 ]
 
 

@@ -1,0 +1,335 @@
+"""``marlow plan``: will a run fit? A dry run on PyTorch's meta device, from the config alone.
+
+The run's base model is built on ``torch.device("meta")`` from its architecture (shapes, no
+storage: no weights are loaded, nothing is downloaded, no file is written) and the run's LoRA
+adapters are attached to it exactly as the trainer attaches them (the routing the workflow's roles
+and ``policy.routing`` make; :func:`marlow.policy.adapters.attach_adapters`). Parameter counts
+are then read off the model; memory figures follow from them and the config by the formulas below
+(bytes; ``b`` is the run dtype's size: 4 float32, 2 bfloat16/float16).
+
+* **base weights** = P x b, with P the base's distinct parameters (tied embeddings once; buffers
+  such as RoPE's inverse frequencies are left out).
+* **adapter** (each) = 16 x its trainable LoRA parameters: weights, gradients, AdamW's exp_avg and
+  exp_avg_sq, all float32 whatever the run dtype. Every adapter is counted with its gradients,
+  though only the adapter being updated holds them at one time.
+* **activations of one micro-batch** = N x (per-token bytes), with N = the largest forward the
+  trainer makes: max(``grpo.micro_tokens``, one turn of prompt + ``rollout.max_new_tokens``
+  tokens), since a turn longer than ``micro_tokens`` is scored alone. Per token, what autograd
+  keeps for the backward of a Qwen3 decoder under LoRA (a frozen base: no weight gradients), with
+  h hidden, a / g query / key-value heads of size d, I the MLP width, L layers, V the vocabulary:
+
+      L x b x (2h + 3ad + 3gd + 4I)     per layer: the inputs of its 4 RMSNorms (2h + ad + gd);
+                                        SDPA's q, k, v and output (2ad + 2gd); SwiGLU's gate, up,
+                                        silu(gate) and their product (4I)
+    + 4 x sum over LoRA modules (in + r) each LoRA layer's input, cast to float32 by PEFT, and its
+                                        rank-r A output (in a float32 run q/k/v and gate/up share
+                                        one input, so this overcounts 3h per layer there)
+    + b x h                             the final norm's input
+    + V x (2b + 3 x 4)                  logits: the model's (all positions) and their gathered
+                                        completion positions in the run dtype, and the three
+                                        float32 (N, V) tensors live at once in
+                                        ``token_logprobs_and_entropy`` (upcast/temperature-scaled
+                                        logits, the log-softmax autograd keeps, the entropy's
+                                        temporary)
+
+  Attention is taken to be a memory-efficient SDPA kernel (no N x N score matrix: true for
+  flash/efficient attention on GPUs; PyTorch's math fallback on a CPU does keep one). Every token
+  is counted as a completion token (an upper bound for the float32 logit copies). A run whose
+  routing trains no adapter makes no backward: 0.
+* **KV cache of one rollout batch** = ``rollout.max_batch`` x (prompt + ``rollout.max_new_tokens``)
+  x L x 2 x g x d x b. The prompt length is not in the config: ``prompt_tokens`` (default
+  :data:`PROMPT_TOKENS`) is the assumption, and it is printed with the figure. A DAPO math problem
+  in Qwen3's chat template is a few hundred tokens; an aggregator's or synthesizer's prompt
+  carries earlier turns (up to N x max_new_tokens): give those lengths (the paper capped prompts
+  at 20480 for Voting/Orch-Workers math, Table 7) to size the worst batch.
+* **peak** = base weights + every adapter + max(activations, KV cache): a step's rollout and its
+  update do not overlap (the generation cache is freed before scoring). It leaves out the CUDA
+  context, allocator fragmentation and the optimizer's transient buffers: keep a margin.
+
+Model names: a shipped architecture (:mod:`marlow.archs`: ``qwen3-0.6b`` or its hub id
+``Qwen/Qwen3-0.6B``, likewise 1.7B and 4B), a tiny scale (its config from the tiny world's
+builder, not pre-trained), a local folder with a ``config.json``, or a hub id whose config is
+already in the local Hugging Face cache.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft.tuners.lora import LoraLayer
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+
+from marlow.archs import arch_config, arch_names, shipped_arch
+from marlow.config import ConfigError, RunConfig
+from marlow.policy.adapters import LoraSpec, adapter_parameters, attach_adapters
+from marlow.policy.routing import make_routing
+from marlow.tiny.model import SCALES, model_config
+from marlow.tiny.tokenizer import build_tokenizer
+from marlow.workflows.check import check_run_config
+
+PROMPT_TOKENS = 1024
+"""Default prompt length (tokens) of a rollout sequence, for the KV cache."""
+OPTIMIZER_BYTES = 16
+"""float32 weight, gradient, exp_avg and exp_avg_sq per trainable parameter."""
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The architecture numbers the memory formulas read (names as in the module docstring)."""
+
+    h: int  # hidden size
+    a: int  # query heads
+    g: int  # key-value heads
+    d: int  # head size
+    I: int  # noqa: E741  (the MLP width; the formulas' letter)
+    L: int  # decoder layers
+    V: int  # vocabulary
+
+    @classmethod
+    def of(cls, config: PretrainedConfig) -> Shape:
+        """The numbers of a decoder config in Qwen3/Llama field names (``head_dim`` defaults to
+        hidden / heads, key-value heads to the query heads); ConfigError when one is missing."""
+        needed = ("hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers")
+        missing = [f for f in (*needed, "vocab_size") if not getattr(config, f, None)]
+        if missing:
+            raise ConfigError(
+                f"config field 'model.name': its config.json ({config.model_type}) has no "
+                f"{', '.join(missing)}; plan's formulas read decoder configs with "
+                f"{', '.join(needed)} and vocab_size, as Qwen3 and Llama have"
+            )
+        heads = config.num_attention_heads
+        return cls(
+            config.hidden_size,
+            heads,
+            getattr(config, "num_key_value_heads", None) or heads,
+            getattr(config, "head_dim", None) or config.hidden_size // heads,
+            config.intermediate_size,
+            config.num_hidden_layers,
+            config.vocab_size,
+        )
+
+
+def activation_bytes_per_token(shape: Shape, b: int, lora: list[tuple[int, int]]) -> int:
+    """Bytes autograd keeps per token of a forward (module docstring); ``lora`` holds (in
+    features, rank) of every LoRA layer of one adapter."""
+    s = shape
+    layers = s.L * b * (2 * s.h + 3 * s.a * s.d + 3 * s.g * s.d + 4 * s.I)
+    adapters = 4 * sum(inp + r for inp, r in lora)
+    return layers + adapters + b * s.h + s.V * (2 * b + 3 * 4)
+
+
+def kv_cache_bytes(shape: Shape, b: int, sequences: int, tokens: int) -> int:
+    """Keys and values of ``sequences`` sequences of ``tokens`` tokens, every layer."""
+    return sequences * tokens * shape.L * 2 * shape.g * shape.d * b
+
+
+@dataclass(frozen=True)
+class AdapterPlan:
+    name: str
+    roles: list[str]
+    trainable: int  # LoRA parameters
+    bytes: int  # weights + gradients + AdamW state, float32
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str  # model.name as given
+    source: str  # where its architecture came from
+    dtype: str
+    parameters: int  # the base's, tied embeddings once
+    non_embedding: int  # without the input (and an untied output) embedding
+    lora_rank: int
+    adapters: list[AdapterPlan]
+    base_bytes: int
+    adapter_bytes: int  # all adapters
+    forward_tokens: int  # tokens of the largest forward: max(grpo.micro_tokens, one turn)
+    activation_bytes: int
+    max_batch: int
+    prompt_tokens: int
+    max_new_tokens: int
+    kv_cache_bytes: int
+    peak_bytes: int
+    gpu_mem_gib: float | None
+    fits: bool | None  # None without gpu_mem_gib
+    max_micro_tokens: int | None  # the largest grpo.micro_tokens that fits (None: none does)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def plan_run(
+    cfg: RunConfig, *, prompt_tokens: int = PROMPT_TOKENS, gpu_mem_gib: float | None = None
+) -> Plan:
+    """The memory plan of the run ``cfg`` describes (module docstring); ConfigError names a
+    field for a model, workflow or routing it cannot plan."""
+    if prompt_tokens < 0:
+        raise ValueError(f"prompt_tokens must be >= 0, got {prompt_tokens}")
+    workflow = check_run_config(cfg)
+    config, source = architecture(cfg.model.name)
+    shape = Shape.of(config)
+    dtype = getattr(torch, cfg.dtype)
+    b = dtype.itemsize
+    try:
+        with torch.device("meta"):
+            base = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    except ValueError as err:  # a config of no causal-LM class transformers knows
+        raise ConfigError(f"config field 'model.name': {source} is no causal LM ({err})") from None
+    parameters = _distinct_numel(base.parameters())
+    non_embedding = parameters - _distinct_numel(_embeddings(base))
+    adapters, lora = _attach(base, cfg, workflow.roles)
+    turn = prompt_tokens + cfg.rollout.max_new_tokens
+    tokens = max(cfg.grpo.micro_tokens, turn)
+    per_token = activation_bytes_per_token(shape, b, lora) if adapters else 0
+    base_bytes = parameters * b
+    adapter_bytes = sum(a.bytes for a in adapters)
+    activations = tokens * per_token
+    kv = kv_cache_bytes(shape, b, cfg.rollout.max_batch, turn)
+    peak = base_bytes + adapter_bytes + max(activations, kv)
+    fits = max_micro = None
+    if gpu_mem_gib is not None:
+        budget = gpu_mem_gib * GIB
+        fits = peak <= budget
+        room = budget - base_bytes - adapter_bytes
+        if adapters and room >= kv and room >= turn * per_token:
+            max_micro = math.floor(room / per_token)
+    return Plan(
+        model=cfg.model.name,
+        source=source,
+        dtype=cfg.dtype,
+        parameters=parameters,
+        non_embedding=non_embedding,
+        lora_rank=cfg.policy.lora_rank,
+        adapters=adapters,
+        base_bytes=base_bytes,
+        adapter_bytes=adapter_bytes,
+        forward_tokens=tokens,
+        activation_bytes=activations,
+        max_batch=cfg.rollout.max_batch,
+        prompt_tokens=prompt_tokens,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        kv_cache_bytes=kv,
+        peak_bytes=peak,
+        gpu_mem_gib=gpu_mem_gib,
+        fits=fits,
+        max_micro_tokens=max_micro,
+    )
+
+
+def _attach(
+    base: PreTrainedModel, cfg: RunConfig, roles: list[str]
+) -> tuple[list[AdapterPlan], list[tuple[int, int]]]:
+    """Attach the run's adapters to ``base`` (on the meta device) as the trainer does: one per
+    adapter the routing of the workflow's ``roles`` makes. Returns their plans and (in features,
+    rank) of each LoRA layer of one of them (all adapters share one spec)."""
+    pol = cfg.policy
+    routing = make_routing(pol.routing, roles, pol.role_map)
+    names = routing.adapters
+    if not names:
+        return [], []
+    spec = LoraSpec(pol.lora_rank, pol.lora_alpha, pol.lora_dropout, pol.target_modules)
+    with torch.device("meta"):  # the LoRA tensors too: nothing is allocated
+        model = attach_adapters(base, names, spec, seed=cfg.seed)
+    plans = []
+    for name in names:
+        n = sum(p.numel() for p in adapter_parameters(model, name).values())
+        plans.append(AdapterPlan(name, routing.roles_of(name), n, OPTIMIZER_BYTES * n))
+    shapes = [
+        (layer.lora_A[names[0]].in_features, layer.r[names[0]])
+        for layer in model.modules()
+        if isinstance(layer, LoraLayer) and names[0] in layer.lora_A
+    ]
+    return plans, shapes
+
+
+def architecture(name: str) -> tuple[PretrainedConfig, str]:
+    """The config of model ``name`` and where it came from, without the hub (module docstring)."""
+    arch = shipped_arch(name)
+    if arch is not None:
+        return AutoConfig.for_model(**arch_config(arch)), f"shipped architecture {arch}"
+    if name in SCALES:
+        return model_config(name, len(build_tokenizer())), f"tiny scale {name} (not pre-trained)"
+    valid = (
+        f"valid: {', '.join(arch_names())} (or their hub ids, e.g. Qwen/Qwen3-1.7B), "
+        f"{', '.join(SCALES)}, a folder with a config.json, or a hub id in the local cache"
+    )
+    path = Path(name).expanduser()
+    if name.startswith(("/", ".", "~")) or path.is_dir():
+        if not (path / "config.json").is_file():
+            what = "has no config.json" if path.is_dir() else "is no such folder"
+            raise ConfigError(f"config field 'model.name': {name!r} {what}; {valid}")
+        return AutoConfig.from_pretrained(path), f"folder {path}"
+    try:
+        return AutoConfig.from_pretrained(name, local_files_only=True), f"hub cache {name}"
+    except (OSError, ValueError):
+        raise ConfigError(
+            f"config field 'model.name': {name!r} is not a shipped architecture, a tiny scale, a "
+            f"folder or a cached hub id (plan downloads nothing); {valid}"
+        ) from None
+
+
+def _distinct_numel(params) -> int:
+    return sum(p.numel() for p in {id(p): p for p in params}.values())
+
+
+def _embeddings(model: PreTrainedModel) -> list[torch.nn.Parameter]:
+    """The input embedding and, unless tied to it, the output embedding (the Qwen3 cards'
+    "non-embedding" count leaves both out)."""
+    modules = [model.get_input_embeddings(), model.get_output_embeddings()]
+    return [m.weight for m in modules if m is not None]
+
+
+def render(plan: Plan) -> list:
+    """The plan as rich renderables: a table (base, each adapter, activations, KV cache, peak),
+    what each row holds, and the verdict against ``gpu_mem_gib``."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=f"{plan.model}: {plan.source}, {plan.dtype}, LoRA rank {plan.lora_rank}")
+    table.add_column("part")
+    for name in ("parameters", "trainable", "memory"):
+        table.add_column(name, justify="right")
+    table.add_row("base", f"{plan.parameters:,}", "0", _gib(plan.base_bytes))
+    for a in plan.adapters:
+        label = f"adapter {a.name}" + ("" if a.roles == [a.name] else f" ({', '.join(a.roles)})")
+        table.add_row(label, f"{a.trainable:,}", f"{a.trainable:,}", _gib(a.bytes))
+    table.add_row("activations", "", "", _gib(plan.activation_bytes))
+    table.add_row("KV cache", "", "", _gib(plan.kv_cache_bytes))
+    trainable = sum(a.trainable for a in plan.adapters)
+    total = f"{plan.parameters + trainable:,}"
+    table.add_row("peak", total, f"{trainable:,}", _gib(plan.peak_bytes), style="bold")
+    notes = [
+        f"base: {plan.dtype} weights; {plan.non_embedding:,} non-embedding parameters",
+        "adapters: LoRA weights, gradients and AdamW state, float32; activations: one "
+        f"micro-batch of {plan.forward_tokens:,} tokens"
+        if plan.adapters
+        else "adapters: none (the routing trains nothing, so no backward and no activations)",
+        f"KV cache: one rollout batch of {plan.max_batch} sequences x ({plan.prompt_tokens:,} "
+        f"prompt (--prompt-tokens) + {plan.max_new_tokens:,} new) tokens",
+        "peak: base + adapters + max(activations, KV cache)",
+    ]
+    out: list = [table, Text("\n".join(notes), style="dim")]
+    if plan.gpu_mem_gib is not None:
+        if plan.fits:
+            spare = plan.gpu_mem_gib * GIB - plan.peak_bytes
+            verdict = f"fits in {plan.gpu_mem_gib:g} GiB ({_gib(spare)} spare)"
+        else:
+            verdict = f"does NOT fit in {plan.gpu_mem_gib:g} GiB"
+            if plan.max_micro_tokens is not None:
+                verdict += f"; grpo.micro_tokens={plan.max_micro_tokens:,} or less would"
+            else:
+                verdict += (
+                    "; the weights with one turn's activations or the rollout's KV cache already "
+                    "pass it (lower rollout.max_batch or rollout.max_new_tokens, or a smaller model)"
+                )
+        out.append(Text(verdict))
+    return out
+
+
+def _gib(n: float) -> str:
+    """Bytes in GiB, or in MiB below one GiB (tiny scales)."""
+    return f"{n / GIB:,.2f} GiB" if n >= GIB else f"{n / 2**20:,.2f} MiB"

@@ -1,0 +1,253 @@
+"""``marlow plan`` (marlow.plan): parameter counts of the shipped Qwen3 architectures against the
+published figures and a real ``Qwen3ForCausalLM``, LoRA counts against a hand formula and PEFT,
+memory figures against their formulas worked out here, and the fit verdict at its edge.
+
+Every expected number is either a published figure (the Qwen3 model cards) or computed in this
+file from the architecture's config.json fields, independently of marlow.plan's code."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from marlow.archs import HUB_IDS, arch_config, arch_names
+from marlow.config import ConfigError, load_config
+from marlow.plan import GIB, plan_run
+from marlow.tiny.model import build_model, n_parameters
+from marlow.tiny.tokenizer import build_tokenizer
+
+# The Qwen3 model cards: "Number of Parameters" and "Number of Paramaters (Non-Embedding)", as
+# printed (the number of decimals is the precision they are published to).
+PUBLISHED = {
+    "qwen3-0.6b": ("0.6", "0.44"),
+    "qwen3-1.7b": ("1.7", "1.4"),
+    "qwen3-4b": ("4.0", "3.6"),
+}
+
+
+def plan(*overrides: str, **kwargs):
+    return plan_run(load_config(None, list(overrides)), **kwargs)
+
+
+def fields(arch: str) -> dict:
+    c = arch_config(arch)
+    return {
+        "h": c["hidden_size"],
+        "a": c["num_attention_heads"],
+        "g": c["num_key_value_heads"],
+        "d": c["head_dim"],
+        "I": c["intermediate_size"],
+        "L": c["num_hidden_layers"],
+        "V": c["vocab_size"],
+    }
+
+
+def hand_parameters(arch: str) -> tuple[int, int]:
+    """(total, non-embedding) of a Qwen3 decoder with tied embeddings, from its config fields."""
+    f = fields(arch)
+    h, a, g, d, inter = f["h"], f["a"], f["g"], f["d"], f["I"]
+    attention = h * a * d + 2 * h * g * d + a * d * h + 2 * d  # q, k, v, o; q_norm, k_norm
+    layer = attention + 3 * h * inter + 2 * h  # SwiGLU; two RMSNorms
+    non_embedding = f["L"] * layer + h  # + the final norm
+    return non_embedding + f["V"] * h, non_embedding
+
+
+def hand_lora(arch: str, r: int, targets=("q", "k", "v", "o", "gate", "up", "down")) -> int:
+    """sum over layers of r * (in + out) per targeted linear."""
+    f = fields(arch)
+    h, q, kv, inter = f["h"], f["a"] * f["d"], f["g"] * f["d"], f["I"]
+    shapes = {
+        "q": (h, q),
+        "k": (h, kv),
+        "v": (h, kv),
+        "o": (q, h),
+        "gate": (h, inter),
+        "up": (h, inter),
+        "down": (inter, h),
+    }
+    return f["L"] * sum(r * (i + o) for i, o in (shapes[t] for t in targets))
+
+
+def meta_qwen3(arch: str) -> Qwen3ForCausalLM:
+    with torch.device("meta"):
+        return Qwen3ForCausalLM(Qwen3Config(**arch_config(arch)))
+
+
+@pytest.mark.parametrize("arch", arch_names())
+def test_counts_match_the_published_figures_and_a_real_qwen3(arch):
+    p = plan(f"model.name={arch}")
+    total, non_embedding = hand_parameters(arch)
+    assert (p.parameters, p.non_embedding) == (total, non_embedding)
+    real = meta_qwen3(arch)
+    distinct = {id(t): t for t in real.parameters()}.values()
+    assert sum(t.numel() for t in distinct) == total
+    assert real.lm_head.weight is real.model.embed_tokens.weight  # tied: the cards count it once
+    published_total, published_non_embedding = PUBLISHED[arch]
+    decimals = len(published_non_embedding.split(".")[1])
+    assert f"{p.parameters / 1e9:.1f}" == published_total
+    assert f"{p.non_embedding / 1e9:.{decimals}f}" == published_non_embedding
+
+
+def test_the_0_6b_count_to_three_places():
+    assert f"{plan('model.name=qwen3-0.6b').parameters / 1e9:.3f}" == "0.596"
+
+
+@pytest.mark.parametrize("hub_id", sorted(HUB_IDS))
+def test_hub_ids_name_the_shipped_architecture_without_the_hub(hub_id, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    p = plan(f"model.name={hub_id}")
+    assert p.source == f"shipped architecture {HUB_IDS[hub_id]}"
+    assert p.parameters == hand_parameters(HUB_IDS[hub_id])[0]
+
+
+def test_the_paper_preset_plans_qwen3_1_7b_in_bfloat16():
+    p = plan("preset=paper")
+    assert (p.model, p.dtype, p.parameters) == ("Qwen/Qwen3-1.7B", "bfloat16", 1_720_574_976)
+
+
+@pytest.mark.parametrize(
+    ("arch", "rank"), [("qwen3-0.6b", 8), ("qwen3-0.6b", 64), ("qwen3-1.7b", 64), ("qwen3-4b", 64)]
+)
+def test_lora_counts_equal_the_hand_formula_and_peft(arch, rank):
+    p = plan(f"model.name={arch}", f"policy.lora_rank={rank}", "workflow.name=voting")
+    assert [a.name for a in p.adapters] == ["generator", "aggregator"]  # IP: one per role type
+    expected = hand_lora(arch, rank)
+    assert [a.trainable for a in p.adapters] == [expected, expected]
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*is_gradient_checkpointing.*", FutureWarning)
+        peft_model = get_peft_model(
+            meta_qwen3(arch), LoraConfig(r=rank, target_modules="all-linear")
+        )
+    assert peft_model.get_nb_trainable_parameters()[0] == expected
+
+
+def test_lora_on_named_modules_and_the_routings():
+    only_qv = ("policy.target_modules=[q_proj, v_proj]", "policy.lora_rank=4")
+    p = plan("model.name=qwen3-0.6b", *only_qv, "policy.routing=sp")
+    assert [(a.name, a.roles) for a in p.adapters] == [("shared", ["generator", "aggregator"])]
+    assert p.adapters[0].trainable == hand_lora("qwen3-0.6b", 4, ("q", "v"))
+    orch = plan("model.name=qwen3-0.6b", "workflow.name=orch_workers")
+    assert [a.name for a in orch.adapters] == ["orchestrator", "worker", "synthesizer"]
+    base = plan("model.name=qwen3-0.6b", "policy.routing=base")
+    assert base.adapters == [] and base.adapter_bytes == 0 and base.activation_bytes == 0
+
+
+def hand_activation_bytes(arch: str, b: int, r: int, tokens: int) -> int:
+    """The module docstring's formula for LoRA on all 7 linears, written out for Qwen3."""
+    f = fields(arch)
+    h, ad, gd, inter, L, V = f["h"], f["a"] * f["d"], f["g"] * f["d"], f["I"], f["L"], f["V"]
+    layer = b * (2 * h + 3 * ad + 3 * gd + 4 * inter)
+    lora_inputs = 3 * h + ad + 2 * h + inter  # q, k, v | o | gate, up | down
+    lora = 4 * (lora_inputs + 7 * r)
+    return tokens * (L * (layer + lora) + b * h + V * (2 * b + 3 * 4))
+
+
+@pytest.mark.parametrize(
+    ("dtype", "micro_tokens", "prompt", "new"),
+    [("bfloat16", 8192, 1024, 512), ("float32", 4096, 700, 3900), ("float16", 1000, 300, 200)],
+)
+def test_memory_figures_equal_their_formulas(dtype, micro_tokens, prompt, new):
+    arch, r, max_batch = "qwen3-0.6b", 32, 24
+    p = plan(
+        f"model.name={arch}",
+        f"dtype={dtype}",
+        f"policy.lora_rank={r}",
+        f"grpo.micro_tokens={micro_tokens}",
+        f"rollout.max_batch={max_batch}",
+        f"rollout.max_new_tokens={new}",
+        prompt_tokens=prompt,
+    )
+    b = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
+    f = fields(arch)
+    total, _ = hand_parameters(arch)
+    lora = hand_lora(arch, r)
+    assert p.base_bytes == total * b
+    assert [a.bytes for a in p.adapters] == [16 * lora, 16 * lora]  # f32 w, grad, m, v
+    assert p.adapter_bytes == 2 * 16 * lora
+    tokens = max(micro_tokens, prompt + new)  # a turn longer than micro_tokens is scored alone
+    assert p.forward_tokens == tokens
+    assert p.activation_bytes == hand_activation_bytes(arch, b, r, tokens)
+    kv = max_batch * (prompt + new) * f["L"] * 2 * f["g"] * f["d"] * b
+    assert p.kv_cache_bytes == kv
+    assert p.peak_bytes == total * b + 2 * 16 * lora + max(p.activation_bytes, kv)
+
+
+def test_the_peak_takes_the_larger_of_rollout_and_update():
+    small_update = plan("grpo.micro_tokens=64", "rollout.max_new_tokens=64")  # tiny-s
+    assert small_update.kv_cache_bytes > small_update.activation_bytes
+    assert small_update.peak_bytes == (
+        small_update.base_bytes + small_update.adapter_bytes + small_update.kv_cache_bytes
+    )
+    small_rollout = plan("rollout.max_batch=1")
+    assert small_rollout.activation_bytes > small_rollout.kv_cache_bytes
+    assert small_rollout.peak_bytes == (
+        small_rollout.base_bytes + small_rollout.adapter_bytes + small_rollout.activation_bytes
+    )
+
+
+def test_gpu_mem_verdict_at_its_edge():
+    settings = ("model.name=tiny-m", "dtype=bfloat16", "grpo.micro_tokens=4096")
+    peak = plan(*settings).peak_bytes
+    assert plan(*settings).fits is None
+    assert plan(*settings, gpu_mem_gib=peak / GIB).fits is True
+    assert plan(*settings, gpu_mem_gib=(peak - 1) / GIB).fits is False
+
+
+def test_the_largest_micro_tokens_that_fits_does_and_one_more_does_not():
+    settings = ("model.name=tiny-m", "rollout.max_batch=8")
+    budget = 0.5  # GiB: the default 65,536-token micro-batch needs ~4
+    first = plan(*settings, gpu_mem_gib=budget)
+    assert first.fits is False and first.max_micro_tokens is not None
+    edge = first.max_micro_tokens
+    assert plan(*settings, f"grpo.micro_tokens={edge}", gpu_mem_gib=budget).fits is True
+    assert plan(*settings, f"grpo.micro_tokens={edge + 1}", gpu_mem_gib=budget).fits is False
+    kv_bound = plan(*settings, "rollout.max_batch=4096", gpu_mem_gib=budget)
+    assert kv_bound.fits is False and kv_bound.max_micro_tokens is None  # the rollout alone
+
+
+def test_a_tiny_scale_uses_the_tiny_builder_without_pretraining(monkeypatch, tmp_path):
+    monkeypatch.setenv("MARLOW_CACHE", str(tmp_path / "cache"))
+
+    def no_pretraining(*args, **kwargs):
+        raise AssertionError("plan pre-trained a tiny scale")
+
+    monkeypatch.setattr("marlow.tiny.pretrain.pretrain_tiny", no_pretraining)
+    p = plan("model.name=tiny-m")
+    assert p.parameters == n_parameters(build_model("tiny-m", len(build_tokenizer())))
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_local_folder_with_a_config_json(tmp_path):
+    folder = tmp_path / "my-qwen"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(arch_config("qwen3-0.6b")))
+    p = plan(f"model.name={folder}")
+    assert p.source == f"folder {folder}"
+    assert p.parameters == hand_parameters("qwen3-0.6b")[0]
+
+
+@pytest.mark.parametrize(
+    ("name", "needle"),
+    [
+        ("Qwen/Qwen3-99B", "not a shipped architecture"),
+        ("./no-such-folder", "no such folder"),
+        ("tiny-xl", "not a shipped architecture"),
+    ],
+)
+def test_a_model_it_cannot_plan_names_the_field_and_the_choices(name, needle, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConfigError) as err:
+        plan(f"model.name={name}")
+    message = str(err.value)
+    assert needle in message and "model.name" in message
+    assert "qwen3-0.6b" in message and "tiny-s" in message
+
+
+def test_a_folder_without_config_json(tmp_path):
+    with pytest.raises(ConfigError, match="has no config.json"):
+        plan(f"model.name={tmp_path}")

@@ -9,16 +9,23 @@ Two styles share one code path:
   changes what the tiny model was taught: the corpus hash includes this module's templates of
   the task the model is pre-trained for (math keys cover the math templates only).
 
-Templates are ``str.format`` strings. The fields a template may use are the ones
-:func:`marlow.workflows.engine.context` provides: ``problem``, ``answer`` (the episode's latest
-generator output), ``critique`` (the latest evaluator output), ``candidates`` (the generator
-outputs, numbered ``1) ...``), ``strategy`` (the strategy of this worker slot), ``solutions`` (the
-worker outputs, numbered), ``n`` (how many candidates / strategies).
+This is the prompt *library*: a workflow file's stage names one of its templates as
+``ROLE/VARIANT`` (``generator/revise``), or uses a template of its own
+(:mod:`marlow.workflows.schema`). The library is read-only, so that no workflow, registered or
+declared, can change what the tiny world's cache key hashes.
+
+Templates are ``str.format`` strings. Their fields are what the workflow file's stage reads
+(``reads: {answer: last.generator}``), the problem and the workflow's parameters: the built-in
+files give ``problem``, ``answer`` (the latest generator output), ``critique`` (the latest
+evaluator output), ``candidates`` (the generator outputs, numbered ``1) ...``), ``strategy``
+(the strategy of this worker slot), ``solutions`` (the worker outputs, numbered), ``n`` (how
+many candidates / strategies).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 
 STYLES = ("chat", "tiny")
 
@@ -112,7 +119,9 @@ _TINY: dict[tuple[str, str, str], str] = {
     ("code", "synthesizer", "conclude"): "P: {problem}\n{solutions}\nFinal:",
 }
 
-TEMPLATES: dict[str, dict[tuple[str, str, str], str]] = {"chat": _CHAT, "tiny": _TINY}
+TEMPLATES: Mapping[str, Mapping[tuple[str, str, str], str]] = MappingProxyType(
+    {"chat": MappingProxyType(_CHAT), "tiny": MappingProxyType(_TINY)}
+)
 
 GENERIC_STRATEGY = {"chat": "Solve it directly, step by step.", "tiny": "direct"}
 """Filled in for each strategy the orchestrator did not provide (counted as a fallback)."""
@@ -130,16 +139,19 @@ def template(style: str, task: str, role: str, variant: str) -> str:
     return table[key]
 
 
-def render(style: str, task: str, role: str, variant: str, fields: Mapping[str, object]) -> str:
-    """Fill the template; a missing field names the template and the field."""
-    text = template(style, task, role, variant)
+def fill(text: str, fields: Mapping[str, object], label: str) -> str:
+    """Fill a template; a missing field names the template (``label``) and the field."""
     try:
         return text.format_map(fields)
     except KeyError as err:
         raise ValueError(
-            f"prompt {style}/{task}/{role}/{variant} needs field {err.args[0]!r}; "
-            f"given: {', '.join(sorted(fields))}"
+            f"prompt {label} needs field {err.args[0]!r}; given: {', '.join(sorted(fields))}"
         ) from None
+
+
+def render(style: str, task: str, role: str, variant: str, fields: Mapping[str, object]) -> str:
+    """Fill the library template (style, task, role, variant)."""
+    return fill(template(style, task, role, variant), fields, f"{style}/{task}/{role}/{variant}")
 
 
 def numbered(texts: list[str], style: str) -> str:
@@ -147,12 +159,3 @@ def numbered(texts: list[str], style: str) -> str:
     if style == "tiny":
         return "\n".join(f"{i}) {t.strip().replace(chr(10), '; ')}" for i, t in enumerate(texts, 1))
     return "\n\n".join(f"Candidate {i}:\n{t.strip()}" for i, t in enumerate(texts, 1))
-
-
-def register_template(style: str, task: str, role: str, variant: str, text: str) -> None:
-    """Add a template for a user-defined task, role or workflow. Refuses to overwrite."""
-    table = TEMPLATES.setdefault(style, {})
-    key = (task, role, variant)
-    if key in table:
-        raise ValueError(f"prompt {style}/{task}/{role}/{variant} already exists")
-    table[key] = text

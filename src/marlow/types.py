@@ -58,6 +58,7 @@ class Turn:
     finish_reason: FinishReason
     completion_text: str
     reward: float | None = None  # the turn's own reward under per-role credit; None: broadcast
+    kind: str = "answer"  # the role's kind (marlow.workflows.schema.KINDS): what diagnostics read
 
     @property
     def truncated(self) -> bool:

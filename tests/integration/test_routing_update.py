@@ -11,25 +11,25 @@ from __future__ import annotations
 import torch
 
 from marlow.policy.adapters import adapter_parameters
-from marlow.prompts import TEMPLATES, register_template
 from marlow.train.trainer import Trainer
-from marlow.workflows import Stage, WorkflowSpec, register_workflow, spec
-from marlow.workflows.spec import last_text
 
-NAME = "twin-workers"
+TWIN = """\
+title: Twin workers
+roles:
+  worker: {kind: answer, prompts: {solve: "Q: {problem}\\nS: direct\\nSolve:"}}
+  workers: {kind: answer, prompts: {solve: "Q: {problem}\\nS: direct\\nSolve:"}}
+stages:
+  - {role: worker, prompt: solve}
+  - {role: workers, prompt: solve}
+answer: last.workers
+"""
 
 
-def _register(monkeypatch) -> None:
-    """A user-defined workflow and template, through the public API, undone after the test."""
-    monkeypatch.setattr(spec, "_REGISTRY", dict(spec._REGISTRY))
-    monkeypatch.setitem(TEMPLATES, "tiny", dict(TEMPLATES["tiny"]))
-    register_template("tiny", "math", "workers", "solve", "Q: {problem}\nS: {strategy}\nSolve:")
-    register_workflow(
-        NAME,
-        lambda: WorkflowSpec(
-            NAME, (Stage("worker", "solve"), Stage("workers", "solve")), last_text("workers")
-        ),
-    )
+def _workflow_file(folder) -> str:
+    """A user-defined workflow, as a file: two roles whose names share a prefix."""
+    path = folder / "twin-workers.yaml"
+    path.write_text(TWIN)
+    return str(path)
 
 
 def _snapshot(model, names):
@@ -52,10 +52,11 @@ def _episodes(trainer, rewards):
     return episodes
 
 
-def test_exact_names_and_update_iff_nonzero_advantage(small_config, tmp_path, monkeypatch):
-    _register(monkeypatch)
+def test_exact_names_and_update_iff_nonzero_advantage(small_config, tmp_path):
     cfg = small_config(
-        workflow={"name": NAME}, policy={"routing": "ip"}, grpo={"role_weights": {"workers": 0.0}}
+        workflow={"name": _workflow_file(tmp_path)},
+        policy={"routing": "ip"},
+        grpo={"role_weights": {"workers": 0.0}},
     )
     trainer = Trainer(cfg, tmp_path / "a")
     assert trainer.adapters == ["worker", "workers"]

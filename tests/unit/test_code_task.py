@@ -15,8 +15,8 @@ from marlow.tiny import codegen
 from marlow.tiny.tokenizer import build_tokenizer
 from marlow.types import Completion, SamplingParams
 from marlow.workflows import build_workflow
-from marlow.workflows.builtin import majority_index
 from marlow.workflows.engine import run_episodes
+from marlow.workflows.votes import majority_index
 
 TOK = build_tokenizer()
 

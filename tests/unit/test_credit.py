@@ -8,7 +8,10 @@ from marlow.algo.credit import CreditRows, turn_advantages
 from marlow.rewards.math import grade_math
 from marlow.train.batch import credit_rows
 from marlow.types import Episode, Turn
+from marlow.workflows import build_workflow, workflow_names
 from marlow.workflows.credit import assign_role_rewards
+
+KIND = {r: k for w in workflow_names() for r, k in build_workflow(w).kinds.items()}
 
 
 def advantages(episodes, scope, eps):
@@ -30,6 +33,7 @@ def turn(role: str, text: str, slot: int = 0, rnd: int = 0) -> Turn:
         sampler_logprobs=[0.0],
         finish_reason="stop",
         completion_text=text,
+        kind=KIND[role],
     )
 
 

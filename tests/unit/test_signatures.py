@@ -14,15 +14,18 @@ from marlow.diagnostics.signatures import (
     write_signatures,
 )
 from marlow.types import Episode, Turn
+from marlow.workflows import build_workflow, workflow_names
 
 EXACT = {"rel": 1e-9, "abs": 1e-12}
+KIND = {r: k for w in workflow_names() for r, k in build_workflow(w).kinds.items()}
+"""The built-in roles' kinds (signatures read a turn's kind); any other role answers."""
 
 
 def turn(role: str, text: str, k: int = 5, slot: int = 0, rnd: int = 0, cut: bool = False) -> Turn:
     """A turn of ``k`` tokens; ``cut`` marks it truncated (finish reason ``length``)."""
-    return Turn(
-        role, slot, rnd, "a", "", [], list(range(k)), [0.0] * k, "length" if cut else "stop", text
-    )
+    finish = "length" if cut else "stop"
+    kind = KIND.get(role, "answer")
+    return Turn(role, slot, rnd, "a", "", [], list(range(k)), [0.0] * k, finish, text, kind=kind)
 
 
 def ep(*turns: Turn, pid: str = "p") -> Episode:

@@ -145,8 +145,10 @@ def _dominant(
     return None
 
 
-CAPTURE_RATES = {"evaluator": ("class_python_code_fence", +1), "aggregator": ("terse_rate", -1)}
-"""The rate whose move (up +1, down -1) shows a captured role taking the dominant role's shape."""
+CAPTURE_RATES = (("class_python_code_fence", +1), ("terse_rate", -1))
+"""The rate whose move (up +1, down -1) shows a captured role taking the dominant role's shape:
+a judge's code fences, a select role's terseness. Each exists only in the signatures of its kind,
+so a role's own is the one it has."""
 
 
 def _moves_toward(
@@ -159,7 +161,7 @@ def _moves_toward(
 ) -> dict | None:
     """How ``role``'s signature moved toward ``dominant``'s shape, or None."""
     a, b = first.get(role, {}), now.get(role, {})
-    key, sign = CAPTURE_RATES.get(role, ("", 0))
+    key, sign = next(((k, sg) for k, sg in CAPTURE_RATES if k in a), ("", 0))
     if key in a and key in b and sign * (b[key] - a[key]) >= shift:
         return {"signature": key, "first": a[key], "now": b[key]}
     d0, d1 = first.get(dominant, {}).get("length_mean"), now.get(dominant, {}).get("length_mean")

@@ -5,8 +5,9 @@ least one turn (roles in order of first appearance). Pure: no I/O, no model. ``w
 / ``read_signatures`` / ``latest_signatures`` store them as ``run_dir/signatures/step_NNNNNN.json``.
 
 Every role gets ``n_turns``, ``length_mean``, ``length_p50``, ``length_p95``, ``truncation_rate``,
-``boxed_rate`` and ``hedge_rate``; roles with several slots get ``slot_jaccard_3gram``; the
-aggregator, evaluator and orchestrator get their own (below). Rates are fractions of the role's
+``boxed_rate`` and ``hedge_rate``; roles with several slots get ``slot_jaccard_3gram``; roles
+of kind select, judge and plan (the aggregator, evaluator and orchestrator of the built-ins) get
+their own (below), by their turns' ``kind``, never their name. Rates are fractions of the role's
 turns (every turn of every episode, all rounds and slots pooled).
 
 Choices the spec leaves open, made here:
@@ -40,8 +41,8 @@ Choices the spec leaves open, made here:
   (``marlow.parsers.verdict_of``) reads as Correct or Incorrect, and no three backticks anywhere in the text.
   ``class_other``: the rest. ``verdict_parse_rate``: turns where ``verdict_of`` is not None.
 * **Orchestrator** strategies are read by the workflows' own parser ``strategies_of(text, n)``
-  with ``n`` = the number of distinct worker slots of the same episode (Orch-Workers always runs
-  ``n`` workers), or ``n_strategies`` when given; an episode without worker turns raises when
+  with ``n`` = the number of distinct answer-kind slots of the same episode (Orch-Workers' workers:
+  it always runs ``n``), or ``n_strategies`` when given; an episode without them raises when
   ``n_strategies`` is not given. Parsed strategies are the non-None ones (an empty strategy
   string is parsed). An opener is the first 3 words (``split()``, fewer if the strategy is
   shorter), lower-cased, joined by one space, punctuation kept. ``strategy_openers_unique`` is
@@ -195,9 +196,9 @@ def strategy_signatures(
     for ep in episodes:
         n = n_strategies
         if n is None:
-            n = len({t.slot for t in ep.turns if t.role == "worker"})
+            n = len({t.slot for t in ep.turns if t.kind == "answer"})
         for t in ep.turns:
-            if t.role != "orchestrator":
+            if t.kind != "plan":
                 continue
             if n == 0:
                 raise ValueError(
@@ -230,21 +231,22 @@ def trajectory_signatures(
         jac = slot_jaccard(episodes, role)
         if jac is not None:
             sig["slot_jaccard_3gram"] = jac
-        if role == "aggregator":
+        kind = turns[0].kind  # a role's turns share its kind (marlow.workflows.schema.KINDS)
+        if kind == "select":
             sig["terse_rate"] = _rate(
                 [
                     len(t.completion_ids) <= TERSE_MAX_TOKENS and has_box(t.completion_text)
                     for t in turns
                 ]
             )
-        elif role == "evaluator":
+        elif kind == "judge":
             classes = [evaluator_class(t) for t in turns]
             for name in ("python_code_fence", "bare_stamp", "other"):
                 sig[f"class_{name}"] = _rate([c == name for c in classes])
             sig["verdict_parse_rate"] = _rate(
                 [verdict_of(t.completion_text) is not None for t in turns]
             )
-        elif role == "orchestrator":
+        elif kind == "plan":
             sig.update(strategy_signatures(episodes, n_strategies))
         out[role] = sig
     return out

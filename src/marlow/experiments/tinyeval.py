@@ -33,7 +33,7 @@ from marlow.tiny import codecorpus, codegen, corpus, mathgen
 from marlow.tiny.corpus import N_CANDIDATES
 from marlow.tiny.pretrain import load_tiny
 from marlow.types import BASE, GenRequest, Problem, SamplingParams
-from marlow.workflows.builtin import answer_key, majority_index
+from marlow.workflows.votes import answer_key, majority_index
 
 TASKS = ("math", "code")
 REPORT_PROBLEMS = 200  # validation problems of the greedy report (:func:`greedy_report`)

@@ -2,40 +2,29 @@
 
 ``marlow.config`` validates every field on its own but cannot know the registered workflows or
 their roles (it stays below the workflows layer and imports nothing of it); these checks close
-that gap, so that an unknown workflow name, a workflow parameter its factory does not take or
-refuses, or a role map or role weight naming a role the workflow does not have, is one line
-naming the field instead of a traceback minutes into a run. The trainer runs them first thing,
+that gap, so that an unknown workflow name, a bad workflow file, a workflow parameter it does not
+take or refuses, or a role map or role weight naming a role the workflow does not have, is one
+line naming the field instead of a traceback minutes into a run. The trainer runs them first thing,
 and a grid runs them on every cell when it is expanded.
 """
 
 from __future__ import annotations
 
-import inspect
-
 from marlow.config import ConfigError, RunConfig, WorkflowConfig
 from marlow.policy.routing import make_routing
-from marlow.workflows.spec import WorkflowSpec, build_workflow, workflow_factory, workflow_names
+from marlow.workflows.load import ParamError, build_workflow
+from marlow.workflows.spec import WorkflowSpec
 
 
 def check_workflow(cfg: WorkflowConfig) -> WorkflowSpec:
-    """The workflow ``cfg`` names, built; raises ConfigError naming ``workflow.name`` or
-    ``workflow.params`` with the valid choices."""
-    if cfg.name not in workflow_names():
-        raise ConfigError(
-            f"config field 'workflow.name': unknown workflow {cfg.name!r}; "
-            f"valid: {', '.join(workflow_names())}"
-        )
-    accepted = list(inspect.signature(workflow_factory(cfg.name)).parameters)
-    unknown = sorted(set(cfg.params) - set(accepted))
-    if unknown:
-        raise ConfigError(
-            f"config field 'workflow.params': workflow {cfg.name} has no parameter "
-            f"{', '.join(unknown)}; valid: {', '.join(accepted) or 'none'}"
-        )
+    """The workflow ``cfg`` names (a built-in name or a workflow file's path), built; raises
+    ConfigError naming ``workflow.name`` (an unknown name, a bad file) or ``workflow.params``."""
     try:
         return build_workflow(cfg.name, **cfg.params)
-    except ValueError as err:
+    except ParamError as err:
         raise ConfigError(f"config field 'workflow.params': {err}") from None
+    except ValueError as err:
+        raise ConfigError(f"config field 'workflow.name': {err}") from None
 
 
 def check_run_config(cfg: RunConfig) -> WorkflowSpec:

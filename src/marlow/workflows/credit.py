@@ -1,14 +1,15 @@
 """Per-role credit (``grpo.credit: role``), the alternative SPEC §3 offers to broadcast credit.
 
 Under broadcast credit (the paper's, the default) every turn carries the episode's reward. Under
-role credit each turn is rewarded for its own work:
+role credit each turn is rewarded by the rule of its role's *kind* (the workflow file's
+``credit:``, :data:`marlow.workflows.schema.DEFAULT_CREDIT` by default):
 
-* a turn that answers the problem (``generator``, ``worker``: answers, revisions, proposals) gets
-  the grade of its own completion;
-* an ``evaluator`` gets 1 when its verdict is right about the answer it reviewed (the latest
-  generator turn before it) and 0 otherwise; an unparseable verdict counts as wrong;
-* every other role (``aggregator``, ``synthesizer``, ``orchestrator``) decides or shapes the final
-  answer and gets the episode's reward.
+* ``own``: the grade of the turn's own completion as an answer (``answer`` kinds: answers,
+  revisions, a worker's solution);
+* ``verdict``: 1 when the judge's verdict is right about the answer it reviewed (the latest
+  ``answer``-kind turn before it), 0 otherwise; an unparseable verdict counts as wrong;
+* ``broadcast``: the episode's reward (``select``, ``plan``, ``final``: they decide or shape the
+  final answer).
 
 Advantages are then normalised among the turns of the same (problem, role, slot, round) across
 the group's n episodes (the ``slot`` scope): turns of different roles earn different rewards, so
@@ -17,27 +18,31 @@ mixing them in one group would compare unlike things. Choices of marlow, not fix
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
+from marlow.parsers import verdict_of
 from marlow.types import Turn
-from marlow.workflows.builtin import verdict_of
-
-ANSWERING = frozenset({"generator", "worker"})
+from marlow.workflows.schema import DEFAULT_CREDIT
 
 
 def assign_role_rewards(
-    turns: list[Turn], episode_reward: float, grade: Callable[[str], float]
+    turns: list[Turn],
+    episode_reward: float,
+    grade: Callable[[str], float],
+    rules: Mapping[str, str] = DEFAULT_CREDIT,
 ) -> None:
-    """Set ``turn.reward`` on every turn of one episode; ``grade`` scores an answer text."""
-    reviewed: float | None = None  # grade of the latest generator answer
+    """Set ``turn.reward`` on every turn of one episode by its kind's rule in ``rules``;
+    ``grade`` scores an answer text."""
+    reviewed: str | None = None  # the latest answer-kind output
     for turn in turns:
-        if turn.role in ANSWERING:
+        rule = rules[turn.kind]
+        if rule == "own":
             turn.reward = grade(turn.completion_text)
-            if turn.role == "generator":
-                reviewed = turn.reward
-        elif turn.role == "evaluator":
+        elif rule == "verdict":
             verdict = verdict_of(turn.completion_text)  # None: unparseable, counted wrong
-            right = verdict is not None and reviewed is not None and verdict == (reviewed >= 1.0)
-            turn.reward = 1.0 if right else 0.0
+            right = verdict is not None and reviewed is not None
+            turn.reward = 1.0 if right and verdict == (grade(reviewed) >= 1.0) else 0.0
         else:
             turn.reward = episode_reward
+        if turn.kind == "answer":
+            reviewed = turn.completion_text

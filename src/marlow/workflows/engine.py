@@ -19,30 +19,111 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from marlow.chat import chat_prompt_ids
+from marlow.parsers import selection_of, strategies_of, verdict_of
 from marlow.policy.routing import Routing
-from marlow.prompts import GENERIC_STRATEGY, numbered, render
+from marlow.prompts import GENERIC_STRATEGY, fill, numbered, template
 from marlow.rollout.base import RolloutEngine
 from marlow.types import Episode, GenRequest, Problem, SamplingParams, Turn
-from marlow.workflows.credit import ANSWERING, assign_role_rewards
-from marlow.workflows.spec import EpisodeState, Grader, WorkflowSpec
+from marlow.workflows.credit import assign_role_rewards
+from marlow.workflows.spec import EpisodeState, Grader, Stage, WorkflowSpec
+from marlow.workflows.votes import selection_extras
 
 
-def context(state: EpisodeState, slot: int, style: str, n: int) -> dict[str, object]:
-    """Every field a prompt template may use, from the episode so far."""
-    gens = state.turns_of("generator")
-    evals = state.turns_of("evaluator")
-    workers = state.turns_of("worker")
-    strategies = state.vars.get("strategies") or []
-    strategy = strategies[slot] if slot < len(strategies) else None
-    return {
-        "problem": state.problem.prompt,
-        "answer": gens[-1].completion_text.strip() if gens else "",
-        "critique": evals[-1].completion_text.strip() if evals else "",
-        "candidates": numbered([t.completion_text for t in gens], style),
-        "solutions": numbered([t.completion_text for t in workers], style),
-        "strategy": strategy if strategy is not None else GENERIC_STRATEGY[style],
-        "n": n,
-    }
+def _text(turns: list[Turn]) -> str:
+    return turns[-1].completion_text.strip() if turns else ""
+
+
+def read(state: EpisodeState, source: str, role: str, slot: int, style: str) -> str:
+    """One declared read (``SOURCE.ROLE``, marlow.workflows.schema.SOURCES) of a slot's prompt."""
+    if source == "last":
+        return _text(state.turns_of(role))
+    if source == "own":
+        return _text([t for t in state.turns_of(role) if t.slot == slot])
+    if source == "plan":
+        plan = state.plans.get(role, [])
+        strategy = plan[slot] if slot < len(plan) else None
+        return strategy if strategy is not None else GENERIC_STRATEGY[style]
+    latest = state.latest.get(role, [])
+    if source == "others":
+        latest = [t for t in latest if t.slot != slot]
+    return numbered([t.completion_text for t in latest], style)
+
+
+def context(
+    state: EpisodeState, stage: Stage, slot: int, style: str, params: dict[str, int]
+) -> dict[str, object]:
+    """Every field the stage's prompt may use: the problem, the parameters, its reads."""
+    fields: dict[str, object] = {"problem": state.problem.prompt, **params}
+    for r in stage.reads:
+        fields[r.field] = read(state, r.source, r.role, slot, style)
+    return fields
+
+
+def prompt_text(workflow: WorkflowSpec, stage: Stage, style: str, task: str, fields) -> str:
+    """The stage's prompt: a library template (``ROLE/VARIANT``) or the role's own, filled."""
+    if "/" in stage.prompt:
+        role, variant = stage.prompt.split("/")
+        return fill(template(style, task, role, variant), fields, f"{style}/{task}/{stage.prompt}")
+    own = workflow.prompts[(stage.role, stage.prompt)]
+    text = next((own[k] for k in ((style, task), (style, "*"), ("*", "*")) if k in own), None)
+    label = f"workflow {workflow.name} role {stage.role} prompt {stage.prompt}"
+    if text is None:
+        known = ", ".join(f"{s}/{t}" for s, t in sorted(own))
+        raise ValueError(f"{label} has no template for style {style}, task {task}; has: {known}")
+    return fill(text, fields, label)
+
+
+def parse(stage: Stage, state: EpisodeState, turn: Turn) -> None:
+    """What the stage's parser reads from its turn into the episode's state (counted)."""
+    text = turn.completion_text
+    if stage.parser == "verdict":
+        state.verdict = verdict_of(text)
+        state.count(
+            {True: "verdict_correct", False: "verdict_incorrect", None: "verdict_unparsed"}[
+                state.verdict
+            ]
+        )
+    elif stage.parser == "selection":
+        source = next(r for r in stage.reads if r.source == "outputs")
+        state.candidates = [t.completion_text for t in state.latest.get(source.role, [])]
+        choice = selection_of(text, len(state.candidates))
+        if choice is None:
+            state.count("selection_fallback")  # the first candidate
+        state.selected = state.candidates[choice or 0] if state.candidates else ""
+    elif stage.parser == "strategies":
+        strategies = strategies_of(text, stage.count)
+        parsed = sum(s is not None for s in strategies)
+        state.count("strategies_parsed", parsed)
+        if parsed < stage.count:
+            state.count("strategy_missing", stage.count - parsed)
+        state.plans[stage.role] = strategies  # None: generic
+
+
+def final_answer(workflow: WorkflowSpec, state: EpisodeState) -> str:
+    if workflow.answer == "selected":
+        return state.selected
+    turns = state.turns_of(workflow.answer.split(".", 1)[1])
+    return turns[-1].completion_text if turns else ""
+
+
+def extras(workflow: WorkflowSpec, state: EpisodeState, grade: Grader) -> dict[str, float]:
+    """``rounds_used`` (a workflow with rounds: the highest round the episode reached) and, beside
+    a selection, pass@N and majority-vote accuracy over its candidates."""
+    out: dict[str, float] = {}
+    if workflow.rounds:
+        out["rounds_used"] = float(max((t.round for t in state.episode.turns), default=0))
+    if any(s.parser == "selection" for s in workflow.stages):
+        out.update(selection_extras(state.candidates, state.problem, grade))
+    return out
+
+
+def holds(condition: str, state: EpisodeState) -> bool:
+    """Whether a stage's ``when`` (marlow.workflows.schema.CONDITIONS) holds for an episode."""
+    if condition == "verdict_incorrect":
+        return state.verdict is not True
+    if condition == "verdict_correct":
+        return state.verdict is True
+    return True
 
 
 def stage_seed(seed: int, stage_index: int) -> int:
@@ -71,16 +152,17 @@ def run_episodes(
         for g, p in enumerate(problems)
         for s in range(n)
     ]
+    counts = dict(workflow.params)  # the workflow's parameters, prompt fields too
     for index, stage in enumerate(workflow.stages):
-        active = [st for st in states if stage.when is None or stage.when(st)]
+        active = [st for st in states if holds(stage.when, st)]
         if not active:
             continue
         adapter = routing.adapter_for(stage.role)
         calls: list[tuple[EpisodeState, int, str, list[int]]] = []
         for st in active:
             for slot in range(stage.slots):
-                fields = context(st, slot, style, workflow.n)
-                text = render(style, task, stage.role, stage.variant, fields)
+                fields = context(st, stage, slot, style, counts)
+                text = prompt_text(workflow, stage, style, task, fields)
                 calls.append((st, slot, text, chat_prompt_ids(tokenizer, text)))
         requests = [GenRequest(ids, adapter) for _, _, _, ids in calls]
         params = replace(sampling, seed=stage_seed(sampling.seed, index))
@@ -89,6 +171,7 @@ def run_episodes(
         for (st, slot, text, ids), c in zip(calls, completions, strict=True):
             turn = Turn(
                 role=stage.role,
+                kind=stage.kind,
                 slot=slot,
                 round=stage.round,
                 adapter=adapter,
@@ -101,11 +184,12 @@ def run_episodes(
             )
             st.episode.turns.append(turn)
             new_turns.setdefault(id(st), []).append(turn)
-        if stage.parse is not None:
-            for st in active:
-                stage.parse(st, new_turns[id(st)])
+        for st in active:
+            st.latest[stage.role] = new_turns[id(st)]
+            if stage.parser is not None:
+                parse(stage, st, new_turns[id(st)][-1])
     for st in states:
-        st.episode.final_answer = workflow.answer(st)
+        st.episode.final_answer = final_answer(workflow, st)
     prefetch = getattr(grade, "prefetch", None)
     if prefetch is not None:  # the final answers and every answering turn (role credit, extras)
         prefetch(
@@ -114,7 +198,7 @@ def run_episodes(
                 for st in states
                 for text in [
                     st.episode.final_answer,
-                    *(t.completion_text for t in st.episode.turns if t.role in ANSWERING),
+                    *(t.completion_text for t in st.episode.turns if t.kind == "answer"),
                 ]
             ]
         )
@@ -123,7 +207,8 @@ def run_episodes(
         ep.reward = grade(ep.final_answer, st.problem)
         ep.correct = ep.reward >= 1.0
         if credit == "role":
-            assign_role_rewards(ep.turns, ep.reward, lambda text, p=st.problem: grade(text, p))
-        if workflow.extras is not None:
-            ep.info.update(workflow.extras(st, grade))
+            assign_role_rewards(
+                ep.turns, ep.reward, lambda text, p=st.problem: grade(text, p), workflow.credit
+            )
+        ep.info.update(extras(workflow, st, grade))
     return [st.episode for st in states]

@@ -1,39 +1,39 @@
-"""Workflows as data.
+"""Workflows as data: the compiled form one engine runs, and the registry of built-in names.
 
-A workflow is an ordered list of :class:`Stage` s. A stage is one role called for some number of
-slots; it may run only for episodes that satisfy ``when`` (Eval-Opt's revision rounds), and its
-outputs may be read into the episode's state by ``parse`` (verdicts, strategies). ``answer``
-reads the final answer text from a finished episode; ``extras`` adds workflow-specific numbers
-(Voting's pass@N). One engine (:mod:`marlow.workflows.engine`) runs every workflow, batching
-each stage's calls across all episodes of a step.
+A workflow is written as a YAML file (:mod:`marlow.workflows.schema` documents the format) and
+compiled to a :class:`WorkflowSpec`: an ordered tuple of :class:`Stage` s (repeat blocks
+unrolled, parameters filled in), each a role of some kind called for some number of slots in the
+episodes where its condition holds, with the fields its prompt reads. Nothing here, in the engine
+or in credit knows a role by name: they read kinds, reads, parsers and conditions.
 
-A new workflow is a new spec, a few lines of Python::
-
-    register_workflow("critic-once", lambda: WorkflowSpec(
-        name="critic-once",
-        stages=(Stage("generator", "answer"), Stage("evaluator", "review", parse=parse_verdict)),
-        answer=last_text("generator"),
-    ))
-
-plus prompt templates for any new (role, variant) in :mod:`marlow.prompts`.
+Built-in workflows are files shipped in the package (``marlow/workflows/files/*.yaml``), known
+by their file's stem; anywhere a workflow name is accepted, a path to a workflow file is too
+(:func:`build_workflow`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
 
 from marlow.types import Episode, Problem, Turn
+
+BUILTIN_DIR = Path(__file__).with_name("files")
+FILE_SUFFIXES = (".yaml", ".yml")
 
 
 @dataclass
 class EpisodeState:
-    """An episode while it runs: its record, its problem, and what stages parsed so far."""
+    """An episode while it runs: its record, its problem, and what its parsers read so far."""
 
     episode: Episode
     problem: Problem
-    vars: dict[str, Any] = field(default_factory=dict)
+    verdict: bool | None = None  # the latest judge verdict (None: none yet, or unparseable)
+    plans: dict[str, list[str | None]] = field(default_factory=dict)  # plan role -> strategies
+    candidates: list[str] = field(default_factory=list)  # what the latest selection chose among
+    selected: str = ""  # the candidate it chose
+    latest: dict[str, list[Turn]] = field(default_factory=dict)  # role -> its latest stage's turns
 
     def turns_of(self, role: str) -> list[Turn]:
         return [t for t in self.episode.turns if t.role == role]
@@ -43,15 +43,27 @@ class EpisodeState:
 
 
 @dataclass(frozen=True)
+class Read:
+    """A prompt field a stage reads: ``source`` (schema.SOURCES) of ``role``."""
+
+    field: str
+    source: str
+    role: str
+
+
+@dataclass(frozen=True)
 class Stage:
     """One role called for ``slots`` slots in every episode where ``when`` holds."""
 
     role: str
-    variant: str  # prompt template variant, see prompts.py
+    kind: str
+    prompt: str  # "ROLE/VARIANT" of the prompt library, or a variant of the role's own prompts
     slots: int = 1
     round: int = 0
-    when: Callable[[EpisodeState], bool] | None = None
-    parse: Callable[[EpisodeState, list[Turn]], None] | None = None
+    when: str = "always"
+    parser: str | None = None
+    reads: tuple[Read, ...] = ()
+    count: int = 0  # strategies parser: how many strategies (the slots of the stage reading them)
 
 
 Grader = Callable[[str, Problem], float]
@@ -60,60 +72,53 @@ Grader = Callable[[str, Problem], float]
 @dataclass(frozen=True)
 class WorkflowSpec:
     name: str
+    title: str
     stages: tuple[Stage, ...]
-    answer: Callable[[EpisodeState], str]
-    extras: Callable[[EpisodeState, Grader], dict[str, float]] | None = None
-    n: int = 1  # how many candidates / strategies / workers: the `n` prompt field
+    kinds: Mapping[str, str]  # role -> kind, in order of first appearance
+    answer: str  # "selected" or "last.ROLE"
+    credit: Mapping[str, str]  # kind -> credit rule (schema.CREDIT_RULES)
+    params: Mapping[str, int] = field(default_factory=dict)  # also prompt fields ({n})
+    prompts: Mapping[tuple[str, str], Mapping[tuple[str, str], str]] = field(default_factory=dict)
+    """(role, variant) -> {(style or *, task or *): template}: the roles' own prompts."""
+    rounds: bool = False  # declared a repeat block: episodes report rounds_used
+    source: str = ""  # the file it was read from
 
     @property
     def roles(self) -> list[str]:
         """Role types in order of first appearance."""
-        out: list[str] = []
-        for stage in self.stages:
-            if stage.role not in out:
-                out.append(stage.role)
-        return out
+        return list(self.kinds)
 
     def slots_of(self, role: str) -> int:
         """Most slots the role occupies in one stage (Voting generator: 3)."""
         return max(s.slots for s in self.stages if s.role == role)
 
 
-WorkflowFactory = Callable[..., WorkflowSpec]
-_REGISTRY: dict[str, WorkflowFactory] = {}
+_REGISTRY: dict[str, Path] = {p.stem: p for p in sorted(BUILTIN_DIR.glob("*.yaml"))}
 
 
-def register_workflow(name: str, factory: WorkflowFactory) -> None:
-    """Add a workflow by name. ``factory(**params)`` builds its spec."""
+def register_workflow(name: str, path: str | Path) -> None:
+    """Make the workflow file at ``path`` known by ``name`` too."""
     if name in _REGISTRY:
         raise ValueError(f"workflow {name!r} is already registered")
-    _REGISTRY[name] = factory
+    _REGISTRY[name] = Path(path)
 
 
 def workflow_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def workflow_factory(name: str) -> WorkflowFactory:
-    if name not in _REGISTRY:
-        raise ValueError(f"workflow {name!r} is unknown; valid: {', '.join(workflow_names())}")
-    return _REGISTRY[name]
+def is_workflow_file(name: str) -> bool:
+    """Whether ``name`` is meant as a path to a workflow file (it ends in .yaml or .yml)."""
+    return name.endswith(FILE_SUFFIXES)
 
 
-def build_workflow(name: str, **params: Any) -> WorkflowSpec:
-    """The spec of workflow ``name``, with its count parameters (e.g. ``rounds=2``)."""
-    factory = workflow_factory(name)
-    try:
-        return factory(**params)
-    except TypeError as err:
-        raise ValueError(f"workflow {name!r} got bad parameters {params}: {err}") from None
-
-
-def last_text(role: str) -> Callable[[EpisodeState], str]:
-    """Answer rule: the last turn of ``role``."""
-
-    def answer(state: EpisodeState) -> str:
-        turns = state.turns_of(role)
-        return turns[-1].completion_text if turns else ""
-
-    return answer
+def workflow_path(name: str) -> Path:
+    """The file of workflow ``name``: a registered name's, or ``name`` itself as a path."""
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if is_workflow_file(name):
+        return Path(name)
+    raise ValueError(
+        f"unknown workflow {name!r}; valid: {', '.join(workflow_names())}, "
+        "or the path of a workflow file (.yaml)"
+    )

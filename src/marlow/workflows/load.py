@@ -1,0 +1,374 @@
+"""A workflow file checked for meaning and compiled to a :class:`WorkflowSpec`.
+
+:mod:`marlow.workflows.schema` reads the file's structure; this module checks what it means
+(roles, kinds, prompts, reads in order, parsers that fit their kind, the answer, the credit) and
+unrolls it with the run's parameters. Every check raises one line naming the file, the line, the
+field and the valid choices. Checks are made in file order, so a file with several problems
+reports the first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from marlow.prompts import STYLES
+from marlow.workflows.schema import (
+    CONDITIONS,
+    CREDIT_FOR,
+    CREDIT_RULES,
+    DEFAULT_CREDIT,
+    KINDS,
+    PARSERS,
+    SOURCES,
+    Loc,
+    StageFile,
+    WorkflowFile,
+    WorkflowFileError,
+    _choices,
+    _Errors,
+    inline_templates,
+    library_keys,
+    library_templates,
+    read_workflow_file,
+    template_fields,
+)
+from marlow.workflows.spec import (
+    Read,
+    Stage,
+    WorkflowSpec,
+    is_workflow_file,
+    workflow_path,
+)
+
+_NEEDS_PARSER = {kind: parser for parser, kind in PARSERS.items()}
+
+
+class ParamError(ValueError):
+    """A workflow parameter the run sets that the workflow does not take or refuses."""
+
+
+def _is_name(text: str) -> bool:
+    return (
+        bool(text)
+        and (text[0].isalpha() or text[0] == "_")
+        and text.replace("_", "a").replace("-", "a").isalnum()
+    )
+
+
+def _check_roles(wf: WorkflowFile, err: _Errors) -> None:
+    if not wf.roles:
+        raise err(("roles",), "a workflow needs at least one role")
+    for role, spec in wf.roles.items():
+        if not _is_name(role):
+            raise err(("roles", role), f"role name {role!r} must be a word (letters, digits, _ -)")
+        if spec.kind not in KINDS:
+            raise err(
+                ("roles", role, "kind"), f"unknown kind {spec.kind!r}; valid: {_choices(KINDS)}"
+            )
+        for variant, value in spec.prompts.items():
+            loc = ("roles", role, "prompts", variant)
+            if not _is_name(variant):
+                raise err(loc, f"prompt name {variant!r} must be a word (a '/' names the library)")
+            if isinstance(value, dict):
+                for style in value:
+                    if style not in STYLES:
+                        raise err(
+                            (*loc, style), f"unknown style {style!r}; valid: {_choices(STYLES)}"
+                        )
+    for name, param in wf.params.items():
+        if not _is_name(name) or name == "problem":
+            raise err(("params", name), f"parameter name {name!r} must be a word, not 'problem'")
+        if param.default < param.min:
+            raise err(("params", name, "default"), f"{param.default} is below min {param.min}")
+
+
+def _check_credit(wf: WorkflowFile, err: _Errors) -> dict[str, str]:
+    credit = dict(DEFAULT_CREDIT)
+    for kind, rule in wf.credit.items():
+        if kind not in KINDS:
+            raise err(("credit", kind), f"unknown kind {kind!r}; valid: {_choices(KINDS)}")
+        if rule not in CREDIT_RULES:
+            raise err(("credit", kind), f"unknown rule {rule!r}; valid: {_choices(CREDIT_RULES)}")
+        if kind not in CREDIT_FOR[rule]:
+            raise err(
+                ("credit", kind),
+                f"rule {rule!r} does not apply to kind {kind}; valid for it: "
+                f"{_choices(r for r, kinds in CREDIT_FOR.items() if kind in kinds)}",
+            )
+        credit[kind] = rule
+    return credit
+
+
+def _count_ok(value: int | str, wf: WorkflowFile, least: int) -> str | None:
+    """Why a slots or repeat value is bad (None: fine)."""
+    if isinstance(value, str):
+        return (
+            None
+            if value in wf.params
+            else (f"unknown parameter {value!r}; valid: a number or {_choices(wf.params)}")
+        )
+    return None if value >= least else f"must be >= {least}, got {value}"
+
+
+class _Checker:
+    """Walks the stages in file order; ``seen`` holds the roles of the stages before."""
+
+    def __init__(self, wf: WorkflowFile, err: _Errors) -> None:
+        self.wf, self.err = wf, err
+        self.seen: set[str] = set()
+        self.judged = False
+        self.stages: list[tuple[Loc, StageFile]] = []
+
+    def block(self, entries: list[StageFile], loc: Loc, in_repeat: bool) -> None:
+        if not entries:
+            raise self.err(loc, "needs at least one stage")
+        for i, entry in enumerate(entries):
+            here = (*loc, i)
+            if entry.repeat is not None or entry.stages is not None:
+                self.repeat(entry, here, in_repeat)
+            else:
+                self.stage(entry, here, in_repeat)
+
+    def repeat(self, entry: StageFile, loc: Loc, in_repeat: bool) -> None:
+        if in_repeat:
+            raise self.err(loc, "a repeat block cannot hold another repeat block")
+        if entry.repeat is None or entry.stages is None:
+            missing = "repeat" if entry.repeat is None else "stages"
+            raise self.err((*loc, missing), "a repeat block needs both repeat and stages")
+        extra = sorted(set(entry.model_fields_set) - {"repeat", "stages"})
+        if extra:
+            raise self.err((*loc, extra[0]), "a repeat block holds only repeat and stages")
+        problem = _count_ok(entry.repeat, self.wf, 0)
+        if problem:
+            raise self.err((*loc, "repeat"), problem)
+        self.block(entry.stages, (*loc, "stages"), True)
+
+    def stage(self, st: StageFile, loc: Loc, in_repeat: bool) -> None:
+        wf, err = self.wf, self.err
+        for name in ("role", "prompt"):
+            if getattr(st, name) is None:
+                raise err((*loc, name), "required field missing")
+        if st.role not in wf.roles:
+            raise err((*loc, "role"), f"unknown role {st.role!r}; valid: {_choices(wf.roles)}")
+        kind = wf.roles[st.role].kind
+        templates = self.templates(st, loc)
+        problem = _count_ok(st.slots, wf, 1)
+        if problem:
+            raise err((*loc, "slots"), problem)
+        if st.when not in CONDITIONS:
+            raise err(
+                (*loc, "when"), f"unknown condition {st.when!r}; valid: {_choices(CONDITIONS)}"
+            )
+        if st.when.startswith("verdict") and not self.judged:
+            raise err((*loc, "when"), f"{st.when} needs a judge role's stage before this one")
+        self.parser(st, kind, loc)
+        if st.skip_last and not in_repeat:
+            raise err((*loc, "skip_last"), "only a stage inside a repeat block has a last round")
+        fields = {"problem", *wf.params, *self.reads(st, loc)}
+        for (style, task), text in sorted(templates.items()):
+            missing = sorted(template_fields(text) - fields)
+            if missing:
+                raise err(
+                    (*loc, "prompt"),
+                    f"prompt {st.prompt} ({style}/{task}) uses field {{{missing[0]}}}, which "
+                    f"this stage does not read; valid: {_choices(sorted(fields))} "
+                    "(add it to reads)",
+                )
+        self.seen.add(st.role)
+        self.judged |= kind == "judge"
+        self.stages.append((loc, st))
+
+    def templates(self, st: StageFile, loc: Loc) -> dict[tuple[str, str], str]:
+        if "/" in st.prompt:
+            found = library_templates(st.prompt)
+            if not found:
+                raise self.err(
+                    (*loc, "prompt"),
+                    f"unknown library prompt {st.prompt!r}; valid: {_choices(library_keys())}, "
+                    "or a prompt of the role",
+                )
+            return found
+        own = self.wf.roles[st.role].prompts
+        if st.prompt not in own:
+            raise self.err(
+                (*loc, "prompt"),
+                f"role {st.role} has no prompt {st.prompt!r}; valid: {_choices(own)}, "
+                "or a library prompt ROLE/VARIANT",
+            )
+        return inline_templates(own[st.prompt])
+
+    def parser(self, st: StageFile, kind: str, loc: Loc) -> None:
+        if st.parser is not None and st.parser not in PARSERS:
+            raise self.err(
+                (*loc, "parser"), f"unknown parser {st.parser!r}; valid: {_choices(PARSERS)}"
+            )
+        needed = _NEEDS_PARSER.get(kind)
+        if st.parser != needed:
+            what = f"parser: {needed}" if needed else "no parser"
+            raise self.err((*loc, "parser"), f"a stage of a {kind} role takes {what}")
+        if st.parser is not None and st.slots != 1:
+            raise self.err((*loc, "slots"), f"a stage with parser {st.parser} has 1 slot")
+
+    def reads(self, st: StageFile, loc: Loc) -> list[str]:
+        wf = self.wf
+        lists = 0
+        for name, source in st.reads.items():
+            here = (*loc, "reads", name)
+            if not _is_name(name) or name == "problem" or name in wf.params:
+                raise self.err(
+                    here, f"field name {name!r} must be a word, not problem or a parameter"
+                )
+            kind, _, role = source.partition(".")
+            if kind not in SOURCES or not role:
+                valid = ", ".join(f"{s}.ROLE" for s in SOURCES)
+                raise self.err(here, f"unknown source {source!r}; valid: {valid}")
+            if role not in wf.roles:
+                raise self.err(here, f"reads unknown role {role!r}; valid: {_choices(wf.roles)}")
+            if role not in self.seen:
+                raise self.err(
+                    here,
+                    f"reads role {role}, which has no stage before this one (a forward read or "
+                    f"a cycle); valid: {_choices(sorted(self.seen))}",
+                )
+            if kind == "plan" and wf.roles[role].kind != "plan":
+                raise self.err(here, f"plan.{role} reads a plan, but role {role} is not kind plan")
+            lists += kind == "outputs"
+        if st.parser == "selection" and lists != 1:
+            raise self.err(
+                (*loc, "reads"), "a selection stage reads exactly one outputs.ROLE: its candidates"
+            )
+        return list(st.reads)
+
+
+def _check_answer(wf: WorkflowFile, err: _Errors, stages: list[tuple[Loc, StageFile]]) -> None:
+    if wf.answer == "selected":
+        if not any(st.parser == "selection" for _, st in stages):
+            raise err(("answer",), "'selected' needs a stage with parser: selection")
+        answer_role = None
+    else:
+        kind, _, answer_role = wf.answer.partition(".")
+        if kind != "last" or answer_role not in wf.roles:
+            valid = ", ".join(["selected", *(f"last.{r}" for r in wf.roles)])
+            raise err(("answer",), f"unknown answer {wf.answer!r}; valid: {valid}")
+    for role, spec in wf.roles.items():
+        if spec.kind == "final" and role != answer_role:
+            raise err(
+                ("roles", role, "kind"), f"a final role writes the answer: answer: last.{role}"
+            )
+        if not any(st.role == role for _, st in stages):
+            raise err(("roles", role), f"role {role} has no stage")
+
+
+def check_file(wf: WorkflowFile, err: _Errors) -> list[tuple[Loc, StageFile]]:
+    """Every stage with its location, once the whole file is checked."""
+    _check_roles(wf, err)
+    checker = _Checker(wf, err)
+    checker.block(wf.stages, ("stages",), False)
+    _check_answer(wf, err, checker.stages)
+    for loc, st in checker.stages:
+        if st.parser == "strategies" and not _plan_reader(checker.stages, st.role):
+            raise err((*loc, "parser"), f"no later stage reads plan.{st.role}")
+    return checker.stages
+
+
+def _plan_reader(stages: list[tuple[Loc, StageFile]], role: str) -> StageFile | None:
+    return next((st for _, st in stages if f"plan.{role}" in st.reads.values()), None)
+
+
+def _values(wf: WorkflowFile, name: str, given: Mapping[str, Any]) -> dict[str, int]:
+    unknown = sorted(set(given) - set(wf.params))
+    if unknown:
+        raise ParamError(
+            f"workflow {name} has no parameter {', '.join(unknown)}; valid: {_choices(wf.params)}"
+        )
+    values = {}
+    for key, param in wf.params.items():
+        value = given.get(key, param.default)
+        if not isinstance(value, int):
+            raise ParamError(f"{name} {key} must be an integer >= {param.min}, got {value!r}")
+        if value < param.min:
+            raise ParamError(f"{name} {key} must be >= {param.min}, got {value}")
+        values[key] = value
+    return values
+
+
+def compile_workflow(
+    wf: WorkflowFile, err: _Errors, name: str, params: Mapping[str, Any]
+) -> WorkflowSpec:
+    """The spec of a parsed file with the run's parameters (defaults where it sets none)."""
+    located = check_file(wf, err)
+    credit = _check_credit(wf, err)
+    values = _values(wf, name, params)
+
+    def count(value: int | str) -> int:
+        return values[value] if isinstance(value, str) else value
+
+    kinds = {role: spec.kind for role, spec in wf.roles.items()}
+
+    def compiled(st: StageFile, rnd: int) -> Stage:
+        slots = count(st.slots)
+        if slots < 1:
+            raise ParamError(
+                f"workflow {name}: parameter {st.slots} = {slots} gives {st.role} zero slots"
+            )
+        reader = _plan_reader(located, st.role) if st.parser == "strategies" else None
+        return Stage(
+            role=st.role,
+            kind=kinds[st.role],
+            prompt=st.prompt,
+            slots=slots,
+            round=rnd,
+            when=st.when,
+            parser=st.parser,
+            reads=tuple(Read(f, *src.split(".", 1)) for f, src in st.reads.items()),
+            count=count(reader.slots) if reader is not None else 0,
+        )
+
+    stages: list[Stage] = []
+    for entry in wf.stages:
+        if entry.stages is None:
+            stages.append(compiled(entry, 0))
+            continue
+        last = count(entry.repeat)
+        for rnd in range(1, last + 1):
+            stages += [
+                compiled(st, rnd) for st in entry.stages if not (st.skip_last and rnd == last)
+            ]
+    order = [st.role for _, st in located]
+    return WorkflowSpec(
+        name=name,
+        title=wf.title or name,
+        stages=tuple(stages),
+        kinds={role: kinds[role] for role in dict.fromkeys(order)},
+        answer=wf.answer,
+        credit=credit,
+        params=values,
+        prompts={
+            (role, variant): inline_templates(value)
+            for role, spec in wf.roles.items()
+            for variant, value in spec.prompts.items()
+        },
+        rounds=any(entry.stages is not None for entry in wf.stages),
+        source=err.source,
+    )
+
+
+def load_workflow(
+    path: str | Path, params: Mapping[str, Any] | None = None, *, name: str | None = None
+) -> WorkflowSpec:
+    """The workflow file at ``path`` compiled with ``params``; its name is ``name``, else the
+    file's ``name:``, else the file's stem."""
+    wf, err = read_workflow_file(path)
+    return compile_workflow(wf, err, name or wf.name or Path(path).stem, params or {})
+
+
+def build_workflow(name: str, **params: Any) -> WorkflowSpec:
+    """The spec of workflow ``name`` (a registered name or a file path), with its count
+    parameters (e.g. ``rounds=2``). Raises WorkflowFileError for the file, ParamError for a
+    parameter, ValueError for an unknown name."""
+    return load_workflow(workflow_path(name), params, name=None if is_workflow_file(name) else name)
+
+
+__all__ = ["ParamError", "WorkflowFileError", "build_workflow", "load_workflow"]

@@ -458,6 +458,44 @@ def report(
     console.print(f"report written to {page}")
 
 
+workflows_app = typer.Typer(no_args_is_help=False)
+app.add_typer(workflows_app, name="workflows")
+
+
+@workflows_app.callback(invoke_without_command=True)
+def workflows(ctx: typer.Context) -> None:
+    """List the built-in workflows; `marlow workflows check FILE` checks a workflow file."""
+    from marlow.workflows.show import builtin_table
+
+    if ctx.invoked_subcommand is not None:
+        return
+    table = Table("name", "title", "roles (kind)", "params")
+    for row in builtin_table():
+        table.add_row(row["name"], row["title"], row["roles"], row["params"])
+    Console().print(table)
+    print("A workflow file's path works wherever a name does (workflow.name=my.yaml).")
+
+
+@workflows_app.command("check")
+def workflows_check(
+    file: Annotated[str, typer.Argument(help="a workflow file (.yaml) or a built-in name")],
+    style: Annotated[str, typer.Option(help="prompt style of the example: tiny or chat")] = "tiny",
+    task: Annotated[str, typer.Option(help="task of the example's prompts: math or code")] = "math",
+) -> None:
+    """Check a workflow file; print its stages, roles, kinds and an example episode's prompts."""
+    from marlow.prompts import STYLES
+    from marlow.workflows.load import build_workflow
+    from marlow.workflows.show import describe
+
+    if style not in STYLES:
+        _fail(f"--style {style!r} is unknown; valid: {', '.join(STYLES)}")
+    try:
+        lines = describe(build_workflow(file), style=style, task=task)
+    except ValueError as err:
+        _fail(str(err))
+    print("\n".join(lines))
+
+
 class _progress:
     def __init__(self, total: int) -> None:
         self.progress = Progress(

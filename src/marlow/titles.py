@@ -1,5 +1,6 @@
-"""Display titles of workflows, policies and model scales: one home for the grid's cell names
-(SPEC §1, ``Voting-IP-tiny-s-Math``) and the report's labels.
+"""Display titles of policies and model scales: one home for the grid's cell names (SPEC §1,
+``Voting-IP-tiny-s-Math``) and the report's labels. A workflow's title is its file's ``title:``
+(:func:`marlow.workflows.load.workflow_title`).
 
 It sits at the bottom of the package (imports nothing of marlow) so that ``experiments.grid``,
 which names cells, and ``report``, which labels tables and figures, both read the same titles
@@ -10,24 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-WORKFLOW_TITLES = {
-    "single": "Single",
-    "eval_opt": "Eval-Opt",
-    "voting": "Voting",
-    "orch_workers": "Orch-Workers",
-}
-"""Workflow name -> title; also the workflows a grid may name (``workflows:``)."""
-
 POLICY_TITLES = {"ip": "IP", "sp": "SP", "base": "Base", "sa-rl": "SA", "transfer": "Transfer"}
 """Cell policy -> the title part of a cell name (``Single-SA-tiny-s-Math``)."""
 
 POLICY_LABELS = {"ip": "IP", "sp": "SP", "sa-rl": "SA-RL", "transfer": "Transfer", "base": "Base"}
 """Cell policy -> its label in figures (the paper's legend says SA-RL where names say SA)."""
-
-
-def workflow_title(name: str) -> str:
-    """The title of workflow ``name``; an unregistered name is its own title."""
-    return WORKFLOW_TITLES.get(name, name)
 
 
 def scale_title(scale: str) -> str:

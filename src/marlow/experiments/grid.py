@@ -42,8 +42,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from marlow.config import ConfigError, RunConfig, merge, resolve
-from marlow.titles import POLICY_TITLES, WORKFLOW_TITLES, scale_title
+from marlow.titles import POLICY_TITLES, scale_title
 from marlow.workflows.check import check_run_config
+from marlow.workflows.load import workflow_title
+from marlow.workflows.spec import is_workflow_file, workflow_names
 
 CONTROLS = ("base", "sa-rl", "transfer")
 Kind = Literal["trained", "base", "sa-rl", "transfer"]
@@ -65,10 +67,11 @@ class GridSpec(BaseModel):
     @field_validator("workflows")
     @classmethod
     def _known(cls, v: list[str]) -> list[str]:
-        unknown = [w for w in v if w not in WORKFLOW_TITLES]
+        unknown = [w for w in v if w not in workflow_names() and not is_workflow_file(w)]
         if unknown:
             raise ValueError(
-                f"unknown workflow {unknown[0]!r}; valid: {', '.join(WORKFLOW_TITLES)}"
+                f"unknown workflow {unknown[0]!r}; valid: {', '.join(workflow_names())}, "
+                "or the path of a workflow file (.yaml)"
             )
         return v
 
@@ -102,7 +105,7 @@ class Cell:
 
 
 def cell_name(workflow: str, policy: str, scale: str, task: str, seed: int | None) -> str:
-    parts = [WORKFLOW_TITLES[workflow], POLICY_TITLES[policy], scale_title(scale), task.title()]
+    parts = [workflow_title(workflow), POLICY_TITLES[policy], scale_title(scale), task.title()]
     return "-".join(parts) + (f"-s{seed}" if seed is not None else "")
 
 

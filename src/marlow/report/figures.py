@@ -29,7 +29,8 @@ from matplotlib.figure import Figure
 from marlow.diagnostics.runstats import series
 from marlow.report.results import GridRuns
 from marlow.report.tables import Table, groups, matched_pairs, seeds
-from marlow.titles import POLICY_LABELS, workflow_title
+from marlow.titles import POLICY_LABELS
+from marlow.workflows.load import workflow_title
 
 COLORS = {"ip": "C0", "sp": "C1", "sa-rl": "0.35", "transfer": "C2", "base": "0.6"}
 STYLES = {"ip": "-", "sp": "-", "sa-rl": "--"}

@@ -371,4 +371,14 @@ def build_workflow(name: str, **params: Any) -> WorkflowSpec:
     return load_workflow(workflow_path(name), params, name=None if is_workflow_file(name) else name)
 
 
-__all__ = ["ParamError", "WorkflowFileError", "build_workflow", "load_workflow"]
+def workflow_title(name: str) -> str:
+    """The ``title:`` of workflow ``name`` (a registered name or a file path); a name that no
+    longer loads (a results folder read where its file is absent) is titled by itself, a file by
+    its stem."""
+    try:
+        return build_workflow(name).title
+    except ValueError:
+        return Path(name).stem if is_workflow_file(name) else name
+
+
+__all__ = ["ParamError", "WorkflowFileError", "build_workflow", "load_workflow", "workflow_title"]

@@ -241,7 +241,8 @@ def parse_workflow_text(text: str, source: str) -> tuple[WorkflowFile, _Errors]:
     try:
         return WorkflowFile.model_validate(data), errors
     except ValidationError as err:
-        first = err.errors()[0]
+        # an unknown field before a missing one: a misspelt field is reported as itself
+        first = min(err.errors(), key=lambda e: e["type"] != "extra_forbidden")
         loc = tuple(first["loc"])
         raise errors(loc, _pydantic_message(first, _model_at(loc))) from None
 

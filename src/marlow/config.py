@@ -155,6 +155,12 @@ class RolloutConfig(_Section):
     )
     max_new_tokens: int = Field(5120, ge=1)
     max_batch: int = Field(256, ge=1)
+    seeding: Literal["call", "request"] = Field(
+        "call",
+        description="call: a stage's samples come from one generator in request order; request: "
+        "each request has its own seed, so a sample does not depend on its batch or rank (data "
+        "parallel runs need it; the same run on one process then samples the same tokens)",
+    )
 
 
 class GRPOConfig(_Section):

@@ -31,6 +31,10 @@ class GenRequest:
 
     prompt_ids: list[int]
     adapter: str  # an adapter name, or BASE
+    # Its own sampling seed (rollout.seeding=request): the sample then depends on this seed alone,
+    # not on the call's seed, its place in the call or the rows it is batched with. None: the
+    # call's generator, consumed in request order (rollout.seeding=call).
+    seed: int | None = None
 
 
 @dataclass

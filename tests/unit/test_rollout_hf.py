@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from marlow.policy.adapters import (
     use_adapter,
 )
 from marlow.rollout import RolloutEngine, available_backends, get_backend, register_backend
-from marlow.rollout.hf import HFEngine
+from marlow.rollout.hf import HFEngine, _pick
 from marlow.types import BASE, GenRequest, SamplingParams
 
 PROMPTS = ["1+2=", "<|im_start|>12*34=", "9", "what is 7-5?\n", "(3)", "abc def", "0"]
@@ -157,6 +158,47 @@ def test_same_seed_same_samples_other_seed_different(two_adapters, tokenizer):
     assert [c.token_ids for c in first] == [c.token_ids for c in again]
     assert [c.logprobs for c in first] == [c.logprobs for c in again]
     assert [c.token_ids for c in first] != [c.token_ids for c in other]
+
+
+def test_seeded_requests_sample_the_same_alone_or_in_any_batch(two_adapters, tokenizer):
+    """rollout.seeding=request: a request's sample depends on its own seed only, so a problem
+    sharded to another data-parallel rank (other batch mates, another place) draws the same."""
+    model, _ = two_adapters
+    engine = HFEngine(model, tokenizer)
+    reqs = [
+        GenRequest(encode(tokenizer, p), a, seed=1000 + 10 * i + j)
+        for i, p in enumerate(PROMPTS)
+        for j, a in enumerate(("gen", BASE))
+    ]
+    params = SamplingParams(1.0, 16, seed=3)
+    together = engine.generate(reqs, params)
+    alone = [engine.generate([r], SamplingParams(1.0, 16, seed=99))[0] for r in reqs]
+    shuffled = list(reversed(reqs))
+    apart = list(reversed(HFEngine(model, tokenizer, max_batch=3).generate(shuffled, params)))
+    for a, b, c in zip(together, alone, apart, strict=True):
+        assert a.token_ids == b.token_ids == c.token_ids
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs))
+    other = engine.generate([replace(r, seed=r.seed + 1) for r in reqs], params)
+    assert [c.token_ids for c in other] != [c.token_ids for c in together]
+    mixed = [reqs[0], GenRequest(reqs[1].prompt_ids, reqs[1].adapter)]
+    with pytest.raises(ValueError, match="every request of a call has a seed or none"):
+        engine.generate(mixed, params)
+
+
+def test_sampling_by_inversion_draws_the_categorical_distribution():
+    """The seeded path's first-token frequencies match softmax(logits / T) (chi-square test on
+    20,000 draws; the call-seeded path is torch.multinomial)."""
+    logits = torch.tensor([[2.0, 0.5, -1.0, 1.0, -9.0, 0.0]]).repeat(20_000, 1)
+    u = torch.rand(20_000, generator=torch.Generator().manual_seed(0))
+    tok, lp = _pick(logits, 0.8, torch.Generator(), u)
+    expect = torch.softmax(logits[0] / 0.8, -1)
+    counts = torch.bincount(tok, minlength=6).double()
+    stat = float((((counts - 20_000 * expect) ** 2) / (20_000 * expect)).sum())
+    assert stat < 20.5  # chi-square, 5 degrees of freedom: p = 0.001
+    assert counts[4] <= 2  # an id of mass 4e-6 is all but never drawn
+    torch.testing.assert_close(
+        lp, torch.log_softmax(logits / 0.8, -1).gather(-1, tok[:, None])[:, 0]
+    )
 
 
 def test_requests_are_routed_to_their_adapter(two_adapters, tokenizer):

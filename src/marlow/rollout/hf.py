@@ -19,6 +19,13 @@ model's device; the logits come in the base's dtype and are cast to float32 befo
 temperature and the log-softmax, so sampling probabilities and recorded log-probs are float32.
 The host reads the device once per generated token (whether every row has stopped) and once per
 chunk at the end, to hand the sampled ids and log-probs over as Python lists.
+
+Requests that carry their own ``seed`` (all of a call, or none) are sampled by inversion instead:
+row r draws its ``max_new_tokens`` uniforms u from a generator seeded with its seed, and token t
+is the first id whose cumulative probability exceeds u_t times the total. That is the same
+categorical distribution, and a row's sample no longer depends on which rows share its batch (up
+to the float round-off of its logits), so a problem sharded to another data-parallel rank draws
+the same tokens.
 """
 
 from __future__ import annotations
@@ -75,6 +82,7 @@ class HFEngine:
 
         out: list[Completion | None] = [None] * len(requests)
         generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        seeded = bool(requests) and requests[0].seed is not None
         was_training, previous = self.model.training, active_adapter(self.model)
         self.model.eval()
         try:
@@ -84,8 +92,9 @@ class HFEngine:
                     for start in range(0, len(rows), self.max_batch):
                         chunk = rows[start : start + self.max_batch]
                         prompts = [requests[i].prompt_ids for i in chunk]
+                        seeds = [requests[i].seed for i in chunk] if seeded else None
                         for i, comp in zip(
-                            chunk, self._sample(prompts, params, generator), strict=True
+                            chunk, self._sample(prompts, params, generator, seeds), strict=True
                         ):
                             out[i] = comp
         finally:
@@ -106,6 +115,8 @@ class HFEngine:
                 )
             if not req.prompt_ids:
                 raise ValueError(f"request {i}: empty prompt_ids (nothing to condition on)")
+            if (req.seed is None) != (requests[0].seed is None):
+                raise ValueError(f"request {i}: either every request of a call has a seed or none")
 
     def _forward(self, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:
         out = self.model(
@@ -119,9 +130,23 @@ class HFEngine:
         return out.logits[:, -1, :].float()  # (B, V)
 
     def _sample(
-        self, prompts: list[list[int]], params: SamplingParams, generator: torch.Generator
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        generator: torch.Generator,
+        seeds: list[int] | None = None,
     ) -> list[Completion]:
         device, n_new = self.device, params.max_new_tokens
+        uniforms = None  # (B, n_new): each row's own draws when the requests carry seeds
+        if seeds is not None:
+            uniforms = torch.stack(
+                [
+                    torch.rand(
+                        n_new, generator=torch.Generator(device).manual_seed(s), device=device
+                    )
+                    for s in seeds
+                ]
+            )
         lens = [len(p) for p in prompts]
         B, P = len(prompts), max(lens)
 
@@ -147,7 +172,8 @@ class HFEngine:
         logits = self._forward(input_ids, attn[:, :P], position_ids, cache)
         next_pos = position_ids[:, -1:] + 1  # (B, 1)
         for t in range(n_new):
-            tok, lp = _pick(logits, params.temperature, generator)
+            u = None if uniforms is None else uniforms[:, t]
+            tok, lp = _pick(logits, params.temperature, generator, u)
             tok = torch.where(done, self.pad_id, tok)  # finished rows keep being padded
             tokens[:, t], logps[:, t] = tok, lp
             length += (~done).long()
@@ -171,13 +197,24 @@ class HFEngine:
 
 
 def _pick(
-    logits: torch.Tensor, temperature: float, generator: torch.Generator
+    logits: torch.Tensor,
+    temperature: float,
+    generator: torch.Generator,
+    uniforms: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next token per row and its sampler log-prob. logits: (B, V) float32 -> (B,), (B,)."""
+    """Next token per row and its sampler log-prob. logits: (B, V) float32 -> (B,), (B,).
+    ``uniforms`` (B,) in [0, 1): sample by inversion with these draws instead of ``generator``."""
     if temperature == 0:
         logp = torch.log_softmax(logits, dim=-1)
         tok = logits.argmax(dim=-1)
     else:
         logp = torch.log_softmax(logits / temperature, dim=-1)
-        tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+        probs = logp.exp()
+        if uniforms is None:
+            tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        else:  # the first id whose cumulative probability exceeds u * total (zero-mass ids never)
+            cdf = probs.cumsum(-1)
+            target = (uniforms * cdf[:, -1])[:, None]
+            tok = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+            tok = tok.clamp(max=logits.shape[-1] - 1)
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)

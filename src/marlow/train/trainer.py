@@ -137,7 +137,9 @@ class Trainer:
 
     # -- one step ---------------------------------------------------------------------------
 
-    def rollout(self, problems, n: int, temperature: float, seed: int) -> list[Episode]:
+    def rollout(
+        self, problems, n: int, temperature: float, seed: int, first_group: int = 0
+    ) -> list[Episode]:
         sampling = SamplingParams(temperature, self.cfg.rollout.max_new_tokens, seed)
         return run_episodes(
             self.workflow,
@@ -151,6 +153,8 @@ class Trainer:
             style=self.style,
             sampling=sampling,
             credit=self.cfg.grpo.credit,
+            first_group=first_group,
+            seeding=self.cfg.rollout.seeding,
         )
 
     def train_step(self, step: int) -> dict[str, float]:

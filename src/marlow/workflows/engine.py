@@ -131,6 +131,13 @@ def stage_seed(seed: int, stage_index: int) -> int:
     return (seed * 1_000_003 + stage_index * 7919) % (2**63 - 1)
 
 
+def request_seed(stage: int, group: int, sample: int, slot: int) -> int:
+    """A request's own seed (``rollout.seeding=request``): a function of the stage's seed and the
+    turn's place in the step (problem index in the whole batch, sample, slot), never of the
+    rank or the batch it is generated in."""
+    return (stage * 2_654_435_761 + group * 40_503 + sample * 977 + slot * 31 + 1) % (2**63 - 1)
+
+
 def run_episodes(
     workflow: WorkflowSpec,
     problems: Sequence[Problem],
@@ -144,11 +151,16 @@ def run_episodes(
     style: str,
     sampling: SamplingParams,
     credit: str = "broadcast",
+    first_group: int = 0,
+    seeding: str = "call",
 ) -> list[Episode]:
     """Run ``n`` episodes of ``workflow`` on each problem; grade each final answer (and, under
-    ``credit="role"``, each turn: ``marlow.workflows.credit``)."""
+    ``credit="role"``, each turn: ``marlow.workflows.credit``). Problem i's episodes are group
+    ``first_group + i`` (a data-parallel rank's shard starts at its offset in the whole batch).
+    ``seeding``: ``call`` draws every sample of a stage from one generator in request order;
+    ``request`` gives each request its own seed (:func:`request_seed`)."""
     states = [
-        EpisodeState(Episode(problem_id=p.id, group=g, sample=s), p)
+        EpisodeState(Episode(problem_id=p.id, group=first_group + g, sample=s), p)
         for g, p in enumerate(problems)
         for s in range(n)
     ]
@@ -164,8 +176,17 @@ def run_episodes(
                 fields = context(st, stage, slot, style, counts)
                 text = prompt_text(workflow, stage, style, task, fields)
                 calls.append((st, slot, text, chat_prompt_ids(tokenizer, text)))
-        requests = [GenRequest(ids, adapter) for _, _, _, ids in calls]
         params = replace(sampling, seed=stage_seed(sampling.seed, index))
+        requests = [
+            GenRequest(
+                ids,
+                adapter,
+                None
+                if seeding == "call"
+                else request_seed(params.seed, st.episode.group, st.episode.sample, slot),
+            )
+            for st, slot, _, ids in calls
+        ]
         completions = engine.generate(requests, params)
         new_turns: dict[int, list[Turn]] = {}
         for (st, slot, text, ids), c in zip(calls, completions, strict=True):

@@ -92,7 +92,10 @@ def test_hugging_face_scales_are_named_by_size():
     ("grid", "needle"),
     [
         ({"workflow": ["voting"]}, "grid key 'workflow' is unknown; valid: workflows, policies"),
-        ({"workflows": ["debate"]}, "unknown workflow 'debate'; valid: eval_opt, orch_workers, single, voting, or the path"),
+        (
+            {"workflows": ["debate"]},
+            "unknown workflow 'debate'; valid: eval_opt, orch_workers, single, voting, or the path",
+        ),
         ({"policies": ["shared"]}, "grid key 'policies.0'"),
         ({"controls": ["oracle"]}, "grid key 'controls.0'"),
         (

@@ -29,8 +29,8 @@ def vary_rewards(trainer):
     A function of the episode alone: a resumed run sees the same rewards."""
     rollout = trainer.rollout
 
-    def varied(problems, n, temperature, seed):
-        episodes = rollout(problems, n, temperature, seed)
+    def varied(problems, n, temperature, seed, **kw):
+        episodes = rollout(problems, n, temperature, seed, **kw)
         if n > 1:  # training, not validation
             for ep in episodes:
                 ep.reward = float(ep.sample % 2)

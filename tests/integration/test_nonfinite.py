@@ -51,8 +51,8 @@ def test_a_nan_reward_skips_the_step_and_training_goes_on(small_config, tmp_path
     trainer = vary_rewards(Trainer(small_config(**SETTINGS), tmp_path / "run"))
     rollout, calls = trainer.rollout, itertools.count(1)
 
-    def poisoned(problems, n, temperature, seed):  # one NaN reward, in step 2
-        episodes = rollout(problems, n, temperature, seed)
+    def poisoned(problems, n, temperature, seed, **kw):  # one NaN reward, in step 2
+        episodes = rollout(problems, n, temperature, seed, **kw)
         if n > 1 and next(calls) == 2:
             episodes[0].reward = math.nan
         return episodes

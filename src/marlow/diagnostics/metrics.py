@@ -46,6 +46,22 @@ class Meter:
     def set(self, role: str, metric: str, value: float) -> None:
         self._value[(role, metric)] = float(value)
 
+    @classmethod
+    def merge(cls, meters: Sequence[Meter]) -> Meter:
+        """One meter from several (data-parallel ranks, in rank order): sums and weights add,
+        maxima take the largest, set values come from the first meter that has them (they are
+        the same on every rank: learning rates, update counts)."""
+        out = cls()
+        for m in meters:
+            for key, total in m._sum.items():
+                out._sum[key] += total
+                out._weight[key] += m._weight[key]
+            for key, value in m._max.items():
+                out._max[key] = max(out._max.get(key, -math.inf), value)
+            for key, value in m._value.items():
+                out._value.setdefault(key, value)
+        return out
+
     def result(self, split: str) -> dict[str, float]:
         out: dict[str, float] = {}
         for key, total in self._sum.items():

@@ -95,6 +95,27 @@ class AdapterBatch:
         )
 
 
+def empty_batch(adapter: str, device: torch.device | str = "cpu") -> AdapterBatch:
+    """An adapter's batch with no rows: a data-parallel rank whose problems gave the adapter no
+    turn still takes part in its update (its share of the gradient is zero)."""
+    long, flat = torch.zeros((0, 0), dtype=torch.long, device=device), torch.zeros(0, device=device)
+    return AdapterBatch(
+        adapter=adapter,
+        turns=[],
+        roles=[],
+        groups=torch.zeros(0, dtype=torch.long, device=device),
+        rewards=flat,
+        advantages=flat,
+        ids=long,
+        prompt_len=torch.zeros(0, dtype=torch.long, device=device),
+        targets=long,
+        mask=torch.zeros((0, 0), dtype=torch.bool, device=device),
+        sampler_logp=torch.zeros((0, 0), device=device),
+        seq_len=[],
+        completion_len=[],
+    )
+
+
 def credit_rows(episodes: Sequence[Episode]) -> tuple[list[Turn], CreditRows]:
     """Every turn of the step in episode order, and the columns credit assignment reads."""
     turns: list[Turn] = []

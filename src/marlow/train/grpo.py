@@ -40,6 +40,7 @@ from marlow.config import GRPOConfig
 from marlow.diagnostics.metrics import Meter
 from marlow.policy.adapters import use_adapter
 from marlow.train.batch import AdapterBatch
+from marlow.train.distributed import SOLO, World
 from marlow.train.optim import AdapterOptimizers
 from marlow.train.scoring import score_rows
 from marlow.types import BASE
@@ -50,9 +51,10 @@ class NonFiniteLoss(RuntimeError):
     (``marlow.train.nonfinite``)."""
 
 
-def fused_old_logp(batch: AdapterBatch, cfg: GRPOConfig, dropout: float) -> bool:
-    """Whether ``batch``'s logp_old comes from its update forward (see the module docstring)."""
-    return cfg.epochs == 1 and len(batch) <= cfg.minibatch_turns and dropout == 0.0
+def fused_old_logp(turns: int, cfg: GRPOConfig, dropout: float) -> bool:
+    """Whether an adapter's logp_old comes from its update forward (see the module docstring);
+    ``turns``: its trained turns in the step, over every data-parallel rank."""
+    return cfg.epochs == 1 and turns <= cfg.minibatch_turns and dropout == 0.0
 
 
 def _score_all(
@@ -124,8 +126,15 @@ def update_adapter(
     generator: torch.Generator,
     meter: Meter,
     fused: bool = False,
+    world: World = SOLO,
 ) -> None:
     """All mini-batch updates of one adapter in one step.
+
+    ``world``: the data-parallel ranks (:mod:`marlow.train.distributed`). ``batch`` holds this
+    rank's rows (possibly none); the mini-batches are cut from every rank's rows in rank order
+    with the same permutation, each row is weighed with its whole mini-batch's normaliser, and
+    the gradients are summed across ranks before the clip and the step: one process with the
+    same global batch takes the same updates.
 
     ``fused``: logp_old is taken from the (single) update's forward and written to
     ``batch.old_logp`` / ``batch.entropy`` once every row is scored; otherwise ``batch.old_logp``
@@ -138,18 +147,26 @@ def update_adapter(
     averaged over the step's updates; ``grad_norm_own`` = |g_role|.
     """
     adapter = batch.adapter
-    roles = sorted(set(batch.roles))
+    ranks = world.gather((sorted(set(batch.roles)), batch.completion_len))  # one message
+    roles = sorted({role for rank_roles, _ in ranks for role in rank_roles})
     shared = len(roles) > 1
     params = optim.params[adapter]
+    lengths = [n for _, rank_lengths in ranks for n in rank_lengths]  # every rank's rows, in order
+    offset = sum(len(rank_lengths) for _, rank_lengths in ranks[: world.rank])
+    mine = range(offset, offset + len(batch))
+    device = batch.ids.device
     old_logp = entropy = None  # fused: filled from the update forward
     updates = 0
     for _ in range(cfg.epochs):
-        order = torch.randperm(len(batch), generator=generator).tolist()
+        order = torch.randperm(len(lengths), generator=generator).tolist()
         for start in range(0, len(order), cfg.minibatch_turns):
-            idx = order[start : start + cfg.minibatch_turns]
-            width = max(batch.completion_len[i] for i in idx)
-            weights = token_weights(batch.mask[idx, :width], cfg.aggregation)  # (M, L)
-            total_loss = None  # () on the device: read once per update, after the backwards
+            rows = order[start : start + cfg.minibatch_turns]  # global row numbers
+            lens = torch.tensor([lengths[r] for r in rows], device=device)
+            mask = torch.arange(int(max(lengths[r] for r in rows)), device=device) < lens[:, None]
+            local_pos = [j for j, r in enumerate(rows) if r in mine]
+            idx = [rows[j] - offset for j in local_pos]  # this rank's rows of the mini-batch
+            weights = token_weights(mask, cfg.aggregation)[local_pos]  # (M_rank, L)
+            total_loss = torch.zeros((), device=device)  # read once per update, after backwards
             own = RoleGradients(params) if shared else None
             with use_adapter(model, adapter):
                 for local, s in score_rows(
@@ -160,33 +177,38 @@ def update_adapter(
                     micro_tokens=cfg.micro_tokens,
                     by_role=True,
                 ):
-                    rows = [idx[j] for j in local]
+                    chunk_rows = [idx[j] for j in local]
                     if own is not None:
-                        own.enter(batch.roles[rows[0]])
+                        own.enter(batch.roles[chunk_rows[0]])
                     w_chunk = s.mask.shape[1]
                     if fused:
                         old_lp = s.logp.detach()
                         if old_logp is None:
                             old_logp = old_lp.new_zeros(batch.mask.shape)
                             entropy = s.entropy.new_zeros(batch.mask.shape)
-                        old_logp[rows, :w_chunk] = old_lp
-                        entropy[rows, :w_chunk] = s.entropy
+                        old_logp[chunk_rows, :w_chunk] = old_lp
+                        entropy[chunk_rows, :w_chunk] = s.entropy
                     else:
-                        old_lp = batch.old_logp[rows, :w_chunk]
-                    adv = batch.advantages[rows].to(s.logp.dtype)
+                        old_lp = batch.old_logp[chunk_rows, :w_chunk]
+                    adv = batch.advantages[chunk_rows].to(s.logp.dtype)
                     out = clipped_surrogate(
                         s.logp, old_lp, adv, cfg.clip_low, cfg.clip_high, cfg.clip_ratio_c
                     )
                     w = weights[local, :w_chunk].to(s.logp.dtype)
                     loss = (w * out.loss).sum()
                     loss.backward()
-                    total_loss = loss.detach() if total_loss is None else total_loss + loss.detach()
-                    _ratio_stats(meter, [batch.roles[i] for i in rows], out, s.mask)
+                    total_loss = total_loss + loss.detach()
+                    _ratio_stats(meter, [batch.roles[i] for i in chunk_rows], out, s.mask)
+            norms = own.finish(roles, world) if own is not None else {}  # before the sum below
+            if world.size > 1:  # every rank's share of the mini-batch's loss and gradient
+                for p in params:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                world.sum_([total_loss, *(p.grad for p in params)])
             loss_value = float(total_loss)
             if not math.isfinite(loss_value):  # its gradients are dropped when the step is undone
                 raise NonFiniteLoss(f"loss is {loss_value}")
-            if own is not None:
-                norms = own.finish()  # a role absent from this mini-batch has share 0 in it
+            if own is not None:  # a role absent from this mini-batch has share 0 in it
                 total = sum(norms.values())
                 for role in roles:
                     norm = norms.get(role, 0.0)
@@ -214,14 +236,15 @@ def update_adapter(
 
 class RoleGradients:
     """Each role's own gradient in one update, from snapshots of the accumulated gradient taken
-    where the (role-consecutive) micro-batches switch role. Snapshots and norms stay on the
-    gradients' device (float32, the LoRA weights' dtype); :meth:`finish` reads them once."""
+    where the (role-consecutive) micro-batches switch role. Snapshots and differences stay on
+    the gradients' device (float32, the LoRA weights' dtype); :meth:`finish` sums each role's
+    gradient over the data-parallel ranks and reads the norms once."""
 
     def __init__(self, params: Sequence[torch.Tensor]) -> None:
         self.params = list(params)
         self.role: str | None = None
         self.before: list[torch.Tensor] = []
-        self.norms: dict[str, torch.Tensor] = {}  # role -> () norm on the device
+        self.own: dict[str, torch.Tensor] = {}  # role -> its gradient, flattened
 
     def _grads(self) -> list[torch.Tensor]:
         return [
@@ -231,7 +254,7 @@ class RoleGradients:
     def enter(self, role: str) -> None:
         if role == self.role:
             return
-        if role in self.norms:
+        if role in self.own:
             raise RuntimeError(f"micro-batches of role {role!r} are not consecutive")
         now = self._grads()
         self._close(now)
@@ -239,14 +262,19 @@ class RoleGradients:
 
     def _close(self, now: list[torch.Tensor]) -> None:
         if self.role is not None:
-            sq = [(a - b).pow(2).sum() for a, b in zip(now, self.before, strict=True)]
-            self.norms[self.role] = torch.stack(sq).sum().sqrt()
+            diff = [(a - b).reshape(-1) for a, b in zip(now, self.before, strict=True)]
+            self.own[self.role] = torch.cat(diff)
 
-    def finish(self) -> dict[str, float]:
-        """Each role's gradient norm in this update (one read of the device)."""
+    def finish(self, roles: Sequence[str], world: World = SOLO) -> dict[str, float]:
+        """The gradient norm of each of ``roles`` in this update (a role without rows here has a
+        zero gradient on this rank), summed over ``world``'s ranks first."""
         self._close(self._grads())
         self.role = None
-        return dict(zip(self.norms, torch.stack(list(self.norms.values())).tolist(), strict=True))
+        size = sum(p.numel() for p in self.params)
+        device = self.params[0].device
+        own = [self.own[r] if r in self.own else torch.zeros(size, device=device) for r in roles]
+        world.sum_(own)
+        return dict(zip(roles, torch.stack([g.norm() for g in own]).tolist(), strict=True))
 
 
 def _ratio_stats(meter: Meter, roles: Sequence[str], out, mask: torch.Tensor) -> None:

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
-
 from marlow.train.grpo import NonFiniteLoss
 from marlow.train.optim import AdapterOptimizers
 
@@ -62,12 +60,13 @@ class NonFiniteGuard:
             self._undo(adapter, str(err))
             self.optim.end_role_update(adapter)
 
-    def check_policy(self, adapter: str, new_logp: torch.Tensor) -> None:
-        """Undo ``adapter``'s update when its updated policy scores the step's tokens (all of
-        them, or one turn's on steps without the post-update rescoring) non-finite."""
+    def check_policy(self, adapter: str, finite: bool) -> None:
+        """Undo ``adapter``'s update unless its updated policy scored the step's tokens (all of
+        them, or one turn's on steps without the post-update rescoring) ``finite`` (on every
+        data-parallel rank: each rank then undoes the same updates)."""
         if adapter in self._skipped or adapter not in self._snapshots:
             return
-        if not bool(torch.isfinite(new_logp).all()):  # one sync
+        if not finite:
             self._undo(adapter, "log-probabilities after the update are not finite")
 
     def _undo(self, adapter: str, reason: str) -> None:

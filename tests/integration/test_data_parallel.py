@@ -1,0 +1,144 @@
+"""Data parallel on the CPU (gloo): ``torchrun --nproc_per_node 2 -m marlow train`` against one
+process with the same global batch and seeds (issue 15, item 4). With ``rollout.seeding=request``
+every request samples the same tokens whichever rank it runs on, the update cuts its
+mini-batches from the global turn list and sums the gradients across ranks, so after 3 steps the
+adapters agree to 1e-5 and so do the per-role metrics (reduced over ranks, not rank 0's)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import PRETRAIN_STEPS
+
+SETTINGS = [
+    "preset=tiny",
+    "steps=3",
+    "val_every=3",
+    "ckpt_every=3",
+    "threads=1",
+    f"model.pretrain_steps={PRETRAIN_STEPS}",
+    "task.val_size=6",
+    "rollout.max_new_tokens=16",
+    "rollout.seeding=request",
+    "workflow.name=voting",
+    "grpo.batch_problems=3",  # odd: the ranks hold 2 and 1 problems
+    "grpo.group_size=2",
+    "grpo.minibatch_turns=10",  # 24 turns a step: three mini-batches, cut across the ranks
+    "grpo.credit=broadcast",
+    "optim.warmup_steps=0",
+    "diagnostics.every=1",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train(out, *extra: str, nproc: int = 1) -> subprocess.CompletedProcess:
+    marlow = [sys.executable, "-m", "marlow", "train", *SETTINGS, *extra, "--out", str(out)]
+    if nproc > 1:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
+        launcher += ["--master_addr", "127.0.0.1", "--master_port", str(free_port())]
+        marlow = [*launcher, "-m", "marlow", "train", *SETTINGS, *extra, "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(marlow, capture_output=True, text=True, timeout=900, env=env)
+
+
+def adapters(run) -> dict[str, torch.Tensor]:
+    folder = run / "checkpoints" / "step_000003" / "adapters"  # the last step's
+    return {
+        f"{a.name}/{k}": v
+        for a in sorted(folder.iterdir())
+        for k, v in load_file(a / "adapter_model.safetensors").items()
+    }
+
+
+def records(run) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def run_rank(rank: int, size: int, port: int, cache: str, out: str, routing: str) -> None:
+    """One process of the run (rank ``rank`` of ``size``), as torchrun would start it, with
+    rewards that vary by sample (the barely pre-trained test world almost never answers)."""
+    os.environ.update(
+        MARLOW_CACHE=cache,
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(size),
+    )
+    from marlow.config import load_config
+    from marlow.train.trainer import Trainer
+    from tests.integration.reference import vary_rewards
+
+    cfg = load_config(None, [*SETTINGS, f"policy.routing={routing}"])
+    vary_rewards(Trainer(cfg, out)).run()
+
+
+@pytest.mark.parametrize("routing", ["ip", "sp"])
+def test_two_gloo_ranks_train_what_one_process_trains(tiny_cache, tmp_path, routing):
+    from marlow.config import load_config
+    from marlow.train.trainer import Trainer
+    from tests.integration.reference import vary_rewards
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    cfg = load_config(None, [*SETTINGS, f"policy.routing={routing}"])
+    vary_rewards(Trainer(cfg, one)).run()
+    torch.multiprocessing.spawn(
+        run_rank, args=(2, free_port(), tiny_cache, str(two), routing), nprocs=2, join=True
+    )
+    a, b = adapters(one), adapters(two)
+    assert a.keys() == b.keys() and len(a) > 0
+    moved = max(float(v.abs().max()) for k, v in a.items() if "lora_B" in k)
+    assert moved > 1e-4  # training moved the adapters: the comparison means something
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], atol=1e-5, rtol=0)
+    ra, rb = records(one), records(two)
+    assert [r["step"] for r in ra] == [r["step"] for r in rb]
+    for x, y in zip(ra, rb, strict=True):
+        keys = {k for k in x if not k.startswith("time/")}
+        assert keys == {k for k in y if not k.startswith("time/")}
+        for k in keys:
+            assert y[k] == pytest.approx(x[k], rel=1e-4, abs=1e-5), k
+    # rank 0 alone wrote the run: the same files as the one-process run's
+    assert sorted(p.name for p in two.iterdir()) == sorted(p.name for p in one.iterdir())
+
+
+@pytest.mark.slow  # torchrun's start and two model loads: about a minute
+def test_torchrun_launches_marlow_train_and_rank_0_writes_the_run(tiny_cache, tmp_path):
+    done = train(tmp_path / "two", "policy.routing=ip", "steps=1", "ckpt_every=1", nproc=2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = tmp_path / "two"
+    assert [r["step"] for r in records(run)] == [0, 1]
+    assert (run / "checkpoints" / "step_000001").is_dir()
+
+
+def test_data_parallel_needs_request_seeding_and_a_problem_per_rank():
+    from marlow.config import ConfigError, load_config
+    from marlow.train.distributed import check_world
+
+    check_world(load_config(None, ["rollout.seeding=call"]), 1)  # one process: anything goes
+    with pytest.raises(ConfigError, match=r"'rollout\.seeding' is 'call'.*valid: request"):
+        check_world(load_config(None, ["rollout.seeding=call"]), 2)
+    with pytest.raises(ConfigError, match=r"'grpo\.batch_problems' is 2.*valid: at least 4"):
+        check_world(load_config(None, ["rollout.seeding=request", "grpo.batch_problems=2"]), 4)
+    check_world(load_config(None, ["rollout.seeding=request", "grpo.batch_problems=4"]), 4)
+
+
+def test_world_shards_in_contiguous_blocks():
+    from marlow.train.distributed import World
+
+    blocks = [World(r, 3).shard(8) for r in range(3)]
+    assert [list(b) for b in blocks] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert list(World().shard(5)) == [0, 1, 2, 3, 4]

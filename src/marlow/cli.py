@@ -88,13 +88,7 @@ def _run_folder(command: Callable) -> Callable:
         try:
             return command(*args, **kwargs)
         except typer.Exit as stop:
-            first = os.environ.get("RANK", "0") == "0"  # under torchrun, rank 0 owns the folder
-            if (
-                stop.exit_code == 2
-                and first
-                and not existed
-                and not (out / "metrics.jsonl").exists()
-            ):
+            if stop.exit_code == 2 and not existed and not (out / "metrics.jsonl").exists():
                 shutil.rmtree(out, ignore_errors=True)
             raise
 
@@ -462,6 +456,25 @@ def report(
     except _user_errors() as err:
         _fail(str(err))
     console.print(f"report written to {page}")
+
+
+@app.command()
+def export(
+    run: Annotated[Path, typer.Argument(help="a run folder (marlow train --out)")],
+    dest: Annotated[Path, typer.Argument(help="a new (or empty) folder to write")],
+    step: Annotated[
+        int | None, typer.Option(help="the checkpoint step (default: the latest)", min=0)
+    ] = None,
+) -> None:
+    """Write a run's base model and the adapters of one checkpoint as a standalone folder that
+    plain transformers + PEFT load (no marlow, no cache)."""
+    from marlow.train.export import ExportError, export_run
+
+    try:
+        folder = export_run(run, dest, step)
+    except (*_user_errors(), ExportError) as err:
+        _fail(str(err))
+    console.print(f"exported to {folder} (export.json names its base, adapters and dtype)")
 
 
 workflows_app = typer.Typer(no_args_is_help=False)

@@ -3,6 +3,7 @@ reader (or a run killed mid-write) sees the old file or the new one, never half 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -26,3 +27,12 @@ def write_text(path: str | Path, text: str) -> Path:
 def write_json(path: str | Path, obj: Any, *, sort_keys: bool = False) -> Path:
     """``obj`` as indented JSON (NaN written as ``NaN``, which Python's json reads back)."""
     return write_text(path, json.dumps(obj, indent=2, sort_keys=sort_keys) + "\n")
+
+
+def sha256_file(path: str | Path) -> str:
+    """The hex sha256 of a file's bytes, read in 1 MiB blocks (weights files run to gigabytes)."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -434,6 +434,39 @@ CASES: list[Case] = [
         ["policy.target_modules", "q_proj"],
     ),
     Case("plan-config-missing", ["plan", "nope.yaml"], ["nope.yaml"]),
+    # -- marlow export: it reads the run's files, loads no model --------------------------------
+    Case("export-missing-run", ["export", "nowhere", "ex"], ["nowhere", "no config.yaml"]),
+    Case(
+        "export-no-checkpoint",
+        ["export", "r", "ex"],
+        ["r has no checkpoint yet", "ckpt_every"],
+        files={"r/config.yaml": RUN_CONFIG},
+    ),
+    Case(
+        "export-dest-not-empty",
+        ["export", "r", "ex"],
+        ["ex already exists", "new one"],
+        files={**run_folder(), "ex/x.txt": "mine"},
+    ),
+    Case(
+        "export-dest-is-a-file",
+        ["export", "r", "ex"],
+        ["ex already exists"],
+        files={**run_folder(), "ex": "mine"},
+    ),
+    Case(
+        "export-step-missing",
+        ["export", "r", "ex", "--step", "7"],
+        ["--step 7", "no such checkpoint", "valid: 1"],
+        files=run_folder(),
+    ),
+    Case(
+        "export-no-base-record",
+        ["export", "r", "ex"],
+        ["base.json", "--resume"],
+        files=run_folder(),
+    ),
+    Case("export-without-dest", ["export", "r"], ["Missing argument 'dest'", "export --help"]),
 ]
 
 

@@ -23,6 +23,12 @@ Departures from plain PEFT usage, and why:
 * **Saving is atomic per adapter**: each ``out_dir/<name>/`` is written beside its final place and
   renamed in, in the standard PEFT layout (``adapter_config.json`` + ``adapter_model.safetensors``)
   that ``PeftModel.from_pretrained(base, out_dir/<name>)`` loads anywhere.
+* **Saved configs are portable** (:func:`save_adapters`): ``base_model_name_or_path`` is the name
+  the caller gives (the run's base as the user named it, :mod:`marlow.train.runbase`), not the
+  folder the base happened to load from; ``target_modules`` are the sorted short names
+  (``q_proj``, ...) that PEFT matches by suffix, not the full module paths PEFT resolves
+  ``all-linear`` to. Short names are written only when they select exactly the modules that carry
+  the adapter (else the full paths stay: e.g. a user list of full paths naming one layer).
 """
 
 from __future__ import annotations
@@ -266,8 +272,14 @@ def use_adapter(model: nn.Module, name: str) -> Iterator[nn.Module]:
         activate(model, previous)
 
 
-def save_adapters(model: PeftModel, out_dir: str | Path, names: Sequence[str]) -> None:
-    """Write each adapter to ``out_dir/<name>/`` in standard PEFT format, atomically per adapter."""
+def save_adapters(
+    model: PeftModel, out_dir: str | Path, names: Sequence[str], *, base_name: str | None = None
+) -> None:
+    """Write each adapter to ``out_dir/<name>/`` in standard PEFT format, atomically per adapter.
+
+    ``base_name`` goes into ``adapter_config.json`` as ``base_model_name_or_path`` (None: PEFT's
+    own, the path the base was loaded from); ``target_modules`` become short names (module
+    docstring)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     valid = adapter_names(model)
@@ -283,7 +295,7 @@ def save_adapters(model: PeftModel, out_dir: str | Path, names: Sequence[str]) -
             staged.mkdir()
             for fname in (CONFIG_NAME, WEIGHTS_NAME):
                 (written / fname).replace(staged / fname)
-            _sort_target_modules(staged / CONFIG_NAME)
+            _portable_config(staged / CONFIG_NAME, model, base_name)
             # The old folder is moved aside only once the new one is complete, then swapped in.
             old = Path(tmp) / ".old"
             if final.exists():
@@ -291,13 +303,33 @@ def save_adapters(model: PeftModel, out_dir: str | Path, names: Sequence[str]) -
             staged.replace(final)
 
 
-def _sort_target_modules(config_file: Path) -> None:
-    """PEFT resolves "all-linear" to a *set* of module paths and saves it in hash order; sort it so
-    the same adapter always writes the same bytes."""
+def _portable_config(config_file: Path, model: PeftModel, base_name: str | None) -> None:
+    """Rewrite a saved ``adapter_config.json``: the base named ``base_name``, ``target_modules``
+    as sorted short names where they select the same modules, keys sorted (the same adapter always
+    writes the same bytes; PEFT saves "all-linear" as a set of paths in hash order)."""
     config = json.loads(config_file.read_text())
-    if isinstance(config.get("target_modules"), list):
-        config["target_modules"] = sorted(config["target_modules"])
-        config_file.write_text(json.dumps(config, indent=2, sort_keys=True))
+    if base_name is not None:
+        config["base_model_name_or_path"] = base_name
+    targets = config.get("target_modules")
+    if isinstance(targets, list):
+        config["target_modules"] = short_target_modules(model.base_model.model, targets)
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True))
+
+
+def short_target_modules(base: nn.Module, targets: Sequence[str]) -> list[str]:
+    """``targets`` (module paths of ``base`` carrying LoRA) as sorted unique last names, when PEFT's
+    suffix rule (a module whose path is a name or ends in ``.name``) would pick exactly those
+    modules of ``base``; else ``targets`` sorted, unchanged."""
+    short = sorted({t.rsplit(".", 1)[-1] for t in targets})
+    chosen = set(targets)
+    picked = set()
+    for path, _ in base.named_modules():
+        parts = path.split(".")
+        if any(".".join(parts[:i]) in chosen for i in range(1, len(parts))):
+            continue  # inside a LoRA layer: its base_layer, lora_A, ... are not candidates
+        if parts[-1] in short:
+            picked.add(path)
+    return short if picked == chosen else sorted(targets)
 
 
 def load_adapter_weights(model: PeftModel, in_dir: str | Path, names: Sequence[str]) -> None:

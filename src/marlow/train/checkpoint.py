@@ -2,6 +2,9 @@
 
 Layout: ``RUN/checkpoints/step_NNNNNN/{adapters/<name>/, trainer_state.pt, DONE}``. The data
 cursor is the step: batches are a pure function of (seed, step), see ``marlow.train.trainer``.
+Each adapter folder names its base as the run recorded it (``RUN/base.json``,
+:mod:`marlow.train.runbase`): a hub id, a local folder's absolute path, or a tiny world's
+``base`` (``RUN/base/``, relative to the run folder); ``marlow export`` (:mod:`marlow.train.export`) makes a standalone copy.
 
 Writing one (:func:`save`) is a commit in four durable steps, so that a kill or a power loss at
 any instant leaves either the whole new checkpoint or none of it, and every older one whole:
@@ -32,7 +35,6 @@ a damaged latest checkpoint always has a good one before it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -44,12 +46,14 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from marlow.fileio import sha256_file
 from marlow.policy.adapters import (
     WEIGHTS_NAME,
     adapter_parameters,
     load_adapter_weights,
     save_adapters,
 )
+from marlow.train import runbase
 from marlow.train.optim import AdapterOptimizers
 
 PREFIX = "step_"
@@ -86,7 +90,7 @@ def save(run_dir: Path, step: int, model, adapters: list[str], optim: AdapterOpt
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     if adapters:
-        save_adapters(model, tmp / "adapters", adapters)
+        save_adapters(model, tmp / "adapters", adapters, base_name=runbase.adapter_base(run_dir))
     state = {
         "step": step,
         "data_cursor": step,
@@ -114,11 +118,7 @@ def _files(root: Path) -> list[str]:
 
 
 def _describe(path: Path) -> dict:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+    return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
 def _fsync_tree(root: Path) -> None:

@@ -11,6 +11,10 @@ the grid and the Python API reach directly), :func:`preflight` checks:
 * the JSONL records (:func:`check_records`): a half-written *last* line is the mark of a killed
   run and is dropped with a log line; an unreadable line before it is an error naming file and
   line;
+* the base model (:func:`marlow.train.runbase.changed`): weights whose sha256 differs from the
+  one ``RUN/base.json`` recorded when the run started are refused. Before the model loads, a base
+  not on disk yet (a tiny world whose cache was deleted, a hub id not downloaded) cannot be
+  hashed; the trainer's own preflight, after loading, checks it;
 * the checkpoint (:func:`pick_checkpoint`, then ``checkpoint.check``): a damaged or non-finite
   one is named, with the last good one before it offered as ``--resume-from STEP``.
 
@@ -35,7 +39,7 @@ from pathlib import Path
 from marlow.config import ConfigError, RunConfig, differences, load_config
 from marlow.diagnostics.sinks import read_jsonl
 from marlow.fileio import DamagedFileError
-from marlow.train import checkpoint
+from marlow.train import checkpoint, runbase
 
 RESUME_SAFE = {
     "steps": "may only grow (the run goes on to the new last step)",
@@ -100,9 +104,13 @@ def preflight(
     run_dir: Path, stored: RunConfig, new: RunConfig, resume_from: int | None
 ) -> tuple[Path | None, list[str]]:
     """Every check of a resume that needs no model, in order: the config changes, the records,
-    the checkpoint. Returns the checkpoint to load (None: none yet) and the accepted changes."""
+    the base's weights, the checkpoint. Returns the checkpoint to load (None: none yet) and the
+    accepted changes."""
     changes = resume_changes(run_dir, stored, new)
     check_records(run_dir)
+    base_changed = runbase.changed(run_dir, new.model, new.task.name)
+    if base_changed:
+        raise ResumeError(base_changed)
     found = pick_checkpoint(run_dir, resume_from)
     if found is not None:
         try:

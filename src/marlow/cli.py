@@ -88,7 +88,13 @@ def _run_folder(command: Callable) -> Callable:
         try:
             return command(*args, **kwargs)
         except typer.Exit as stop:
-            if stop.exit_code == 2 and not existed and not (out / "metrics.jsonl").exists():
+            first = os.environ.get("RANK", "0") == "0"  # under torchrun, rank 0 owns the folder
+            if (
+                stop.exit_code == 2
+                and first
+                and not existed
+                and not (out / "metrics.jsonl").exists()
+            ):
                 shutil.rmtree(out, ignore_errors=True)
             raise
 

@@ -52,7 +52,8 @@ from marlow.rollout import make_engine
 from marlow.tasks import build_task
 from marlow.train import checkpoint, runbase
 from marlow.train import resume as resume_lib
-from marlow.train.batch import build_batches, credit_rows
+from marlow.train.batch import build_batches, credit_rows, empty_batch
+from marlow.train.distributed import bind_local_device, check_world, join_world
 from marlow.train.grpo import (
     finish_role_stats,
     fused_old_logp,
@@ -89,7 +90,12 @@ class Trainer:
         # What can be refused without the model is refused first: role-level settings, the
         # device, data.
         self.workflow = check_run_config(config)
+        bind_local_device()  # under torchrun: one GPU per process
         self.device = resolve_device(config.device)
+        self.world = join_world(self.device)  # a world of one unless torchrun started N
+        check_world(config, self.world.size)
+        if not self.world.main:  # rank 0 speaks and writes for the run
+            self.log = lambda _msg: None
         self.task = build_task(config.task, log=self.log)
         self.isolation = sandbox_isolation(config, self.log)  # the code sandbox's, logged
         self.base, self.tokenizer = load_base(
@@ -129,7 +135,10 @@ class Trainer:
         self.samples = JsonlSink(self.out / "samples.jsonl")
         self.events = JsonlSink(self.out / "events.jsonl")  # alarms, resumes, skips: evidence
         self.nonfinite = NonFiniteGuard(
-            self.optim, config.train.max_nonfinite, self.log, self.events.write
+            self.optim,
+            config.train.max_nonfinite,
+            self.log,
+            self.events.write if self.world.main else lambda _record: None,
         )
         self.val_set = self.task.val_problems()
         self.step = 0
@@ -161,12 +170,14 @@ class Trainer:
         """Step ``step`` (1-based): sample the step's episodes, then learn from them."""
         t0 = time.perf_counter()
         problems = self.task.train_batch(self.cfg.seed, step, self.cfg.grpo.batch_problems)
+        shard = self.world.shard(len(problems))  # every problem, in a world of one
         self.model.eval()
         episodes = self.rollout(
-            problems,
+            problems[shard.start : shard.stop],
             self.cfg.grpo.group_size,
             self.cfg.rollout.temperature,
             step_seed(self.cfg.seed, step),
+            first_group=shard.start,
         )
         record = self.learn(step, episodes)
         errors = getattr(self.grade, "sandbox_errors", None)  # the code grader's count so far
@@ -199,7 +210,10 @@ class Trainer:
             rows, g.advantage_scope, g.eps, g.same_role_weighting, g.role_weights
         )
         batches = build_batches(turns, rows, adv, self.pad_id, self.device)
-        fused = {a: fused_old_logp(b, g, self.cfg.policy.lora_dropout) for a, b in batches.items()}
+        counts = self.world.gather({a: len(b) for a, b in batches.items()})
+        trained = {a: sum(c.get(a, 0) for c in counts) for a in self.adapters}  # every rank's
+        dropout = self.cfg.policy.lora_dropout
+        fused = {a: fused_old_logp(n, g, dropout) for a, n in trained.items()}
         for adapter, batch in batches.items():
             if not fused[adapter]:
                 score_old(self.model, batch, temperature, g.micro_tokens)
@@ -209,19 +223,20 @@ class Trainer:
         # the mini-batch order: host indices, from a CPU generator (module docstring)
         gen = torch.Generator(device="cpu").manual_seed(step_seed(self.cfg.seed, step, salt=1))
         for adapter in self.adapters:
-            if adapter in batches:  # undone if non-finite (marlow.train.nonfinite)
+            if trained[adapter]:  # undone if non-finite (marlow.train.nonfinite)
                 self.nonfinite.update(
                     adapter,
                     partial(
                         update_adapter,
                         self.model,
-                        batches[adapter],
+                        batches.get(adapter) or empty_batch(adapter, self.device),
                         self.optim,
                         g,
                         temperature=temperature,
                         generator=gen,
                         meter=meter,
                         fused=fused[adapter],
+                        world=self.world,
                     ),
                 )
             else:
@@ -230,6 +245,7 @@ class Trainer:
         self.model.eval()
         t3 = time.perf_counter()
         t_kl = 0.0
+        finite: dict[str, bool] = {}  # per adapter: its updated policy scores finite log-probs
         for batch in batches.values():
             if batch.old_logp is None:  # a fused update that was undone: score the restored policy
                 score_old(self.model, batch, temperature, g.micro_tokens)
@@ -242,9 +258,15 @@ class Trainer:
                 new = post_update_stats(meter, self.model, batch, temperature, g.micro_tokens)
             else:
                 new = probe_logp(self.model, batch, temperature)
-            self.nonfinite.check_policy(batch.adapter, new)
-        episode_metrics(meter, episodes)
-        meter.set("all", "frac_reward_zero_std", frac_zero)
+            finite[batch.adapter] = bool(torch.isfinite(new).all())  # one read
+        for adapter in self.adapters:  # every rank undoes the same updates
+            if trained[adapter]:
+                self.nonfinite.check_policy(adapter, self.world.all_(finite.get(adapter, True)))
+        problems = len(set(rows.group))  # zero-std groups are counted per problem's groups
+        meter.mean("all", "frac_reward_zero_std", frac_zero * problems, problems)
+        meter = Meter.merge(self.world.gather(meter))  # sums over ranks; a world of one: itself
+        # lengths have percentiles, which do not merge: every rank's episodes, in problem order
+        episode_metrics(meter, [e for rank in self.world.gather(episodes) for e in rank])
         out = finish_role_stats(meter.result("train"))
         out.update(self.nonfinite.count(step))
         t4 = time.perf_counter()
@@ -269,20 +291,31 @@ class Trainer:
         temperature = self.cfg.rollout.val_temperature
         if temperature is None:
             temperature = self.cfg.rollout.temperature
-        episodes = self.rollout(self.val_set, 1, temperature, step_seed(self.cfg.seed, 0, salt=2))
+        shard = self.world.shard(len(self.val_set))
+        episodes = self.rollout(
+            self.val_set[shard.start : shard.stop],
+            1,
+            temperature,
+            step_seed(self.cfg.seed, 0, salt=2),
+            first_group=shard.start,
+        )
+        episodes = [e for rank in self.world.gather(episodes) for e in rank]  # in problem order
         meter = Meter()
         episode_metrics(meter, episodes)
         out = meter.result("val")
         out["val/all/n_problems"] = float(len(self.val_set))
         n = self.cfg.diagnostics.signature_problems
-        write_signatures(
-            self.out, step, trajectory_signatures([e for e in episodes if e.group < n])
-        )
+        if self.world.main:
+            write_signatures(
+                self.out, step, trajectory_signatures([e for e in episodes if e.group < n])
+            )
         out["time/val_s"] = time.perf_counter() - t0
         self._write_samples(step, "val", episodes)
         return out
 
     def _write_samples(self, step: int, split: str, episodes: list[Episode]) -> None:
+        if not self.world.main:
+            return
         for ep in episodes[: self.cfg.sample_episodes]:
             record = {
                 "step": step,
@@ -315,7 +348,11 @@ class Trainer:
         """Train to ``cfg.steps``. ``resume``: continue the run in the folder, if one was started
         there (``marlow.train.resume`` says what is checked); ``resume_from``: from that
         checkpoint step instead of the latest."""
-        done = self._start(resume or resume_from is not None, resume_from)
+        done = self._begin(resume or resume_from is not None, resume_from)
+        if not self.world.main:  # rank 0 writes the run; the others train beside it
+            self.sinks = None
+            self._loop(on_step)
+            return self.out
         with open_sinks(self.out, self.cfg.sinks, self.cfg.model_dump()) as self.sinks:
             self.log(f"device {self.device} (device={self.cfg.device}), base {self.cfg.dtype}")
             for line in self.sinks.describe():
@@ -323,6 +360,26 @@ class Trainer:
             self.sinks.truncate_after(done)
             self._loop(on_step)
         return self.out
+
+    def _begin(self, resume: bool, resume_from: int | None) -> int:
+        """:meth:`_start` on rank 0; the other data-parallel ranks then load the checkpoint it
+        resumed from (or raise the error it raised)."""
+        if self.world.size == 1:
+            return self._start(resume, resume_from)
+        outcome: int | BaseException | None = None
+        if self.world.main:
+            try:
+                outcome = self._start(resume, resume_from)
+            except Exception as err:
+                self.world.broadcast(err)
+                raise
+        outcome = self.world.broadcast(outcome)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        if not self.world.main and outcome >= 0:
+            path = checkpoint.checkpoint_dir(self.out, outcome)
+            self.step = checkpoint.load(path, self.model, self.adapters, self.optim)
+        return outcome
 
     def _start(self, resume: bool, resume_from: int | None) -> int:
         """Create or reopen the run folder; returns the last step whose records stand (-1: none).
@@ -364,7 +421,7 @@ class Trainer:
 
     def _loop(self, on_step: Callable[[int, dict], None] | None) -> None:
         if self.step == 0:
-            if self.task.data_report is not None:  # rows read, kept, skipped by reason
+            if self.task.data_report is not None and self.world.main:  # rows read, kept, skipped
                 self.events.write({"step": 0, "action": "data", **self.task.data_report})
             self._record(0, self.validate(0), on_step)
         for step in range(self.step + 1, self.cfg.steps + 1):
@@ -374,10 +431,14 @@ class Trainer:
                 record.update(self.validate(step))
             self._record(step, record, on_step)
             self.step = step
-            action = self._alarms(step) if validated else None
+            if validated:  # rank 0 decides; every rank acts
+                action = self.world.broadcast(self._alarms(step) if self.world.main else None)
+            else:
+                action = None
             last = checkpoint.latest(self.out)
             self.nonfinite.check(step, last.name if last is not None else "none yet")
-            if action or step % self.cfg.ckpt_every == 0 or step == self.cfg.steps:
+            saved = action or step % self.cfg.ckpt_every == 0 or step == self.cfg.steps
+            if saved and self.world.main:
                 self._checkpoint(step)
             if action == "rollback":
                 self._roll_back(step)
@@ -422,8 +483,9 @@ class Trainer:
 
     def _roll_back(self, step: int) -> None:
         """Load the checkpoint with the best validation accuracy into the model and name it in
-        ``best.json`` (the current state was checkpointed first: nothing is lost)."""
-        best = self._best_checkpoint()
+        ``best.json`` (the current state was checkpointed first: nothing is lost). Rank 0 picks
+        it; every data-parallel rank loads it."""
+        best = self.world.broadcast(self._best_checkpoint() if self.world.main else None)
         if best is None:
             self.log("rollback: no validated checkpoint; keeping the current adapters")
             return
@@ -431,6 +493,8 @@ class Trainer:
         path = checkpoint.checkpoint_dir(self.out, best_step)
         if self.adapters:
             load_adapter_weights(self.model, path / "adapters", self.adapters)
+        if not self.world.main:
+            return
         write_json(
             self.out / "best.json",
             {
@@ -443,6 +507,8 @@ class Trainer:
         self.log(f"rolled back to step {best_step} (validation accuracy {best_acc:.3f})")
 
     def _record(self, step: int, record: dict, on_step) -> None:
+        if not self.world.main:
+            return
         self.metrics.write({"step": step, **record})
         self.sinks.write({"step": step, **record})
         if on_step is not None:

@@ -13,6 +13,7 @@ import functools
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -108,6 +109,7 @@ def _user_errors():
     from marlow.train.checkpoint import CheckpointError
     from marlow.train.nonfinite import NonFiniteRun
     from marlow.train.resume import ResumeError
+    from marlow.train.sync import AdapterSyncError
 
     return (
         ConfigError,
@@ -118,6 +120,7 @@ def _user_errors():
         CheckpointError,
         ResumeError,
         NonFiniteRun,
+        AdapterSyncError,
     )
 
 
@@ -155,12 +158,23 @@ def train(
         int | None,
         typer.Option(help="resume from this checkpoint step instead of the latest", min=0),
     ] = None,
+    nproc: Annotated[
+        int,
+        typer.Option(
+            help="data-parallel processes on this machine: launches torchrun --nproc_per_node "
+            "NPROC -m marlow train (needs rollout.seeding=request)",
+            min=1,
+        ),
+    ] = 1,
 ) -> None:
     """Train one cell with GRPO."""
     from marlow.config import load_config
     from marlow.train.resume import resume_config
 
     config, overrides = _split_args(args)
+    if nproc > 1:
+        _launch_data_parallel(nproc, args or [], out, resume, resume_from)
+        return
     try:
         resuming = resume or resume_from is not None
         cfg = (
@@ -185,6 +199,37 @@ def train(
     except _user_errors() as err:
         _fail(str(err))
     console.print(f"run written to {out}")
+
+
+def _launch_data_parallel(
+    nproc: int, args: list[str], out: Path, resume: bool, resume_from: int | None
+) -> None:
+    """``marlow train --nproc N``: check the settings here (one line, nothing launched), then run
+    ``torchrun --standalone --nproc_per_node N -m marlow train ...`` and exit with its code."""
+    from marlow.config import load_config
+    from marlow.train.distributed import check_world
+    from marlow.train.resume import resume_config
+
+    config, overrides = _split_args(args)
+    try:
+        resuming = resume or resume_from is not None
+        cfg = (
+            resume_config(out, config, overrides, resume_from)
+            if resuming
+            else load_config(config, overrides)
+        )
+        check_world(cfg, nproc)
+    except _user_errors() as err:
+        _fail(str(err))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc_per_node", str(nproc), "-m", "marlow", "train", *args, "--out", str(out)]
+    if resume:
+        command.append("--resume")
+    if resume_from is not None:
+        command += ["--resume-from", str(resume_from)]
+    code = subprocess.run(command).returncode
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command("eval")

@@ -115,13 +115,27 @@ def test_two_gloo_ranks_train_what_one_process_trains(tiny_cache, tmp_path, rout
     assert sorted(p.name for p in two.iterdir()) == sorted(p.name for p in one.iterdir())
 
 
-@pytest.mark.slow  # torchrun's start and two model loads: about a minute
-def test_torchrun_launches_marlow_train_and_rank_0_writes_the_run(tiny_cache, tmp_path):
+@pytest.mark.slow  # torchrun's start and two model loads each: about two minutes
+def test_torchrun_and_nproc_launch_marlow_train_and_rank_0_writes_the_run(tiny_cache, tmp_path):
     done = train(tmp_path / "two", "policy.routing=ip", "steps=1", "ckpt_every=1", nproc=2)
     assert done.returncode == 0, done.stderr[-3000:]
-    run = tmp_path / "two"
-    assert [r["step"] for r in records(run)] == [0, 1]
-    assert (run / "checkpoints" / "step_000001").is_dir()
+    cli = [sys.executable, "-m", "marlow", "train", "--nproc", "2", *SETTINGS]
+    cli += ["policy.routing=ip", "steps=1", "ckpt_every=1", "--out", str(tmp_path / "nproc")]
+    launched = subprocess.run(cli, capture_output=True, text=True, timeout=900)
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    for run in (tmp_path / "two", tmp_path / "nproc"):
+        assert [r["step"] for r in records(run)] == [0, 1]
+        assert (run / "checkpoints" / "step_000001").is_dir()
+
+
+def test_nproc_refuses_call_seeding_before_launching(tmp_path):
+    cli = [sys.executable, "-m", "marlow", "train", "--nproc", "2", "rollout.seeding=call"]
+    done = subprocess.run([*cli, "--out", str(tmp_path / "run")], capture_output=True, text=True)
+    assert done.returncode == 2
+    errors = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert len(errors) == 1 and "'rollout.seeding' is 'call'" in errors[0], errors
+    assert "valid: request" in errors[0] and "Traceback" not in done.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_data_parallel_needs_request_seeding_and_a_problem_per_rank():

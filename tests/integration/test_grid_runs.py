@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from marlow.config import ConfigError
 from marlow.experiments.grid import parse_grid
 from marlow.experiments.runner import run_grid
 from tests.conftest import PRETRAIN_STEPS
@@ -67,10 +68,13 @@ def test_a_grid_runs_then_resumes_only_what_was_missing(tiny_cache, tmp_path):
 
 def test_the_same_grid_runs_on_a_local_ray_instance(tiny_cache, tmp_path):
     pytest.importorskip("ray", reason="the ray extra is not installed")
-    grid = {**GRID, "settings": {**GRID["settings"], "steps": 1}}
+    # each cell asks Ray for one CPU (resources), which its task then holds
+    grid = {**GRID, "settings": {**GRID["settings"], "steps": 1}, "resources": {"cpus": 1}}
     out = tmp_path / "grid"
     states = run_grid(parse_grid(grid), out, runner="ray", workers=2)
     assert states == {"Voting-IP-tiny-s-Math": "done", "Voting-Base-tiny-s-Math": "done"}
+    log = (out / "cells" / "Voting-IP-tiny-s-Math" / "log.txt").read_text()
+    assert 'ray resources: {"CPU": 1.0}' in log
     steps = [r["step"] for r in records(out / "cells" / "Voting-IP-tiny-s-Math" / "metrics.jsonl")]
     assert steps == [0, 1]
     assert (
@@ -116,3 +120,11 @@ def test_an_orch_workers_transfer_cell_equals_its_base_cell(tiny_cache, tmp_path
     assert (
         "no generator role" in (cells / "Orch-Workers-Transfer-tiny-s-Math" / "log.txt").read_text()
     )
+
+
+def test_a_ray_request_larger_than_the_cluster_is_refused_in_one_line(tiny_cache, tmp_path):
+    pytest.importorskip("ray", reason="the ray extra is not installed")
+    grid = {**GRID, "resources": {"gpus": 1}}  # a local Ray instance on this CPU-only machine
+    with pytest.raises(ConfigError, match=r"'resources\.gpus' asks 1 per cell .* has 0"):
+        run_grid(parse_grid(grid), tmp_path / "grid", runner="ray", workers=1)
+    assert not (tmp_path / "grid" / "cells").exists()

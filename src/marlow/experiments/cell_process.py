@@ -9,6 +9,7 @@ only proof that a cell finished.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,12 +41,27 @@ def run_cell(cell_json: dict, config_json: str, out: str, threads: int, sa_rl: s
             log_file.write(f"{time.strftime('%H:%M:%S')} {message}\n")
             log_file.flush()
 
+        assigned = _ray_resources()
+        if assigned is not None:
+            log(f"ray resources: {json.dumps(assigned, sort_keys=True)}")
         config = RunConfig.model_validate_json(config_json)
         _train(cell_json["kind"], config, run_dir, sa_rl, log)
         seconds = round(time.monotonic() - started, 1)
         log(f"finished in {seconds} s")
     write_json(run_dir / "DONE", {"seconds": seconds})
     return cell_json["name"]
+
+
+def _ray_resources() -> dict | None:
+    """What Ray assigned this cell's task (None outside a Ray worker)."""
+    try:
+        import ray
+    except ImportError:
+        return None
+    if not ray.is_initialized():
+        return None
+    ids = ray.get_runtime_context().get_assigned_resources()
+    return {name: float(amount) for name, amount in ids.items()}
 
 
 def _train(

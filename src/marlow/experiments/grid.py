@@ -51,6 +51,19 @@ CONTROLS = ("base", "sa-rl", "transfer")
 Kind = Literal["trained", "base", "sa-rl", "transfer"]
 
 
+class CellResources(BaseModel):
+    """What each cell asks Ray for (``marlow grid --runner ray``); the local runner sizes itself
+    (:func:`marlow.experiments.pools.plan_workers`) and only logs them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpus: float = Field(0.0, ge=0.0, description="GPUs per cell (a fraction shares one GPU)")
+    cpus: int | None = Field(None, ge=1, description="CPUs per cell (default: its torch threads)")
+    custom: dict[str, float] = Field(
+        default_factory=dict, description="Ray custom resources per cell, e.g. {A100: 1}"
+    )
+
+
 class GridSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -63,6 +76,7 @@ class GridSpec(BaseModel):
         default_factory=lambda: ["base", "sa-rl"]
     )
     settings: dict[str, Any] = Field(default_factory=dict)
+    resources: CellResources = Field(default_factory=CellResources)
 
     @field_validator("workflows")
     @classmethod

@@ -3,8 +3,10 @@
 Sizing (local runner): workers = min(cores, cells ready, memory available * 0.8 / memory per
 cell), torch threads per cell = cores // workers. Memory per cell is an estimate of marlow's,
 not a measurement: 1.5 GiB for a tiny scale, 16 GiB for any other model (override with
-``--workers``). Ray: each cell is a task asking for ``threads`` CPUs (and one GPU when
-``model.device`` is CUDA: not yet, CPU only here).
+``--workers``). Ray: each cell is a task asking for the grid's ``resources`` (GPUs, CPUs:
+by default its ``threads``, custom resources); a request no node of the cluster could ever meet
+is refused in one line before anything is submitted (Ray would otherwise wait forever). Each cell
+logs what Ray assigned it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from marlow.experiments.cell_process import run_cell
-from marlow.experiments.grid import Cell
+from marlow.experiments.grid import Cell, CellResources
 
 TINY_CELL_GIB = 1.5
 OTHER_CELL_GIB = 16.0
@@ -59,9 +61,16 @@ class LocalPool:
 
 
 class RayPool:
-    """Each cell a Ray task asking for its CPU threads; ``address`` None starts a local Ray."""
+    """Each cell a Ray task asking for ``resources`` (CPUs default to its threads); ``address``
+    None starts a local Ray."""
 
-    def __init__(self, workers: int, threads: int, address: str | None) -> None:
+    def __init__(
+        self,
+        workers: int,
+        threads: int,
+        address: str | None,
+        resources: CellResources | None = None,
+    ) -> None:
         try:
             import ray
         except ImportError:
@@ -77,7 +86,12 @@ class RayPool:
                 kwargs["num_cpus"] = os.cpu_count() or 1
             ray.init(address=address, **kwargs)
         self.workers = workers
-        self._task = ray.remote(num_cpus=threads, max_retries=0)(run_cell)
+        res = resources or CellResources()
+        ask = {"CPU": float(res.cpus or threads), "GPU": res.gpus, **res.custom}
+        _check_cluster(ask, ray.cluster_resources())
+        self._task = ray.remote(
+            num_cpus=ask["CPU"], num_gpus=res.gpus, resources=dict(res.custom), max_retries=0
+        )(run_cell)
 
     def submit(self, cell: Cell, args: tuple) -> Any:
         return self._task.remote(*args)
@@ -91,6 +105,20 @@ class RayPool:
 
     def close(self) -> None:
         self._ray.shutdown()
+
+
+def _check_cluster(ask: dict[str, float], cluster: dict[str, float]) -> None:
+    """Refuse, in one line, a per-cell request larger than the whole Ray cluster holds."""
+    from marlow.config import ConfigError
+
+    names = {"CPU": "cpus", "GPU": "gpus"}
+    for name, amount in ask.items():
+        if amount > cluster.get(name, 0.0):
+            field = names.get(name, f"custom.{name}")
+            raise ConfigError(
+                f"grid field 'resources.{field}' asks {amount:g} per cell but the Ray cluster "
+                f"has {cluster.get(name, 0.0):g}; valid: at most {cluster.get(name, 0.0):g}"
+            )
 
 
 def plan_workers(cells: list[Cell], cores: int | None = None, mem_gib: float | None = None) -> int:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from marlow.experiments.grid import Cell, GridSpec, expand
+from marlow.experiments.grid import Cell, CellResources, GridSpec, expand
 from marlow.experiments.pools import RUNNERS, LocalPool, Pool, RayPool, plan_workers
 from marlow.experiments.results_folder import GridIndex, last_step, locked, refuse_changed_cells
 from marlow.experiments.worlds import pretrain_worlds
@@ -67,7 +67,11 @@ def run_grid(
             n = workers or plan_workers(todo)
             threads = max(1, (os.cpu_count() or 1) // n)
             log(f"running {len(todo)} cells, {n} at a time, {threads} thread(s) each ({runner})")
-            pool: Pool = LocalPool(n) if runner == "local" else RayPool(n, threads, address)
+            if runner == "local" and grid.resources != CellResources():
+                log("resources are what each cell asks Ray for; the local runner ignores them")
+            pool: Pool = (
+                LocalPool(n) if runner == "local" else RayPool(n, threads, address, grid.resources)
+            )
             try:
                 _drive(pool, todo, index, threads, log, on_progress)
             finally:

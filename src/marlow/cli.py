@@ -168,20 +168,12 @@ def train(
     ] = 1,
 ) -> None:
     """Train one cell with GRPO."""
-    from marlow.config import load_config
-    from marlow.train.resume import resume_config
-
-    config, overrides = _split_args(args)
+    resuming = resume or resume_from is not None
     if nproc > 1:
         _launch_data_parallel(nproc, args or [], out, resume, resume_from)
         return
     try:
-        resuming = resume or resume_from is not None
-        cfg = (
-            resume_config(out, config, overrides, resume_from)
-            if resuming
-            else load_config(config, overrides)
-        )
+        cfg = _train_config(args, out, resuming, resume_from)
         from marlow.train.trainer import Trainer
 
         trainer = Trainer(cfg, out, log=_log)
@@ -201,23 +193,26 @@ def train(
     console.print(f"run written to {out}")
 
 
+def _train_config(args: list[str] | None, out: Path, resuming: bool, resume_from: int | None):
+    """The run's config: a resumed run's own (``marlow.train.resume``), else file + overrides."""
+    from marlow.config import load_config
+    from marlow.train.resume import resume_config
+
+    config, overrides = _split_args(args)
+    if resuming:
+        return resume_config(out, config, overrides, resume_from)
+    return load_config(config, overrides)
+
+
 def _launch_data_parallel(
     nproc: int, args: list[str], out: Path, resume: bool, resume_from: int | None
 ) -> None:
     """``marlow train --nproc N``: check the settings here (one line, nothing launched), then run
     ``torchrun --standalone --nproc_per_node N -m marlow train ...`` and exit with its code."""
-    from marlow.config import load_config
     from marlow.train.distributed import check_world
-    from marlow.train.resume import resume_config
 
-    config, overrides = _split_args(args)
     try:
-        resuming = resume or resume_from is not None
-        cfg = (
-            resume_config(out, config, overrides, resume_from)
-            if resuming
-            else load_config(config, overrides)
-        )
+        cfg = _train_config(args, out, resume or resume_from is not None, resume_from)
         check_world(cfg, nproc)
     except _user_errors() as err:
         _fail(str(err))

@@ -120,7 +120,11 @@ class WorkflowConfig(_Section):
     workflow registry where workflows are built (:func:`marlow.workflows.check.check_run_config`,
     run before anything is loaded or written), not here: config stays below the workflows layer."""
 
-    name: str = Field("voting", description="a registered workflow: single, eval_opt, voting, ...")
+    name: str = Field(
+        "voting",
+        description="a built-in workflow (single, eval_opt, voting, orch_workers; marlow "
+        "workflows lists them) or the path of a workflow file (.yaml, docs/workflows.md)",
+    )
     params: dict[str, int] = Field(default_factory=dict, description="e.g. {n: 3} or {rounds: 3}")
 
 

@@ -17,6 +17,10 @@ RULES = {
     "marlow.diagnostics.detectors": ("marlow.workflows", "marlow.train", "marlow.report"),
     "marlow.report.figures": ("marlow.experiments", "marlow.train"),
     "marlow.algo.credit": ("marlow.train", "marlow.workflows", "marlow.types"),
+    # a dry run: it builds the model on the meta device and attaches adapters, nothing else
+    "marlow.plan": ("marlow.train", "marlow.rollout", "marlow.experiments", "marlow.report"),
+    # the distributed helpers sit under the trainer, beside the config
+    "marlow.train.distributed": ("marlow.train.trainer", "marlow.workflows", "marlow.rollout"),
 }
 
 

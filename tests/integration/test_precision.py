@@ -76,6 +76,8 @@ def test_bfloat16_learn_step_matches_float32_on_the_same_episodes(small_config, 
             continue
         if metric == "chi2_rollout":  # bf16 scoring against the float32 sampler's log-probs
             assert abs(w) <= 1e-6 and abs(g) <= 5e-3, (key, w, g)
+        elif metric == "engine_drift":  # the engine's unpadded probe vs padded rescoring
+            assert w <= 1e-6 and g <= 2e-3, (key, w, g)  # measured 1.7e-7 and 7.5e-4
         elif metric in RTOL:
             assert g == pytest.approx(w, rel=RTOL[metric]), key
         elif metric in ATOL:

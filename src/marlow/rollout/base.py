@@ -17,17 +17,31 @@ from marlow.types import Completion, GenRequest, SamplingParams
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    """Samples one completion per request, returned in request order.
+    """Samples one completion per request, returned in request order, and scores given ones.
 
     Contract every backend keeps: ``token_ids`` include the stop token when one was produced
     (``finish_reason == "stop"``), else ``finish_reason == "length"``; ``logprobs[i]`` is the
     sampler's log-prob of ``token_ids[i]`` under temperature scaling (log_softmax(logits / T); raw
     logits when T == 0, i.e. greedy); the same requests, params and seed give the same samples.
+
+    ``score`` returns, per request, the log-probs the engine *would* record for the given
+    completion tokens after the request's prompt (teacher-forced, same definition as
+    ``logprobs``), from the weights it serves now. The trainer scores one turn per adapter this
+    way after every update and stops when the engine disagrees with it
+    (:mod:`marlow.train.sync`): an engine holding its own copy of the weights (vLLM) must have
+    loaded the new adapters by then. It may be slow per token: it sees one short turn per adapter.
     """
 
     def generate(
         self, requests: Sequence[GenRequest], params: SamplingParams
     ) -> list[Completion]: ...
+
+    def score(
+        self,
+        requests: Sequence[GenRequest],
+        completions: Sequence[Sequence[int]],
+        temperature: float,
+    ) -> list[list[float]]: ...
 
 
 EngineFactory = Callable[..., RolloutEngine]

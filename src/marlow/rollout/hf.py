@@ -102,6 +102,42 @@ class HFEngine:
             self.model.train(was_training)
         return out  # type: ignore[return-value]  # every slot was filled above
 
+    def score(
+        self,
+        requests: Sequence[GenRequest],
+        completions: Sequence[Sequence[int]],
+        temperature: float,
+    ) -> list[list[float]]:
+        """Teacher-forced log-probs of each completion after its prompt, under the request's
+        adapter, as :meth:`generate` records them: log_softmax(logits / T) (raw logits at T == 0),
+        in float32. One unpadded forward per request, with the attention mask and positions the
+        trainer's scoring uses for one row (``marlow.train.scoring``), so on the trainer's own
+        model the two agree bit for bit: the adapter-sync check (``marlow.train.sync``)."""
+        if len(completions) != len(requests):
+            raise ValueError(f"{len(requests)} requests but {len(completions)} completions")
+        self._validate(requests, SamplingParams(temperature, 1, 0))
+        out: list[list[float]] = [[] for _ in requests]
+        was_training, previous = self.model.training, active_adapter(self.model)
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                for i, (req, completion) in enumerate(zip(requests, completions, strict=True)):
+                    if not completion:
+                        continue
+                    activate(self.model, req.adapter)
+                    p = len(req.prompt_ids)
+                    ids = torch.tensor([[*req.prompt_ids, *completion]], device=self.device)
+                    logits = self.model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+                    logits = logits[0, p - 1 : p - 1 + len(completion)].float()  # (L, V)
+                    if temperature > 0:
+                        logits = logits / temperature
+                    target = ids[0, p:, None]  # (L, 1)
+                    out[i] = torch.log_softmax(logits, -1).gather(-1, target)[:, 0].tolist()
+        finally:
+            activate(self.model, previous)
+            self.model.train(was_training)
+        return out
+
     def _validate(self, requests: Sequence[GenRequest], params: SamplingParams) -> None:
         if params.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {params.temperature}")

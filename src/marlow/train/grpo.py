@@ -313,10 +313,15 @@ def post_update_stats(
     return new[batch.mask]
 
 
+def probe_row(batch: AdapterBatch) -> int:
+    """The batch's probe turn: its shortest (prompt + completion), the first of equals."""
+    return min(range(len(batch)), key=batch.seq_len.__getitem__)
+
+
 def probe_logp(model, batch: AdapterBatch, temperature: float) -> torch.Tensor:
-    """Log-probs of the batch's shortest turn under its adapter: the cheap finiteness check of an
-    updated policy on steps without the post-update rescoring."""
-    row = min(range(len(batch)), key=batch.seq_len.__getitem__)
+    """Log-probs of the batch's probe turn (:func:`probe_row`) under its adapter: the cheap
+    finiteness check of an updated policy on steps without the post-update rescoring."""
+    row = probe_row(batch)
     with torch.no_grad(), use_adapter(model, batch.adapter):
         _, scored = next(score_rows(model, batch, [row], temperature=temperature, micro_tokens=1))
     return scored.logp[scored.mask]
@@ -339,6 +344,7 @@ __all__ = [
     "post_update_stats",
     "pre_update_stats",
     "probe_logp",
+    "probe_row",
     "score_old",
     "update_adapter",
 ]

@@ -66,6 +66,7 @@ from marlow.train.grpo import (
 )
 from marlow.train.nonfinite import NonFiniteGuard
 from marlow.train.optim import AdapterOptimizers
+from marlow.train.sync import check_sync, engine_drift
 from marlow.types import Episode, SamplingParams
 from marlow.workflows.check import check_run_config
 from marlow.workflows.engine import run_episodes
@@ -246,6 +247,7 @@ class Trainer:
         t3 = time.perf_counter()
         t_kl = 0.0
         finite: dict[str, bool] = {}  # per adapter: its updated policy scores finite log-probs
+        drift: dict[str, float] = {}  # per adapter: rollout engine vs trainer on the probe turn
         for batch in batches.values():
             if batch.old_logp is None:  # a fused update that was undone: score the restored policy
                 score_old(self.model, batch, temperature, g.micro_tokens)
@@ -259,6 +261,8 @@ class Trainer:
             else:
                 new = probe_logp(self.model, batch, temperature)
             finite[batch.adapter] = bool(torch.isfinite(new).all())  # one read
+            if finite[batch.adapter]:  # the engine must serve the update (marlow.train.sync)
+                drift[batch.adapter] = engine_drift(self.engine, batch, new, temperature, diagnose)
         for adapter in self.adapters:  # every rank undoes the same updates
             if trained[adapter]:
                 self.nonfinite.check_policy(adapter, self.world.all_(finite.get(adapter, True)))
@@ -269,6 +273,7 @@ class Trainer:
         episode_metrics(meter, [e for rank in self.world.gather(episodes) for e in rank])
         out = finish_role_stats(meter.result("train"))
         out.update(self.nonfinite.count(step))
+        out.update(check_sync(self.world.gather(drift), self.cfg.dtype, step))
         t4 = time.perf_counter()
         out.update(
             {

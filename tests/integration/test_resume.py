@@ -258,3 +258,24 @@ def test_a_run_killed_anywhere_resumes_bit_equal(reference, tmp_path, point):
     assert kept == ["step_000002", "step_000003"]  # no .tmp or half-removed folder left
     same_checkpoint(run / "checkpoints" / "step_000003", reference / "checkpoints" / "step_000003")
     assert records(run) == records(reference)
+
+
+def test_a_file_workflow_is_kept_in_the_run_and_a_changed_file_refuses_resume(
+    small_config, tmp_path
+):
+    """config.yaml names a workflow file by its path; the run keeps the file's text beside it
+    (RUN/workflow.yaml), and a resume after the file changed is refused in one line."""
+    from marlow.train.resume import ResumeError
+
+    source = Path(__file__).parents[2] / "configs" / "workflows" / "debate.yaml"
+    mine = tmp_path / "debate.yaml"
+    shutil.copy(source, mine)
+    run = tmp_path / "run"
+    cfg = small_config(steps=1, val_every=1, workflow={"name": str(mine)}, task={"val_size": 4})
+    Trainer(cfg, run).run()
+    assert (run / "workflow.yaml").read_text() == source.read_text()
+    Trainer(cfg.model_copy(update={"steps": 2}), run).run(resume=True)  # unchanged: resumes
+    mine.write_text(source.read_text().replace("rounds", "turns", 1))
+    with pytest.raises(ResumeError, match=r"workflow file .*debate\.yaml changed since the run"):
+        Trainer(cfg.model_copy(update={"steps": 3}), run).run(resume=True)
+    assert (run / "workflow.yaml").read_text() == source.read_text()

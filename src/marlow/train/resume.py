@@ -38,8 +38,9 @@ from pathlib import Path
 
 from marlow.config import ConfigError, RunConfig, differences, load_config
 from marlow.diagnostics.sinks import read_jsonl
-from marlow.fileio import DamagedFileError
+from marlow.fileio import DamagedFileError, write_text
 from marlow.train import checkpoint, runbase
+from marlow.workflows.spec import is_workflow_file
 
 RESUME_SAFE = {
     "steps": "may only grow (the run goes on to the new last step)",
@@ -111,6 +112,7 @@ def preflight(
     base_changed = runbase.changed(run_dir, new.model, new.task.name)
     if base_changed:
         raise ResumeError(base_changed)
+    check_workflow_file(run_dir, new)
     found = pick_checkpoint(run_dir, resume_from)
     if found is not None:
         try:
@@ -118,6 +120,30 @@ def preflight(
         except checkpoint.CheckpointError as err:
             raise checkpoint.CheckpointError(f"{err}; {last_good_before(run_dir, found)}") from None
     return found, changes
+
+
+WORKFLOW_COPY = "workflow.yaml"
+"""A file workflow's text as the run started with it: ``config.yaml`` names only its path."""
+
+
+def record_workflow_file(run_dir: Path, cfg: RunConfig) -> None:
+    """Keep the run's workflow file beside its config (once, when the run starts), so that the
+    run folder alone reproduces it; a built-in workflow ships with marlow and is not copied."""
+    copy = run_dir / WORKFLOW_COPY
+    if is_workflow_file(cfg.workflow.name) and not copy.exists():
+        write_text(copy, Path(cfg.workflow.name).read_text())
+
+
+def check_workflow_file(run_dir: Path, cfg: RunConfig) -> None:
+    """Refuse to resume when the workflow file changed since the run started."""
+    copy = run_dir / WORKFLOW_COPY
+    if not (is_workflow_file(cfg.workflow.name) and copy.is_file()):
+        return
+    if Path(cfg.workflow.name).read_text() != copy.read_text():
+        raise ResumeError(
+            f"workflow file {cfg.workflow.name} changed since the run started; restore it from "
+            f"{copy} (the text the run trained with) or start a new run"
+        )
 
 
 def _safe(field: str) -> bool:

@@ -408,6 +408,7 @@ class Trainer:
         checkpoint.tidy(self.out)
         self.out.mkdir(parents=True, exist_ok=True)
         runbase.record(self.out, self.cfg.model, self.cfg.task.name)  # once per run
+        resume_lib.record_workflow_file(self.out, self.cfg)  # a file workflow's text, once
         write_text(self.out / "config.yaml", dump_config(self.cfg))
         record_isolation(self.out, self.isolation)
         for sink in (self.metrics, self.samples, self.events):

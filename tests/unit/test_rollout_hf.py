@@ -185,6 +185,33 @@ def test_seeded_requests_sample_the_same_alone_or_in_any_batch(two_adapters, tok
         engine.generate(mixed, params)
 
 
+def test_rows_that_stop_at_different_steps_leave_the_others_as_they_were(two_adapters, tokenizer):
+    """Stopped rows leave the working batch (with their KV cache) in several waves; every row
+    still samples exactly what it samples alone, and keeps its length and finish reason."""
+    model, _ = two_adapters
+    reqs = [
+        GenRequest(encode(tokenizer, p), a, seed=500 + 7 * i + j)
+        for i, p in enumerate(PROMPTS)
+        for j, a in enumerate(("gen", "agg", BASE))
+    ]
+    params = SamplingParams(1.0, 24, seed=0)
+    free = HFEngine(model, tokenizer, stop_ids=[63]).generate(reqs, params)
+    counts: dict[int, int] = {}
+    for c in free:
+        for t in c.token_ids[1:]:
+            counts[t] = counts.get(t, 0) + 1
+    stops = sorted(counts, key=lambda t: -counts[t])[:3]  # frequent tokens: rows stop early
+    engine = HFEngine(model, tokenizer, stop_ids=stops)
+    together = engine.generate(reqs, params)
+    alone = [engine.generate([r], params)[0] for r in reqs]
+    lengths = {len(c.token_ids) for c in together}
+    assert len(lengths) >= 4, lengths  # the rows really stopped at different steps
+    assert {c.finish_reason for c in together} == {"stop", "length"}
+    for a, b in zip(together, alone, strict=True):
+        assert (a.token_ids, a.finish_reason, a.text) == (b.token_ids, b.finish_reason, b.text)
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs))
+
+
 def test_sampling_by_inversion_draws_the_categorical_distribution():
     """The seeded path's first-token frequencies match softmax(logits / T) (chi-square test on
     20,000 draws; the call-seeded path is torch.multinomial)."""

@@ -12,7 +12,9 @@ row's tokens do not depend on what it is batched with (up to float round-off). R
 by adapter, one pass per adapter (MEASURED.md: faster than PEFT's mixed-adapter batches, which are
 also inference-only). Sampling draws from one ``torch.Generator`` seeded with ``params.seed`` per
 call, consumed group by group in order of first appearance, chunk by chunk: the same requests,
-params and ``max_batch`` give the same samples.
+params and ``max_batch`` give the same samples. Rows that have stopped leave the working batch,
+KV cache included, whenever they make up an eighth of it (a few long completions then no longer
+carry every finished row through the remaining steps); until then they are fed pads.
 
 Device and precision: every tensor of the loop (ids, masks, KV cache, the generator) is on the
 model's device; the logits come in the base's dtype and are cast to float32 before the
@@ -201,23 +203,34 @@ class HFEngine:
         tokens = torch.full((B, n_new), self.pad_id, dtype=torch.long, device=device)
         logps = torch.zeros((B, n_new), dtype=torch.float32, device=device)
         length = torch.zeros(B, dtype=torch.long, device=device)
-        done = torch.zeros(B, dtype=torch.bool, device=device)
         stopped = torch.zeros(B, dtype=torch.bool, device=device)
 
+        # The working batch: the rows still sampling (``rows``, indices into the outputs). Rows
+        # that stop are dropped from it, with their KV cache, once they are an eighth of it
+        # (until then they are fed pads), so a few long completions do not carry the whole batch.
+        rows = torch.arange(B, device=device)
         cache = DynamicCache(config=self.model.config)
         logits = self._forward(input_ids, attn[:, :P], position_ids, cache)
-        next_pos = position_ids[:, -1:] + 1  # (B, 1)
+        next_pos = position_ids[:, -1:] + 1  # (b, 1)
+        done = torch.zeros(B, dtype=torch.bool, device=device)  # per working row
         for t in range(n_new):
-            u = None if uniforms is None else uniforms[:, t]
+            u = None if uniforms is None else uniforms[rows, t]
             tok, lp = _pick(logits, params.temperature, generator, u)
             tok = torch.where(done, self.pad_id, tok)  # finished rows keep being padded
-            tokens[:, t], logps[:, t] = tok, lp
-            length += (~done).long()
+            live = rows[~done]
+            tokens[live, t], logps[live, t] = tok[~done], lp[~done]
+            length[live] += 1
             hit = torch.isin(tok, stop) & ~done
-            stopped |= hit
+            stopped[rows[hit]] = True
             done |= hit
-            if t == n_new - 1 or bool(done.all()):
+            n_done = int(done.sum())
+            if t == n_new - 1 or n_done == len(rows):
                 break
+            if 8 * n_done >= len(rows):
+                keep = (~done).nonzero().squeeze(-1)
+                cache.batch_select_indices(keep)
+                rows, tok, attn, next_pos = rows[keep], tok[keep], attn[keep], next_pos[keep]
+                done = done[keep]
             attn[:, P + t] = 1
             logits = self._forward(tok[:, None], attn[:, : P + t + 1], next_pos, cache)
             next_pos = next_pos + 1

@@ -126,6 +126,11 @@ class WorkflowConfig(_Section):
         "workflows lists them) or the path of a workflow file (.yaml, docs/workflows.md)",
     )
     params: dict[str, int] = Field(default_factory=dict, description="e.g. {n: 3} or {rounds: 3}")
+    parse: Literal["last-box", "first-match"] = Field(
+        "last-box",
+        description="how a verdict or a selection is read: last-box (the last \\boxed{}) or "
+        "first-match (the official code's first match, marlow.parsers.PARSE_RULES)",
+    )
 
 
 class PolicyConfig(_Section):
@@ -173,7 +178,17 @@ class GRPOConfig(_Section):
     clip_low: float = Field(0.2, ge=0.0, lt=1.0)
     clip_high: float = Field(0.28, ge=0.0)
     aggregation: str = "seq-mean-token-mean"
-    minibatch_turns: int = Field(64, ge=1, description="M: turns per optimizer update (paper: 64)")
+    minibatch_turns: int = Field(
+        64,
+        ge=1,
+        description="M: the mini-batch of one optimizer update (paper: 64), counted in "
+        "minibatch_unit",
+    )
+    minibatch_unit: Literal["turns", "prompts"] = Field(
+        "turns",
+        description="turns: an update takes M turns (marlow); prompts: M prompts' worth, "
+        "M x group_size turns (verl's ppo_mini_batch_size, the official code: 512 turns)",
+    )
     epochs: int = Field(1, ge=1)
     eps: float = Field(
         1e-6, ge=0.0, description="added to the group std, not the variance (verl: 1e-6)"
@@ -189,11 +204,12 @@ class GRPOConfig(_Section):
         description="broadcast: every turn gets the episode reward (paper); role: each "
         "turn its own (marlow.workflows.credit), normalised per slot",
     )
-    advantage_scope: Literal["problem", "role", "slot"] = Field(
+    advantage_scope: Literal["problem", "role", "slot", "trajectory"] = Field(
         "problem",
         description="the group a reward is normalised in: problem, (problem, role) or (problem, "
         "role, slot, round); under credit=role, problem and slot coincide (a turn's own "
-        "reward is compared with its slot's)",
+        "reward is compared with its slot's); trajectory: one item per turn, grouped per "
+        "(problem, trajectory name), the official code's (marlow.algo.credit)",
     )
     same_role_weighting: bool = Field(
         False, description="scale each turn by 1/N for N same-role slots"
@@ -202,6 +218,12 @@ class GRPOConfig(_Section):
         default_factory=dict, description="credit: multiply a role's advantages (default 1)"
     )
     micro_tokens: int = Field(65536, ge=1, description="max tokens per forward (memory, not math)")
+
+    @property
+    def update_turns(self) -> int:
+        """Turns per optimizer update: ``minibatch_turns``, times ``group_size`` when the unit is
+        prompts."""
+        return self.minibatch_turns * (self.group_size if self.minibatch_unit == "prompts" else 1)
 
     @field_validator("aggregation")
     @classmethod
@@ -227,10 +249,12 @@ class OptimConfig(_Section):
     grad_clip: float = Field(1.0, gt=0.0)
     weight_decay: float = Field(0.01, ge=0.0)
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas, each in [0, 1)")
-    schedule_stepping: Literal["per-step", "per-role-update"] = Field(
+    schedule_stepping: Literal["per-step", "per-role-update", "shared-uncapped"] = Field(
         "per-step",
-        description="per-role-update reproduces the paper's released code: one shared schedule "
-        "stepped once per role update",
+        description="per-step: each adapter's own schedule, stepped once per step; "
+        "per-role-update: one shared schedule stepped once per role update, 0 past the end; "
+        "shared-uncapped: the same with verl's cosine, which rises again past the end (the "
+        "official code)",
     )
 
     @field_validator("betas")

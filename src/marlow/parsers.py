@@ -16,10 +16,35 @@ import re
 
 from marlow.rewards.math import last_boxed
 
+PARSE_RULES = ("last-box", "first-match")
+"""How a verdict or a selection is read (``workflow.parse``):
 
-def verdict_of(text: str) -> bool | None:
-    """The evaluator's verdict in ``text``: True for ``\\boxed{Correct}``, False for
-    ``\\boxed{Incorrect}`` (last box, stripped, any case), None when unparseable."""
+* ``last-box`` (marlow): the text's last ``\\boxed{...}``, stripped, any case; anything else in
+  it is unparseable. A role that re-solves the problem and boxes its answer last is unparseable.
+* ``first-match`` (the study's official code): a verdict is the first ``\\boxed{Correct}`` or
+  ``\\boxed{Incorrect}`` anywhere (any case, nothing else inside the braces); a selection is the
+  first ``\\boxed{<digits>}`` if it names a candidate, else the first standalone digit 1-9 in the
+  text if it names one, else unparseable (Voting then takes the first candidate, as the official
+  code does).
+"""
+
+_VERDICT = re.compile(r"\\boxed\{(Correct|Incorrect)\}", re.IGNORECASE)
+_BOXED_NUMBER = re.compile(r"\\boxed\{(\d+)\}")
+_LONE_DIGIT = re.compile(r"\b([1-9])\b")
+
+
+def _check_rule(rule: str) -> None:
+    if rule not in PARSE_RULES:
+        raise ValueError(f"unknown parse rule {rule!r}; valid: {', '.join(PARSE_RULES)}")
+
+
+def verdict_of(text: str, rule: str = "last-box") -> bool | None:
+    """The evaluator's verdict in ``text`` under ``rule`` (:data:`PARSE_RULES`): True for
+    ``\\boxed{Correct}``, False for ``\\boxed{Incorrect}``, None when unparseable."""
+    _check_rule(rule)
+    if rule == "first-match":
+        m = _VERDICT.search(text)
+        return None if m is None else m.group(1).lower() == "correct"
     verdict = (last_boxed(text) or "").strip().lower()
     return {"correct": True, "incorrect": False}.get(verdict)
 
@@ -38,8 +63,16 @@ def strategies_of(text: str, n: int) -> list[str | None]:
     return [found.get(i) for i in range(1, n + 1)]
 
 
-def selection_of(text: str, n: int) -> int | None:
-    """The aggregator's choice among ``n`` candidates as a 0-based index: its last box, stripped,
-    holds an integer 1..n; None otherwise (Voting then falls back to the first candidate)."""
+def selection_of(text: str, n: int, rule: str = "last-box") -> int | None:
+    """The aggregator's choice among ``n`` candidates as a 0-based index under ``rule``
+    (:data:`PARSE_RULES`); None when unparseable (Voting then falls back to the first candidate).
+    ``last-box``: the last box, stripped, holds an integer 1..n."""
+    _check_rule(rule)
+    if rule == "first-match":
+        for pattern in (_BOXED_NUMBER, _LONE_DIGIT):
+            m = pattern.search(text)
+            if m is not None and 1 <= int(m.group(1)) <= n:
+                return int(m.group(1)) - 1
+        return None
     choice = (last_boxed(text) or "").strip()
     return int(choice) - 1 if choice.isdigit() and 1 <= int(choice) <= n else None

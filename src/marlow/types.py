@@ -63,6 +63,7 @@ class Turn:
     completion_text: str
     reward: float | None = None  # the turn's own reward under per-role credit; None: broadcast
     kind: str = "answer"  # the role's kind (marlow.workflows.schema.KINDS): what diagnostics read
+    trajectory: str = ""  # its name in the official code's advantage groups ("" = the role)
 
     @property
     def truncated(self) -> bool:

@@ -127,6 +127,11 @@ ROWS = {
         "stages[0].when",
         "unknown condition 'sometimes'; valid: always, verdict_incorrect, verdict_correct",
     ),
+    "unknown trajectory naming": (
+        swap("slots: n}", "slots: n, trajectory: vote}"),
+        "stages[0].trajectory",
+        "unknown trajectory 'vote'; valid: role, slot",
+    ),
     "verdict condition with no judge": (
         swap("slots: n}", "slots: n, when: verdict_incorrect}"),
         "stages[0].when",

@@ -130,6 +130,7 @@ def credit_rows(episodes: Sequence[Episode]) -> tuple[list[Turn], CreditRows]:
             cols["round"].append(t.round)
             cols["episode_reward"].append(ep.reward)
             cols["own_reward"].append(t.reward)
+            cols["trajectory"].append(t.trajectory)
     return turns, CreditRows(**cols)
 
 

@@ -54,7 +54,7 @@ class NonFiniteLoss(RuntimeError):
 def fused_old_logp(turns: int, cfg: GRPOConfig, dropout: float) -> bool:
     """Whether an adapter's logp_old comes from its update forward (see the module docstring);
     ``turns``: its trained turns in the step, over every data-parallel rank."""
-    return cfg.epochs == 1 and turns <= cfg.minibatch_turns and dropout == 0.0
+    return cfg.epochs == 1 and turns <= cfg.update_turns and dropout == 0.0
 
 
 def _score_all(
@@ -159,8 +159,8 @@ def update_adapter(
     updates = 0
     for _ in range(cfg.epochs):
         order = torch.randperm(len(lengths), generator=generator).tolist()
-        for start in range(0, len(order), cfg.minibatch_turns):
-            rows = order[start : start + cfg.minibatch_turns]  # global row numbers
+        for start in range(0, len(order), cfg.update_turns):
+            rows = order[start : start + cfg.update_turns]  # global row numbers
             lens = torch.tensor([lengths[r] for r in rows], device=device)
             mask = torch.arange(int(max(lengths[r] for r in rows)), device=device) < lens[:, None]
             local_pos = [j for j, r in enumerate(rows) if r in mine]

@@ -8,14 +8,17 @@ Schedule (HF's ``get_cosine_schedule_with_warmup`` shape, min lr 0)::
     lr(t) = lr0 * 0.5 * (1 + cos(pi * min(1, (t - W) / (S - W))))   for t >= W
 
 with W warmup steps and S total steps. Departure from HF: past S the rate stays at 0 instead of
-rising again along the cosine.
+rising again along the cosine, except under ``shared-uncapped``.
 
-Stepping modes (SPEC §4.6):
+Stepping modes (SPEC §4.6, issue 17):
 
 * ``per-step`` (default): every adapter's position t is the number of training steps done.
-* ``per-role-update``: the paper's released code appears to step one shared schedule once per
-  role update, so with P adapters each updating once per step, t advances by P per step; within
-  step k the j-th adapter to update sees t = k * P + j. Offered for reproduction only.
+* ``per-role-update``: one shared schedule stepped once per role update, so with P adapters each
+  updating once per step, t advances by P per step; within step k the j-th adapter to update
+  sees t = k * P + j; capped at 0 past S.
+* ``shared-uncapped`` (the official code, verl's cosine): as ``per-role-update``, but past S the
+  cosine goes on, 0.5 * (1 + cos(pi * progress)) with progress > 1, so the rate climbs back: an
+  IP run with two adapters reaches 0 near step S / 2 and lr0 again near step S.
 """
 
 from __future__ import annotations
@@ -26,18 +29,23 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
+SHARED = ("per-role-update", "shared-uncapped")  # the stepping modes with one shared clock
 
-def cosine_lr(lr0: float, t: int, warmup: int, total: int) -> float:
+
+def cosine_lr(lr0: float, t: int, warmup: int, total: int, capped: bool = True) -> float:
     """The rate at schedule position ``t`` (module docstring). Up to ``total`` it equals
     transformers' ``get_cosine_schedule_with_warmup`` (tests/unit/test_schedule.py compares
     them); it is not used because that is a ``LambdaLR`` bound to one optimizer and advanced one
     step per ``.step()``, while each adapter here needs the rate at a position it sets itself
     (``per-role-update`` advances P per step, a resume jumps to the checkpoint's), and because
-    past ``total`` its cosine rises again where this stays at 0."""
+    past ``total`` its cosine rises again where this stays at 0 (``capped``; uncapped, it rises
+    again like verl's)."""
     if t < warmup:
         return lr0 * t / warmup
     span = max(1, total - warmup)
-    progress = min(1.0, (t - warmup) / span)
+    progress = (t - warmup) / span
+    if capped:
+        progress = min(1.0, progress)
     return lr0 * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
@@ -65,13 +73,14 @@ class AdapterOptimizers:
             for name, ps in self.params.items()
         }
         self.position = dict.fromkeys(self.params, 0)  # per-step mode
-        self.shared_position = 0  # per-role-update mode
+        self.shared_position = 0  # the shared modes
 
     def lr_at(self, t: int) -> float:
-        return cosine_lr(self.lr0, t, self.warmup, self.total)
+        capped = self.stepping != "shared-uncapped"
+        return cosine_lr(self.lr0, t, self.warmup, self.total, capped)
 
     def current_lr(self, name: str) -> float:
-        t = self.shared_position if self.stepping == "per-role-update" else self.position[name]
+        t = self.shared_position if self.stepping in SHARED else self.position[name]
         return self.lr_at(t)
 
     def update(self, name: str) -> float:
@@ -109,7 +118,7 @@ class AdapterOptimizers:
 
     def end_role_update(self, name: str) -> None:
         """Called once per adapter after its last update of a step."""
-        if self.stepping == "per-role-update":
+        if self.stepping in SHARED:
             self.shared_position += 1
 
     def end_step(self) -> None:

@@ -165,6 +165,7 @@ class Trainer:
             credit=self.cfg.grpo.credit,
             first_group=first_group,
             seeding=self.cfg.rollout.seeding,
+            parse_rule=self.cfg.workflow.parse,
         )
 
     def train_step(self, step: int) -> dict[str, float]:

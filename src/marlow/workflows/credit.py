@@ -30,16 +30,19 @@ def assign_role_rewards(
     episode_reward: float,
     grade: Callable[[str], float],
     rules: Mapping[str, str] = DEFAULT_CREDIT,
+    parse_rule: str = "last-box",
 ) -> None:
     """Set ``turn.reward`` on every turn of one episode by its kind's rule in ``rules``;
-    ``grade`` scores an answer text."""
+    ``grade`` scores an answer text; ``parse_rule`` reads verdicts (``marlow.parsers``)."""
     reviewed: str | None = None  # the latest answer-kind output
     for turn in turns:
         rule = rules[turn.kind]
         if rule == "own":
             turn.reward = grade(turn.completion_text)
         elif rule == "verdict":
-            verdict = verdict_of(turn.completion_text)  # None: unparseable, counted wrong
+            verdict = verdict_of(
+                turn.completion_text, parse_rule
+            )  # None: unparseable, counted wrong
             right = verdict is not None and reviewed is not None
             turn.reward = 1.0 if right and verdict == (grade(reviewed) >= 1.0) else 0.0
         else:

@@ -73,11 +73,12 @@ def prompt_text(workflow: WorkflowSpec, stage: Stage, style: str, task: str, fie
     return fill(text, fields, label)
 
 
-def parse(stage: Stage, state: EpisodeState, turn: Turn) -> None:
-    """What the stage's parser reads from its turn into the episode's state (counted)."""
+def parse(stage: Stage, state: EpisodeState, turn: Turn, rule: str = "last-box") -> None:
+    """What the stage's parser reads from its turn into the episode's state (counted); ``rule``
+    reads verdicts and selections (``marlow.parsers.PARSE_RULES``)."""
     text = turn.completion_text
     if stage.parser == "verdict":
-        state.verdict = verdict_of(text)
+        state.verdict = verdict_of(text, rule)
         state.count(
             {True: "verdict_correct", False: "verdict_incorrect", None: "verdict_unparsed"}[
                 state.verdict
@@ -86,7 +87,7 @@ def parse(stage: Stage, state: EpisodeState, turn: Turn) -> None:
     elif stage.parser == "selection":
         source = next(r for r in stage.reads if r.source == "outputs")
         state.candidates = [t.completion_text for t in state.latest.get(source.role, [])]
-        choice = selection_of(text, len(state.candidates))
+        choice = selection_of(text, len(state.candidates), rule)
         if choice is None:
             state.count("selection_fallback")  # the first candidate
         state.selected = state.candidates[choice or 0] if state.candidates else ""
@@ -153,12 +154,14 @@ def run_episodes(
     credit: str = "broadcast",
     first_group: int = 0,
     seeding: str = "call",
+    parse_rule: str = "last-box",
 ) -> list[Episode]:
     """Run ``n`` episodes of ``workflow`` on each problem; grade each final answer (and, under
     ``credit="role"``, each turn: ``marlow.workflows.credit``). Problem i's episodes are group
     ``first_group + i`` (a data-parallel rank's shard starts at its offset in the whole batch).
     ``seeding``: ``call`` draws every sample of a stage from one generator in request order;
-    ``request`` gives each request its own seed (:func:`request_seed`)."""
+    ``request`` gives each request its own seed (:func:`request_seed`). ``parse_rule`` reads
+    verdicts and selections (``marlow.parsers.PARSE_RULES``), in the episode and in its credit."""
     states = [
         EpisodeState(Episode(problem_id=p.id, group=first_group + g, sample=s), p)
         for g, p in enumerate(problems)
@@ -202,13 +205,14 @@ def run_episodes(
                 sampler_logprobs=c.logprobs,
                 finish_reason=c.finish_reason,
                 completion_text=c.text,
+                trajectory=stage.trajectory_of(slot),
             )
             st.episode.turns.append(turn)
             new_turns.setdefault(id(st), []).append(turn)
         for st in active:
             st.latest[stage.role] = new_turns[id(st)]
             if stage.parser is not None:
-                parse(stage, st, new_turns[id(st)][-1])
+                parse(stage, st, new_turns[id(st)][-1], parse_rule)
     for st in states:
         st.episode.final_answer = final_answer(workflow, st)
     prefetch = getattr(grade, "prefetch", None)
@@ -229,7 +233,11 @@ def run_episodes(
         ep.correct = ep.reward >= 1.0
         if credit == "role":
             assign_role_rewards(
-                ep.turns, ep.reward, lambda text, p=st.problem: grade(text, p), workflow.credit
+                ep.turns,
+                ep.reward,
+                lambda text, p=st.problem: grade(text, p),
+                workflow.credit,
+                parse_rule,
             )
         ep.info.update(extras(workflow, st, grade))
     return [st.episode for st in states]

@@ -22,6 +22,7 @@ from marlow.workflows.schema import (
     KINDS,
     PARSERS,
     SOURCES,
+    TRAJECTORIES,
     Loc,
     StageFile,
     WorkflowFile,
@@ -164,6 +165,11 @@ class _Checker:
         if st.when.startswith("verdict") and not self.judged:
             raise err((*loc, "when"), f"{st.when} needs a judge role's stage before this one")
         self.parser(st, kind, loc)
+        if st.trajectory not in TRAJECTORIES:
+            raise err(
+                (*loc, "trajectory"),
+                f"unknown trajectory {st.trajectory!r}; valid: {_choices(TRAJECTORIES)}",
+            )
         if st.skip_last and not in_repeat:
             raise err((*loc, "skip_last"), "only a stage inside a repeat block has a last round")
         fields = {"problem", *wf.params, *self.reads(st, loc)}
@@ -322,6 +328,7 @@ def compile_workflow(
             round=rnd,
             when=st.when,
             parser=st.parser,
+            trajectory=st.trajectory,
             reads=tuple(Read(f, *src.split(".", 1)) for f, src in st.reads.items()),
             count=count(reader.slots) if reader is not None else 0,
         )

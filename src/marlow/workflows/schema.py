@@ -33,6 +33,9 @@ A workflow file declares (docs/workflows.md walks through one)::
   after the last revision: its verdict could change nothing). Stages outside a repeat are round 0.
   A workflow with a repeat reports ``rounds_used``, the highest round an episode reached.
 * **when** (:data:`CONDITIONS`): a stage runs only in the episodes where its condition holds.
+* **trajectory** (:data:`TRAJECTORIES`, default ``role``): how the stage's turns are named for
+  ``grpo.advantage_scope: trajectory`` (the official code's groups): ``slot`` keeps the slots
+  apart (Voting's voters), ``role`` pools them with the role's other stages.
 * **answer**: ``last.ROLE`` (that role's latest output) or ``selected`` (the candidate the
   ``selection`` parser chose; its fallback is the first candidate, counted).
 * **credit** (under ``grpo.credit: role``; broadcast credit gives every turn the episode reward):
@@ -98,6 +101,12 @@ CREDIT_FOR = {"own": ("answer", "final"), "verdict": ("judge",), "broadcast": tu
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 
+TRAJECTORIES = ("role", "slot")
+"""A stage's ``trajectory``: the name its turns carry into the official code's advantage groups
+(``grpo.advantage_scope=trajectory``): the role's name (every slot and round of the role one
+trajectory: Eval-Opt's generator, Orch-Workers' workers), or the role's name and the slot
+(``generator0``, ``generator1``, ...: Voting's voters, each its own)."""
+
 Loc = tuple[str | int, ...]
 
 
@@ -128,6 +137,7 @@ class StageFile(_Strict):
     when: str = "always"
     parser: str | None = None
     reads: dict[str, str] = {}
+    trajectory: str = "role"
     skip_last: bool = False
     repeat: int | str | None = None
     stages: list[StageFile] | None = None

@@ -64,6 +64,11 @@ class Stage:
     parser: str | None = None
     reads: tuple[Read, ...] = ()
     count: int = 0  # strategies parser: how many strategies (the slots of the stage reading them)
+    trajectory: str = "role"  # schema.TRAJECTORIES: how its turns are named (Turn.trajectory)
+
+    def trajectory_of(self, slot: int) -> str:
+        """The trajectory name of the stage's turn in ``slot``: ``generator`` or ``generator0``."""
+        return f"{self.role}{slot}" if self.trajectory == "slot" else self.role
 
 
 Grader = Callable[[str, Problem], float]

@@ -1,0 +1,267 @@
+"""Every switch between marlow's behaviour and the study's official code (issue 17): hand-made
+cases where the two choices give different, hand-computed results."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from marlow.parsers import selection_of, verdict_of
+from marlow.policy.routing import make_routing
+from marlow.types import Problem, SamplingParams
+from marlow.workflows import build_workflow
+from marlow.workflows.engine import run_episodes
+from tests.unit.test_workflows import TOK, ScriptedEngine, grade
+
+# ---------------------------------------------------------------- parsers (workflow.parse)
+
+
+@pytest.mark.parametrize(
+    ("text", "n", "last_box", "first_match"),
+    [
+        ("\\boxed{2}", 3, 1, 1),
+        ("I pick \\boxed{1}, no wait, \\boxed{3}", 3, 2, 0),  # first box vs last box
+        ("Solution 2 is right; it gives \\boxed{42}", 3, None, 1),  # re-solved: digit fallback
+        ("\\boxed{ 2 }", 3, 1, 1),  # spaces: last-box strips; first-match falls to the digit
+        ("\\boxed{7} then 2", 3, None, None),  # first digit 7 is out of range: no further look
+        ("\\boxed{9}\\boxed{2}", 3, 1, None),  # first box out of range -> digit 9 -> none
+        ("candidate two", 3, None, None),
+        ("12 apples, \\boxed{1}", 3, 0, 0),  # '12' is not a standalone digit 1-9
+    ],
+)
+def test_selection_rules(text, n, last_box, first_match):
+    assert selection_of(text, n) == last_box
+    assert selection_of(text, n, "last-box") == last_box
+    assert selection_of(text, n, "first-match") == first_match
+
+
+@pytest.mark.parametrize(
+    ("text", "last_box", "first_match"),
+    [
+        ("\\boxed{Correct}", True, True),
+        ("\\boxed{incorrect}", False, False),
+        ("\\boxed{Incorrect} The answer is \\boxed{12}", None, False),  # re-solved, boxed last
+        ("\\boxed{Correct} ... \\boxed{Incorrect}", False, True),
+        ("\\boxed{ Correct }", True, None),  # first-match: nothing else inside the braces
+        ("it is correct", None, None),
+    ],
+)
+def test_verdict_rules(text, last_box, first_match):
+    assert verdict_of(text) is last_box
+    assert verdict_of(text, "first-match") is first_match
+
+
+def test_an_unknown_parse_rule_names_the_valid_ones():
+    with pytest.raises(ValueError, match="last-box, first-match"):
+        verdict_of("\\boxed{Correct}", "first")
+
+
+def _voting(rule: str, pick: str):
+    wf = build_workflow("voting")
+    answers = ["\\boxed{7}", "\\boxed{5}", "\\boxed{7}"]
+
+    def script(prompt, i, call):
+        return pick if prompt.endswith("Pick:") else answers[i % 3]
+
+    return run_episodes(
+        wf,
+        [Problem("p0", "2+3", "5")],
+        1,
+        engine=ScriptedEngine(script),
+        tokenizer=TOK,
+        routing=make_routing("ip", wf.roles),
+        grade=grade,
+        task="math",
+        style="tiny",
+        sampling=SamplingParams(0.7, 16, 0),
+        parse_rule=rule,
+    )[0]
+
+
+def test_the_parse_rule_decides_what_voting_answers():
+    """'Candidate 2 is right: \\boxed{7}' -- the aggregator re-solves and boxes an answer."""
+    pick = "Candidate 2 is right: \\boxed{7}"
+    marlow = _voting("last-box", pick)
+    official = _voting("first-match", pick)
+    assert marlow.counters == {"selection_fallback": 1} and marlow.reward == 0.0  # candidate 1
+    assert official.counters == {} and official.reward == 1.0  # candidate 2: \boxed{5}
+    assert official.final_answer == "\\boxed{5}"
+
+
+def test_the_parse_rule_decides_the_evaluator_reward_under_role_credit():
+    """An evaluator that says Incorrect, then re-solves and boxes a number last: under last-box
+    the verdict is unparseable (reward 0), under first-match it is a right Incorrect (1)."""
+    wf = build_workflow("eval_opt", rounds=1)
+
+    def script(prompt, i, call):
+        if call == 0:
+            return "\\boxed{6}"  # wrong answer to 2+3
+        if call == 1:
+            return "\\boxed{Incorrect} since 2+3 = \\boxed{5}"
+        return "\\boxed{5}"
+
+    rewards = {}
+    for rule in ("last-box", "first-match"):
+        (ep,) = run_episodes(
+            wf,
+            [Problem("p0", "2+3", "5")],
+            1,
+            engine=ScriptedEngine(script),
+            tokenizer=TOK,
+            routing=make_routing("ip", wf.roles),
+            grade=grade,
+            task="math",
+            style="tiny",
+            sampling=SamplingParams(0.7, 16, 0),
+            credit="role",
+            parse_rule=rule,
+        )
+        rewards[rule] = [(t.role, t.reward) for t in ep.turns]
+    assert rewards["last-box"][1] == ("evaluator", 0.0)
+    assert rewards["first-match"][1] == ("evaluator", 1.0)
+
+
+# ------------------------------------------------ mini-batch unit (grpo.minibatch_unit)
+
+
+@pytest.mark.parametrize(("unit", "updates"), [("turns", 8), ("prompts", 2)])
+def test_the_minibatch_unit_sets_the_number_of_updates(small_config, tmp_path, unit, updates):
+    """Voting under SP, 2 problems x 4 episodes x 4 turns = 32 turns, M = 4: in turns, 8
+    updates of 4 turns; in prompts (verl's count), 4 x 4 = 16 turns per update, 2 updates."""
+    from marlow.train.trainer import Trainer
+
+    cfg = small_config(
+        workflow={"name": "voting"},
+        policy={"routing": "sp"},
+        grpo={"batch_problems": 2, "group_size": 4, "minibatch_turns": 4, "minibatch_unit": unit},
+    )
+    assert cfg.grpo.update_turns == {"turns": 4, "prompts": 16}[unit]
+    trainer = Trainer(cfg, tmp_path / "run")
+    episodes = trainer.rollout(trainer.task.train_batch(0, 1, 2), 4, 0.7, seed=3)
+    for ep in episodes:
+        ep.reward = float(ep.sample % 2)  # every group has a spread: no update is skipped
+    assert sum(len(ep.turns) for ep in episodes) == 32
+    record = trainer.learn(1, episodes)
+    assert record["train/shared/updates"] == updates
+
+
+# ------------------------------------------------ LR schedule (optim.schedule_stepping)
+
+
+def test_shared_uncapped_schedule_climbs_back_after_the_end():
+    """verl's cosine is not capped: with two adapters on one shared clock (t advances 2 per
+    step), S = 10, W = 0: the rate is lr0 * 0.5 * (1 + cos(pi * 2k / 10)) at step k -- 0 at step
+    5, back to lr0 at step 10; per-role-update holds 0 from step 5 on."""
+    from marlow.train.optim import AdapterOptimizers
+
+    def rates(stepping: str) -> list[float]:
+        params = {n: [torch.nn.Parameter(torch.ones(2))] for n in ("generator", "aggregator")}
+        opt = AdapterOptimizers(
+            params,
+            lr=1.0,
+            warmup=0,
+            total=10,
+            weight_decay=0.0,
+            betas=(0.9, 0.999),
+            grad_clip=1.0,
+            stepping=stepping,
+        )
+        seen = []
+        for _ in range(11):
+            for name, ps in params.items():
+                ps[0].grad = torch.ones(2)
+                opt.update(name)
+                if name == "generator":
+                    seen.append(opt.optimizers[name].param_groups[0]["lr"])
+                opt.end_role_update(name)
+            opt.end_step()
+        return seen
+
+    uncapped = [0.5 * (1 + math.cos(math.pi * 2 * k / 10)) for k in range(11)]
+    assert rates("shared-uncapped") == pytest.approx(uncapped, abs=1e-12)
+    assert rates("shared-uncapped")[10] == pytest.approx(1.0)
+    capped = rates("per-role-update")
+    assert capped[:5] == pytest.approx(uncapped[:5], abs=1e-12)
+    assert capped[5:] == [0.0] * 6
+
+
+# ------------------------------------ advantage groups (grpo.advantage_scope=trajectory)
+
+
+def test_trajectory_groups_reproduce_the_official_eval_opt_advantages():
+    """4 right one-turn episodes and 4 wrong three-turn ones (generator turns of one problem):
+    the official code's group holds 16 items (4 ones, 12 zeros): A = 0.75 / 0.4472 = +1.677 and
+    -0.25 / 0.4472 = -0.559 (unbiased std); marlow's per-problem scope: 8 items, +-0.935."""
+    from marlow.algo.credit import CreditRows, turn_advantages
+
+    turns = [(e, 1.0) for e in range(4)] + [(e, 0.0) for e in range(4, 8) for _ in range(3)]
+    n = len(turns)
+    rows = CreditRows(
+        episode=[e for e, _ in turns],
+        group=[0] * n,
+        role=["generator"] * n,
+        slot=[0] * n,
+        round=[0] * 4 + [r for _ in range(4) for r in (0, 1, 2)],
+        episode_reward=[r for _, r in turns],
+        own_reward=[None] * n,
+        trajectory=["generator"] * n,
+    )
+    official, _ = turn_advantages(rows, "trajectory", eps=0.0)
+    std = math.sqrt((4 * 0.75**2 + 12 * 0.25**2) / 15)
+    assert official[:4].tolist() == pytest.approx([0.75 / std] * 4, abs=1e-12)
+    assert official[4:].tolist() == pytest.approx([-0.25 / std] * 12, abs=1e-12)
+    assert round(0.75 / std, 2) == 1.68 and round(-0.25 / std, 2) == -0.56
+    marlow, _ = turn_advantages(rows, "problem", eps=0.0)
+    assert marlow[:4].tolist() == pytest.approx([0.935414] * 4, abs=1e-6)
+    assert marlow[4:].tolist() == pytest.approx([-0.935414] * 12, abs=1e-6)
+
+
+def test_trajectory_names_keep_voters_apart_and_pool_workers_and_rounds():
+    wfs = {name: build_workflow(name) for name in ("voting", "eval_opt", "orch_workers")}
+    names = {
+        name: sorted({st.trajectory_of(slot) for st in wf.stages for slot in range(st.slots)})
+        for name, wf in wfs.items()
+    }
+    assert names["voting"] == ["aggregator", "generator0", "generator1", "generator2"]
+    assert names["eval_opt"] == ["evaluator", "generator"]
+    assert names["orch_workers"] == ["orchestrator", "synthesizer", "worker"]
+    # the names reach the turns, and the groups: two problems x voting's 4 trajectories
+    from marlow.algo.credit import turn_advantages
+    from marlow.train.batch import credit_rows
+
+    eps = _voting_episodes()
+    turns, rows = credit_rows(eps)
+    assert [t.trajectory for t in eps[0].turns] == [
+        "generator0",
+        "generator1",
+        "generator2",
+        "aggregator",
+    ]
+    adv, zero_std = turn_advantages(rows, "trajectory", eps=1e-6)
+    assert len(adv) == len(turns) == 2 * 2 * 4
+    # rewards: episode reward broadcast to every turn; problem 0's episodes differ (1 and 0)
+    assert zero_std == pytest.approx(4 / 8)  # problem 1: both episodes wrong, 4 flat groups
+
+
+def _voting_episodes():
+    wf = build_workflow("voting")
+
+    def script(prompt, i, call):
+        if prompt.endswith("Pick:"):
+            return f"\\boxed{{{1 + i % 2}}}"  # episode 0 picks 1, episode 1 picks 2
+        return ["\\boxed{5}", "\\boxed{6}", "\\boxed{7}"][i % 3]
+
+    return run_episodes(
+        wf,
+        [Problem("p0", "2+3", "5"), Problem("p1", "4+4", "9")],
+        2,
+        engine=ScriptedEngine(script),
+        tokenizer=TOK,
+        routing=make_routing("ip", wf.roles),
+        grade=grade,
+        task="math",
+        style="tiny",
+        sampling=SamplingParams(0.7, 16, 0),
+    )

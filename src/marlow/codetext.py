@@ -6,8 +6,11 @@ completion uses one rule: the code reward (:mod:`marlow.rewards.code`) runs what
 (:mod:`marlow.tiny.codecorpus`) writes its aggregator and synthesizer examples with the same key,
 without importing the rewards.
 
-Extraction: the last fenced block tagged ``python``/``py``/``python3``; else the last fenced block
-of any language; else the whole completion if it parses as Python; else nothing.
+Extraction (:data:`BLOCK_RULES`, ``task.code_block``): ``fallback`` (marlow's default) takes the
+last fenced block tagged ``python``/``py``/``python3``; else the last fenced block of any language;
+else the whole completion if it parses as Python; else nothing. ``last-block`` (the study's
+official code) takes the last fenced block of any language, and nothing when there is none (a
+completion without a block scores 0).
 """
 
 from __future__ import annotations
@@ -19,9 +22,16 @@ _FENCE = re.compile(r"^[ \t]*```[ \t]*([^\n`]*)\n(.*?)^[ \t]*```", re.DOTALL | r
 _PY_TAGS = {"python", "py", "python3", "py3"}
 
 
-def extract_code(completion: str) -> str | None:
-    """The code to run from a completion (see the module docstring), or None."""
+BLOCK_RULES = ("fallback", "last-block")
+
+
+def extract_code(completion: str, rule: str = "fallback") -> str | None:
+    """The code to run from a completion under ``rule`` (see the module docstring), or None."""
+    if rule not in BLOCK_RULES:
+        raise ValueError(f"unknown code block rule {rule!r}; valid: {', '.join(BLOCK_RULES)}")
     blocks = [(m.group(1).strip().lower(), m.group(2)) for m in _FENCE.finditer(completion)]
+    if rule == "last-block":
+        return blocks[-1][1] if blocks else None
     py = [body for tag, body in blocks if tag.split()[:1] and tag.split()[0] in _PY_TAGS]
     if py:
         return py[-1]

@@ -79,6 +79,17 @@ class TaskConfig(_Section):
     code_timeout_s: float | None = Field(
         None, gt=0.0, description="code: seconds per hidden test; None: 2 (tiny), 6 (datasets)"
     )
+    code_reward: Literal["pass_rate", "all_pass"] = Field(
+        "pass_rate",
+        description="code: the fraction of hidden tests passed (the paper's text), or 1 only "
+        "when all pass (the official code)",
+    )
+    code_block: Literal["fallback", "last-block"] = Field(
+        "fallback",
+        description="code: which code runs: fallback (the last python block, else the last "
+        "block, else the whole completion if it parses) or last-block (the last fenced block, "
+        "none: 0; the official code)",
+    )
     strict: bool = Field(
         False,
         description="a dataset row the loader would skip (bad JSON, a missing field, a "

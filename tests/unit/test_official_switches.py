@@ -265,3 +265,51 @@ def _voting_episodes():
         style="tiny",
         sampling=SamplingParams(0.7, 16, 0),
     )
+
+
+# --------------------------- code reward (task.code_reward) and code block (task.code_block)
+
+DOUBLE = {"inputs": ["1\n", "2\n", "3\n", "4\n"], "outputs": ["2", "4", "6", "9"]}  # 3 of 4
+HALF_RIGHT = "```python\nprint(2 * int(input()))\n```"
+
+
+def test_code_reward_pass_rate_or_all_pass():
+    from marlow.tasks.base import CodeGrader
+
+    problem = Problem("c0", "double it", "", meta={"tests": DOUBLE})
+    assert CodeGrader(2.0)(HALF_RIGHT, problem) == pytest.approx(0.75)
+    assert CodeGrader(2.0, reward="all_pass")(HALF_RIGHT, problem) == 0.0
+    every = {"inputs": ["1\n", "5\n"], "outputs": ["2", "10"]}
+    whole = Problem("c1", "double it", "", meta={"tests": every})
+    assert CodeGrader(2.0, reward="all_pass")(HALF_RIGHT, whole) == 1.0
+    with pytest.raises(ValueError, match="pass_rate, all_pass"):
+        CodeGrader(2.0, reward="fraction")
+
+
+@pytest.mark.parametrize(
+    ("completion", "fallback", "last_block"),
+    [
+        ("print(2 * int(input()))", "print(2 * int(input()))", None),  # no block: 0 officially
+        (
+            "```python\nprint(1)\n```\nthen\n```text\nnot code\n```",
+            "print(1)\n",  # marlow prefers the last python-tagged block
+            "not code\n",  # the official code: the last block, whatever its language
+        ),
+        ("```\nprint(3)\n```", "print(3)\n", "print(3)\n"),
+    ],
+)
+def test_code_block_rules(completion, fallback, last_block):
+    from marlow.codetext import extract_code
+
+    assert extract_code(completion) == fallback
+    assert extract_code(completion, "last-block") == last_block
+
+
+def test_an_unfenced_program_scores_only_under_the_fallback_rule():
+    from marlow.tasks.base import CodeGrader
+
+    every = {"inputs": ["1\n", "5\n"], "outputs": ["2", "10"]}
+    problem = Problem("c2", "double it", "", meta={"tests": every})
+    bare = "print(2 * int(input()))"
+    assert CodeGrader(2.0)(bare, problem) == 1.0
+    assert CodeGrader(2.0, block_rule="last-block")(bare, problem) == 0.0

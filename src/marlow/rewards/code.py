@@ -313,12 +313,12 @@ def _harness_job(code: str, cases: list[TestCase], limits: Limits) -> tuple[Job,
 
 
 def _plan(
-    completion: str, tests: Any, limits: Limits, suite: bool = False
+    completion: str, tests: Any, limits: Limits, suite: bool = False, block_rule: str = "fallback"
 ) -> tuple[str | None, list[TestCase], list[tuple[Job, _Conversation | None]]]:
     """The runs of one program: a stdin test alone is the program itself on that stdin; every
     other run is the harness (one per test, or one for all with ``suite``)."""
     cases = parse_tests(tests)
-    code = extract_code(completion)
+    code = extract_code(completion, block_rule)
     if code is None or not parses_as_python(code):
         return code, cases, []
     if suite and _suitable(cases):
@@ -366,10 +366,18 @@ def _finish(code: str | None, cases: list[TestCase], planned: list, runs: list) 
 
 
 def code_details(
-    completion: str, tests: Any, *, max_workers: int | None = None, **limits: Any
+    completion: str,
+    tests: Any,
+    *,
+    max_workers: int | None = None,
+    block_rule: str = "fallback",
+    **limits: Any,
 ) -> CodeScore:
-    """Reward and per-test outcomes. ``limits``: ``timeout_s`` or any ``Limits`` field."""
-    return score_code_batch([(completion, tests)], max_workers=max_workers, **limits)[0]
+    """Reward and per-test outcomes. ``limits``: ``timeout_s`` or any ``Limits`` field;
+    ``block_rule``: which code is run (``marlow.codetext.BLOCK_RULES``)."""
+    return score_code_batch(
+        [(completion, tests)], max_workers=max_workers, block_rule=block_rule, **limits
+    )[0]
 
 
 def score_code(
@@ -384,13 +392,14 @@ def score_code_batch(
     *,
     max_workers: int | None = None,
     suite: bool = False,
+    block_rule: str = "fallback",
     **limits: Any,
 ) -> list[CodeScore]:
     """``code_details`` of many (completion, tests) pairs; all tests share one worker pool.
     ``suite``: the tests of one program run in one sandbox process (module docstring)."""
     limits.setdefault("timeout_s", DEFAULT_TIMEOUT_S)
     lim = Limits.from_kwargs(**limits)
-    plans = [_plan(c, t, lim, suite) for c, t in items]
+    plans = [_plan(c, t, lim, suite, block_rule) for c, t in items]
     jobs = [job for _, _, planned in plans for job, _ in planned]
     runs = run_many(jobs, max_workers=max_workers)
     out, at = [], 0

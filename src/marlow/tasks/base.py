@@ -33,6 +33,7 @@ from marlow.config import ConfigError, TaskConfig
 from marlow.rewards.math import grade_math
 from marlow.types import Problem
 
+CODE_REWARDS = ("pass_rate", "all_pass")
 TINY_CODE_TIMEOUT_S = 2.0  # per hidden test: the tiny programs run in microseconds
 DATASET_CODE_TIMEOUT_S = 6.0  # marlow.rewards.code.DEFAULT_TIMEOUT_S
 
@@ -51,14 +52,29 @@ class CodeGrader:
     every text of a step before asking text by text. The cache keeps the newest ``cache_size``
     entries; a text without code scores 0 without running anything.
 
+    ``reward``: ``pass_rate`` (the fraction of tests passed, the paper's text) or ``all_pass`` (1
+    only when every test passes, else 0: the official code); ``block_rule``: which code is run
+    (``marlow.codetext.BLOCK_RULES``).
+
     A program whose run hit a sandbox failure (the sandbox could not set up: no verdict on the
     program) scores 0 for that call but is never cached, so a passing failure cannot stick to
     a program; ``sandbox_errors`` counts such programs (the trainer logs it per step, and warns
     with ``last_sandbox_error``, the newest failure's reason).
     """
 
-    def __init__(self, timeout_s: float, cache_size: int = 20_000, max_workers: int | None = None):
+    def __init__(
+        self,
+        timeout_s: float,
+        cache_size: int = 20_000,
+        max_workers: int | None = None,
+        reward: str = "pass_rate",
+        block_rule: str = "fallback",
+    ):
+        if reward not in CODE_REWARDS:
+            raise ValueError(f"unknown code reward {reward!r}; valid: {', '.join(CODE_REWARDS)}")
         self.timeout_s = timeout_s
+        self.reward = reward
+        self.block_rule = block_rule
         self.cache_size = cache_size
         self.max_workers = max_workers
         self.sandbox_errors = 0
@@ -69,7 +85,7 @@ class CodeGrader:
     def _key(self, text: str, problem: Problem) -> tuple[str, str] | None:
         from marlow.rewards.code import extract_code
 
-        program = extract_code(text)
+        program = extract_code(text, self.block_rule)
         return None if program is None else (problem.id, program)
 
     def prefetch(self, pairs: Sequence[tuple[str, Problem]]) -> None:
@@ -86,6 +102,7 @@ class CodeGrader:
         scores = score_code_batch(
             list(todo.values()),
             suite=True,
+            block_rule=self.block_rule,
             timeout_s=self.timeout_s,
             max_workers=self.max_workers,
         )
@@ -104,6 +121,12 @@ class CodeGrader:
             self._cache.popitem(last=False)
 
     def __call__(self, text: str, problem: Problem) -> float:
+        rate = self._pass_rate(text, problem)
+        if self.reward == "all_pass":
+            return 1.0 if rate >= 1.0 else 0.0
+        return rate
+
+    def _pass_rate(self, text: str, problem: Problem) -> float:
         key = self._key(text, problem)
         if key is None:
             return 0.0
@@ -130,7 +153,9 @@ class Task:
             timeout = self.config.code_timeout_s or (
                 TINY_CODE_TIMEOUT_S if self.config.source == "tiny" else DATASET_CODE_TIMEOUT_S
             )
-            return CodeGrader(timeout)
+            return CodeGrader(
+                timeout, reward=self.config.code_reward, block_rule=self.config.code_block
+            )
         return partial(_grade_math, format_penalty=self.config.format_penalty)
 
     def _generator(self) -> ModuleType:

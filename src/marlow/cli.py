@@ -523,6 +523,39 @@ def export(
     console.print(f"exported to {folder} (export.json names its base, adapters and dtype)")
 
 
+@app.command("diff-presets")
+def diff_presets(
+    left: Annotated[str, typer.Argument(help="a preset: paper, official or tiny")] = "paper",
+    right: Annotated[str, typer.Argument(help="another preset")] = "official",
+    markdown: Annotated[bool, typer.Option(help="print a Markdown table")] = False,
+) -> None:
+    """Every setting on which two presets differ (per task), with the source of each value."""
+    from marlow.config import ConfigError, preset_diff, preset_diff_markdown
+    from marlow.presets import PRESETS
+
+    for name in (left, right):
+        if name not in PRESETS:
+            _fail(f"preset {name!r} is unknown; valid: {', '.join(PRESETS)}")
+    try:
+        if markdown:
+            print(preset_diff_markdown(left, right), end="")
+            return
+        rows = preset_diff(left, right)
+    except ConfigError as err:
+        _fail(str(err))
+    table = Table("field", "task", left, right, "what", f"source ({left})", f"source ({right})")
+    for d in rows:
+        sw = d.switch
+        table.add_row(
+            d.key,
+            d.task,
+            escape(str(d.left)),
+            escape(str(d.right)),
+            *((sw.what, escape(sw.paper), escape(sw.official)) if sw else ("", "", "")),
+        )
+    Console().print(table)
+
+
 workflows_app = typer.Typer(no_args_is_help=False)
 app.add_typer(workflows_app, name="workflows")
 

@@ -1,4 +1,4 @@
-"""One typed run config, validated once (pydantic), with the ``paper`` and ``tiny`` presets.
+"""One typed run config, validated once (pydantic), over a preset (:mod:`marlow.presets`).
 
 Layering: preset (with its overlay for the run's task, :data:`PRESETS`) -> YAML file ->
 ``key=value`` overrides (dotted keys, YAML-parsed values). The resolved config is written beside a
@@ -21,6 +21,7 @@ Choices the paper does not fix, made here and recorded in each run's config:
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -28,6 +29,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from marlow.algo.losses import AGGREGATIONS
+from marlow.presets import PER_TASK, PRESETS, SWITCHES, Switch
 
 
 class ConfigError(ValueError):
@@ -376,7 +378,7 @@ DTYPES: tuple[str, ...] = get_args(Dtype)
 
 
 class RunConfig(_Section):
-    preset: Literal["paper", "tiny"] = "tiny"
+    preset: Literal["paper", "official", "tiny"] = "tiny"
     seed: int = 0
     device: str = Field(
         "auto",
@@ -427,43 +429,87 @@ class RunConfig(_Section):
         return self
 
 
-PER_TASK = "per_task"  # the key of a preset's per-task overlays (not a config field)
-PRESETS: dict[str, dict[str, Any]] = {
-    # The paper's Table 7 (real Qwen3 models on GPU). Every field's default *is* its Table 7 value
-    # (steps, intervals, sampling, GRPO, optimizer, LoRA: one home, the fields); the preset only
-    # names the model and its bfloat16 base weights. Response caps are per (workflow, task): the default 5120 is math's, set
-    # rollout.max_new_tokens to 2048 for code.
-    "paper": {"dtype": "bfloat16", "model": {"name": "Qwen/Qwen3-1.7B"}},
-    # What works on the CPU tiny world in a quickstart's budget (measured: README). Per-role credit:
-    # with the paper's broadcast credit Voting gained +3 points in 24 steps, with role credit +8.
-    "tiny": {
-        "steps": 24,
-        "val_every": 8,
-        "ckpt_every": 8,
-        "model": {"name": "tiny-s"},
-        "task": {"val_size": 500},
-        "rollout": {"temperature": 0.7, "max_new_tokens": 96},
-        "grpo": {"batch_problems": 16, "group_size": 8, "minibatch_turns": 64, "credit": "role"},
-        "optim": {"lr": 1e-3, "warmup_steps": 3, "grad_clip": 1.0},
-        "policy": {"lora_rank": 16, "lora_alpha": 32, "lora_dropout": 0.0},
-        PER_TASK: {
-            # The tiny code world: 200 validation problems (grading runs every program in the
-            # sandbox, ~20 ms of a core each); a tiny code answer is at most ~100 characters, a
-            # synthesizer's ~120, so 128 new tokens.
-            "code": {"task": {"val_size": 200}, "rollout": {"max_new_tokens": 128}},
-        },
-    },
-}
-"""Every run preset, in one place: a preset's settings, and under :data:`PER_TASK` the settings
-it adds for one ``task.name`` (merged over its own, under the run's file and overrides)."""
-
-
 def preset_settings(preset: str, task: str) -> dict[str, Any]:
     """The settings ``preset`` gives a run of ``task``: its own with its overlay for ``task``."""
     if not isinstance(preset, str) or preset not in PRESETS:
         raise ConfigError(f"config field 'preset' is {preset!r}; valid: {', '.join(PRESETS)}")
     own = {k: v for k, v in PRESETS[preset].items() if k != PER_TASK}
     return merge(own, PRESETS[preset].get(PER_TASK, {}).get(task, {}))
+
+
+@dataclass(frozen=True)
+class PresetDiff:
+    """One field on which two presets resolve differently, for one task."""
+
+    key: str
+    task: str
+    left: Any
+    right: Any
+    switch: Switch | None  # its sources, where the field is a documented switch
+
+
+def preset_diff(left: str, right: str) -> list[PresetDiff]:
+    """Every config field on which presets ``left`` and ``right`` resolve to different values,
+    per task (math, then code; a field that differs for both tasks is listed once with task
+    ``all``), in field order. Computed from the resolved configs themselves, so the table cannot
+    drift from what a run gets."""
+    switches = {s.key: s for s in SWITCHES}
+    per_task: dict[str, dict[str, tuple[Any, Any]]] = {}
+    for task in get_args(TaskConfig.model_fields["name"].annotation):
+        a, b = (_flat(resolve({"preset": p, "task": {"name": task}})) for p in (left, right))
+        per_task[task] = {k: (a[k], b[k]) for k in a if a[k] != b[k] and k != "preset"}
+    out: list[PresetDiff] = []
+    keys = dict.fromkeys(k for diffs in per_task.values() for k in diffs)
+    for key in keys:
+        tasks = [t for t, diffs in per_task.items() if key in diffs]
+        values = {per_task[t][key] for t in tasks}
+        if len(tasks) == len(per_task) and len(values) == 1:
+            tasks = ["all"]
+        for task in tasks:
+            pair = per_task[task if task != "all" else next(iter(per_task))][key]
+            out.append(PresetDiff(key, task, pair[0], pair[1], switches.get(key)))
+    return out
+
+
+def preset_diff_markdown(left: str, right: str) -> str:
+    """:func:`preset_diff` as a Markdown table (docs/presets.md holds this text for paper vs
+    official; a test checks that it is the code's)."""
+    rows = [
+        f"| field | task | {left} | {right} | what | source ({left}) | source ({right}) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for d in preset_diff(left, right):
+        sw = d.switch
+        cells = [
+            f"`{d.key}`",
+            d.task,
+            f"`{_shown(d.left)}`",
+            f"`{_shown(d.right)}`",
+            sw.what if sw else "",
+            sw.paper if sw else "",
+            sw.official if sw else "",
+        ]
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def _shown(value: Any) -> str:
+    return "null" if value is None else str(value)
+
+
+def _flat(config: RunConfig) -> dict[str, Any]:
+    """Dotted field name -> value (JSON form) of every field of ``config``."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict) and not prefix.endswith(("params", "role_map", "role_weights")):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else k, v)
+        else:
+            out[prefix] = tuple(value) if isinstance(value, list) else value
+
+    walk("", config.model_dump(mode="json"))
+    return out
 
 
 def merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:

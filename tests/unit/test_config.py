@@ -45,7 +45,7 @@ def test_overrides_nest_and_parse_values():
         ("grpo.aggregation=mean", "valid: token-mean, seq-mean-token-mean, seq-mean-token-sum"),
         ("policy.routing=shared", "'policy.routing'"),
         ("detect.on_alarm=panic", "'detect.on_alarm'"),
-        ("preset=huge", "valid: paper, tiny"),
+        ("preset=huge", "valid: paper, official, tiny"),
         ("optim.lr", "must look like key=value"),
         ("device=tpu", "'device': unknown device 'tpu'; valid: auto, cpu, cuda, cuda:N, mps"),
         ("device=meta", "'device': unknown device 'meta'; valid: auto, cpu, cuda, cuda:N, mps"),

@@ -1,0 +1,148 @@
+"""Run presets, and where each of the faithful presets' choices comes from.
+
+A preset is a nested dict of config settings (``preset: NAME`` in a config), merged under the
+run's file and overrides by :func:`marlow.config.resolve`; under :data:`PER_TASK` it may add
+settings for one ``task.name``. Pure data: this module imports nothing of marlow, so that
+:mod:`marlow.config` (which validates the settings) can read it.
+
+Two presets reproduce the study (issue 17):
+
+* ``paper``: its text (Table 7 and §A.7). Every field's default *is* its Table 7 value, so the
+  preset only names the model and its bfloat16 base weights.
+* ``official``: its released code (github.com/XHMY/marl-llm-workflows with its verl fork), on
+  every point where that code and the text disagree or the text is silent; each such point is
+  a config switch, listed in :data:`SWITCHES` with both sources. ``marlow diff-presets paper
+  official`` prints the table from these two places (:func:`marlow.config.preset_diff`).
+
+Differences found in the official code that are not switches yet (so not in ``official``): the
+Eval-Opt round count and its final evaluator, the shared conversation as Eval-Opt's context, the
+Orch-Workers worker count taken from the parsed plan, the data (DAPO config ``en`` with a 10 %
+test split, AIME-2025 and a DeepCoder test split for validation, tests filtered by a runtime
+check) and the prompt-length cap that ends an episode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+PER_TASK = "per_task"  # the key of a preset's per-task overlays (not a config field)
+
+_PAPER_MODEL = {"dtype": "bfloat16", "model": {"name": "Qwen/Qwen3-1.7B"}}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # The paper's text. Response caps are per (workflow, task): the default 5120 is math's; set
+    # rollout.max_new_tokens to 2048 for code.
+    "paper": dict(_PAPER_MODEL),
+    # The official code: the paper preset with every switch of SWITCHES at its official value.
+    "official": {
+        **_PAPER_MODEL,
+        "grpo": {"minibatch_unit": "prompts", "advantage_scope": "trajectory", "clip_ratio_c": 3.0},
+        "optim": {"schedule_stepping": "shared-uncapped"},
+        "workflow": {"parse": "first-match"},
+        "task": {"format_penalty": 0.0},
+        PER_TASK: {
+            "code": {
+                "task": {
+                    "code_reward": "all_pass",
+                    "code_block": "last-block",
+                    "code_timeout_s": 3.0,
+                }
+            },
+        },
+    },
+    # What works on the CPU tiny world in a quickstart's budget (measured: README). Per-role credit:
+    # with the paper's broadcast credit Voting gained +3 points in 24 steps, with role credit +8.
+    "tiny": {
+        "steps": 24,
+        "val_every": 8,
+        "ckpt_every": 8,
+        "model": {"name": "tiny-s"},
+        "task": {"val_size": 500},
+        "rollout": {"temperature": 0.7, "max_new_tokens": 96},
+        "grpo": {"batch_problems": 16, "group_size": 8, "minibatch_turns": 64, "credit": "role"},
+        "optim": {"lr": 1e-3, "warmup_steps": 3, "grad_clip": 1.0},
+        "policy": {"lora_rank": 16, "lora_alpha": 32, "lora_dropout": 0.0},
+        PER_TASK: {
+            # The tiny code world: 200 validation problems (grading runs every program in the
+            # sandbox, ~20 ms of a core each); a tiny code answer is at most ~100 characters, a
+            # synthesizer's ~120, so 128 new tokens.
+            "code": {"task": {"val_size": 200}, "rollout": {"max_new_tokens": 128}},
+        },
+    },
+}
+"""Every run preset, in one place: a preset's settings, and under :data:`PER_TASK` the settings
+it adds for one ``task.name`` (merged over its own, under the run's file and overrides)."""
+
+
+@dataclass(frozen=True)
+class Switch:
+    """One config field on which the study's text and its official code differ."""
+
+    key: str  # dotted config field
+    what: str
+    paper: str  # where the paper's value comes from
+    official: str  # where the official code's value comes from (a file of that repository)
+
+
+SWITCHES: tuple[Switch, ...] = (
+    Switch(
+        "grpo.minibatch_unit",
+        "what the PPO mini-batch size of 64 counts",
+        "Table 7 (PPO mini-batch size 64; the unit is not stated, read as turns)",
+        "rllm/trainer/config/multi_agent_ppo_trainer.yaml (ppo_mini_batch_size: 64 prompts; "
+        "verl multiplies by n = 8: 512 turns per update)",
+    ),
+    Switch(
+        "optim.schedule_stepping",
+        "how the cosine schedule advances under several adapters",
+        "Table 7 (cosine with 15 warmup steps over 500 steps)",
+        "inferred from the verl fork: one scheduler stepped in every per-role update call, "
+        "verl's cosine not capped past the end",
+    ),
+    Switch(
+        "grpo.advantage_scope",
+        "the group a reward is normalised in",
+        "§3 (the relative advantage within each problem's group of n rollouts)",
+        "rllm/engine/agent_workflow_engine.py (group id: task id and trajectory name, one item "
+        "per turn)",
+    ),
+    Switch(
+        "workflow.parse",
+        "how a verdict or a selection is read",
+        "§A.7 (the terminal \\boxed{} expression)",
+        "examples/math_reasoning/voting_math_workflow.py (first \\boxed{N}, else the first "
+        "digit 1-9), evaluator_optimizer_math_workflow.py (first \\boxed{Correct|Incorrect})",
+    ),
+    Switch(
+        "grpo.clip_ratio_c",
+        "dual-clip of negative advantages",
+        "Table 7 (PPO clip; no dual-clip named)",
+        "rllm/trainer/config/_generated_agent_ppo_trainer.yaml (clip_ratio_c: 3.0)",
+    ),
+    Switch(
+        "task.format_penalty",
+        "reward of a math answer without a parseable box",
+        "§A.7 (a small format-error penalty; marlow: -0.1)",
+        "rllm/rewards/reward_types.py (format_error_reward: 0.0)",
+    ),
+    Switch(
+        "task.code_reward",
+        "code reward: pass rate or all tests",
+        "§A.7 (the fraction of tests that pass)",
+        "rllm/rewards/code_reward.py (all_passed: 1 only when every test passes)",
+    ),
+    Switch(
+        "task.code_block",
+        "which code of a completion runs",
+        "§A.7 (the terminal Python code block)",
+        "rllm/rewards/code_reward.py (extract_code_from_model: the last fenced block, none: 0)",
+    ),
+    Switch(
+        "task.code_timeout_s",
+        "seconds per hidden test",
+        "§A.7 (a per-test execution timeout; value not stated; marlow: 6)",
+        "rllm/rewards/batch_code_executor.py (per_test_timeout: 3)",
+    ),
+)
+"""Every field on which ``paper`` and ``official`` differ, with the source of each value."""

@@ -139,6 +139,17 @@ class WorkflowConfig(_Section):
         "workflows lists them) or the path of a workflow file (.yaml, docs/workflows.md)",
     )
     params: dict[str, int] = Field(default_factory=dict, description="e.g. {n: 3} or {rounds: 3}")
+    rounds_count: Literal["revisions", "judge-calls"] = Field(
+        "revisions",
+        description="what a repeat count counts: revisions (Eval-Opt rounds 3: G E G E G E G) "
+        "or judge-calls (the official code: G E G E G E, the last verdict trained; "
+        "marlow.workflows.load.ROUNDS_COUNTS)",
+    )
+    workers: Literal["fixed", "parsed"] = Field(
+        "fixed",
+        description="Orch-Workers: fixed (always n workers; a missing strategy gets a generic "
+        "one) or parsed (one worker per strategy the official code's parser finds, 1..n)",
+    )
     parse: Literal["last-box", "first-match"] = Field(
         "last-box",
         description="how a verdict or a selection is read: last-box (the last \\boxed{}) or "

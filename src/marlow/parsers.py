@@ -63,6 +63,25 @@ def strategies_of(text: str, n: int) -> list[str | None]:
     return [found.get(i) for i in range(1, n + 1)]
 
 
+_PLAN_STRATEGY = re.compile(r"STRATEGY\s*(\d+)\s*:\s*(.+?)(?=STRATEGY\s*\d+\s*:|$)", re.I | re.S)
+_PLAN_NUMBERED = re.compile(r"^\s*(\d+)[.)]\s*(.+?)(?=^\s*\d+[.)]|\Z)", re.M | re.S)
+
+
+def plan_of(text: str, n: int) -> list[str]:
+    """The strategies of an orchestrator's ``text`` as the study's official code reads them
+    (``workflow.workers=parsed``): ``STRATEGY i: ...`` items (each up to the next one, sorted by
+    i); else a numbered list (``1.`` or ``1)``); else the lines longer than 10 characters; else
+    the whole text. At least one strategy, at most ``n``; one worker runs per strategy."""
+    for pattern in (_PLAN_STRATEGY, _PLAN_NUMBERED):
+        found = pattern.findall(text)
+        if found:
+            plan = [body.strip() for _, body in sorted(found, key=lambda m: int(m[0]))]
+            break
+    else:
+        plan = [line.strip() for line in text.split("\n") if len(line.strip()) > 10]
+    return (plan or [text.strip()])[:n]
+
+
 def selection_of(text: str, n: int, rule: str = "last-box") -> int | None:
     """The aggregator's choice among ``n`` candidates as a 0-based index under ``rule``
     (:data:`PARSE_RULES`); None when unparseable (Voting then falls back to the first candidate).

@@ -15,10 +15,9 @@ Two presets reproduce the study (issue 17):
   official`` prints the table from these two places (:func:`marlow.config.preset_diff`).
 
 Differences found in the official code that are not switches yet (so not in ``official``): the
-Eval-Opt round count and its final evaluator, the shared conversation as Eval-Opt's context, the
-Orch-Workers worker count taken from the parsed plan, the data (DAPO config ``en`` with a 10 %
-test split, AIME-2025 and a DeepCoder test split for validation, tests filtered by a runtime
-check) and the prompt-length cap that ends an episode.
+shared conversation as Eval-Opt's context, the data (DAPO config ``en`` with a 10 % test split,
+AIME-2025 and a DeepCoder test split for validation, tests filtered by a runtime check) and the
+prompt-length cap that ends an episode.
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         **_PAPER_MODEL,
         "grpo": {"minibatch_unit": "prompts", "advantage_scope": "trajectory", "clip_ratio_c": 3.0},
         "optim": {"schedule_stepping": "shared-uncapped"},
-        "workflow": {"parse": "first-match"},
+        "workflow": {"parse": "first-match", "rounds_count": "judge-calls", "workers": "parsed"},
         "task": {"format_penalty": 0.0},
         PER_TASK: {
             "code": {
@@ -113,6 +112,20 @@ SWITCHES: tuple[Switch, ...] = (
         "§A.7 (the terminal \\boxed{} expression)",
         "examples/math_reasoning/voting_math_workflow.py (first \\boxed{N}, else the first "
         "digit 1-9), evaluator_optimizer_math_workflow.py (first \\boxed{Correct|Incorrect})",
+    ),
+    Switch(
+        "workflow.rounds_count",
+        "what Eval-Opt's round count counts",
+        "Table 7 (Eval-Opt revision rounds: math 3, code 2)",
+        "rllm/workflows/evaluator_optimizer_workflow.py (max_iterations counts evaluator calls: "
+        "G E G E G E; the evaluator also reviews the last revision)",
+    ),
+    Switch(
+        "workflow.workers",
+        "how many Orch-Workers workers run",
+        "Table 7 (Orch-Workers worker proposals per problem: 3)",
+        "examples/math_reasoning/orchestrator_workers_math_workflow.py (parse_proposals: one "
+        "worker per parsed strategy, at most 3)",
     ),
     Switch(
         "grpo.clip_ratio_c",

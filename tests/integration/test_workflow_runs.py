@@ -71,3 +71,26 @@ def test_role_credit_rewards_every_turn_and_trains(small_config, tmp_path, workf
                 assert t.reward == ep.reward
     record = trainer.learn(1, episodes)
     assert all(record[f"train/{a}/updates"] >= 1 for a in trainer.adapters)
+
+
+@pytest.mark.parametrize("workflow", ["eval_opt", "orch_workers", "voting"])
+def test_every_official_switch_together_trains_on_the_tiny_world(small_config, tmp_path, workflow):
+    """The official preset's switches over the tiny world: two steps run, and the run records
+    every switch in its config."""
+    from marlow.presets import PRESETS
+
+    official = {k: v for k, v in PRESETS["official"].items() if k in ("grpo", "optim", "workflow")}
+    cfg = small_config(
+        workflow={"name": workflow, **official["workflow"]},
+        grpo={**official["grpo"], "minibatch_turns": 2},
+        optim=official["optim"],
+        task={"format_penalty": 0.0},
+    )
+    assert cfg.grpo.advantage_scope == "trajectory" and cfg.workflow.workers == "parsed"
+    out = Trainer(cfg, tmp_path / "run").run()
+    records = read_metrics(out)
+    assert [r["step"] for r in records] == [0, 1, 2]
+    for adapter in ROLES[workflow]:
+        assert records[1][f"train/{adapter}/updates"] >= 1
+    saved = (out / "config.yaml").read_text()
+    assert "rounds_count: judge-calls" in saved and "schedule_stepping: shared-uncapped" in saved

@@ -313,3 +313,107 @@ def test_an_unfenced_program_scores_only_under_the_fallback_rule():
     bare = "print(2 * int(input()))"
     assert CodeGrader(2.0)(bare, problem) == 1.0
     assert CodeGrader(2.0, block_rule="last-block")(bare, problem) == 0.0
+
+
+# ------------------------------------ Eval-Opt rounds (workflow.rounds_count)
+
+
+@pytest.mark.parametrize(
+    ("count", "rounds", "sequence"),
+    [
+        ("revisions", 3, "G E G E G E G"),
+        ("judge-calls", 3, "G E G E G E"),  # the official math setting (max_iterations 3)
+        ("revisions", 2, "G E G E G"),
+        ("judge-calls", 2, "G E G E"),  # the official code setting (max_iterations 2)
+        ("judge-calls", 1, "G E"),
+    ],
+)
+def test_what_eval_opt_rounds_count(count, rounds, sequence):
+    wf = build_workflow("eval_opt", count, rounds=rounds)
+    assert " ".join(st.role[0].upper() for st in wf.stages) == sequence
+    # an episode whose every verdict is Incorrect runs every stage, the last verdict included
+    (ep,) = run_episodes(
+        wf,
+        [Problem("p0", "2+3", "5")],
+        1,
+        engine=ScriptedEngine(
+            lambda prompt, i, call: "\\boxed{Incorrect}" if call % 2 else "\\boxed{6}"
+        ),
+        tokenizer=TOK,
+        routing=make_routing("ip", wf.roles),
+        grade=grade,
+        task="math",
+        style="tiny",
+        sampling=SamplingParams(0.7, 16, 0),
+        credit="role",
+    )
+    assert " ".join(t.role[0].upper() for t in ep.turns) == sequence
+    if count == "judge-calls":  # the final evaluator turn is trained: a right Incorrect earns 1
+        assert ep.turns[-1].role == "evaluator" and ep.turns[-1].reward == 1.0
+
+
+def test_a_workflow_parameter_may_not_be_named_rounds_count(tmp_path):
+    from marlow.workflows.load import load_workflow
+    from marlow.workflows.schema import WorkflowFileError
+
+    text = (
+        "params:\n  rounds_count: {default: 1}\nroles:\n  generator: {kind: answer}\n"
+        "stages:\n  - {role: generator, prompt: generator/answer}\nanswer: last.generator\n"
+    )
+    (tmp_path / "w.yaml").write_text(text)
+    with pytest.raises(WorkflowFileError, match="params.rounds_count"):
+        load_workflow(tmp_path / "w.yaml")
+
+
+# ------------------------------------ Orch-Workers worker count (workflow.workers)
+
+
+@pytest.mark.parametrize(
+    ("plan", "fixed", "parsed"),
+    [
+        # two STRATEGY items: fixed runs 3 workers (the third generic), parsed runs 2
+        ("STRATEGY 1: direct\nSTRATEGY 2: check inverse", 3, ["direct", "check inverse"]),
+        # a numbered list: marlow parses nothing (3 generic), the official code reads 3 items
+        (
+            "1. direct\n2) show carries\n3. check inverse",
+            3,
+            ["direct", "show carries", "check inverse"],
+        ),
+        # prose: lines longer than 10 characters, at most n
+        (
+            "work the columns\nok\ncheck by the inverse\nleft to right again\nmore",
+            3,
+            ["work the columns", "check by the inverse", "left to right again"],
+        ),
+        ("hm", 3, ["hm"]),  # nothing else: the whole text, one worker
+        ("STRATEGY 2: b\nSTRATEGY 1: a", 3, ["a", "b"]),  # sorted by number
+    ],
+)
+def test_orch_workers_run_one_worker_per_parsed_strategy(plan, fixed, parsed):
+    from marlow.parsers import plan_of
+
+    assert plan_of(plan, 3) == parsed
+    wf = build_workflow("orch_workers")
+    for workers, expect in (("fixed", fixed), ("parsed", len(parsed))):
+
+        def script(prompt, i, call):
+            return plan if call == 0 else "\\boxed{5}"
+
+        (ep,) = run_episodes(
+            wf,
+            [Problem("p0", "2+3", "5")],
+            1,
+            engine=ScriptedEngine(script),
+            tokenizer=TOK,
+            routing=make_routing("ip", wf.roles),
+            grade=grade,
+            task="math",
+            style="tiny",
+            sampling=SamplingParams(0.7, 16, 0),
+            workers=workers,
+        )
+        worker_turns = [t for t in ep.turns if t.role == "worker"]
+        assert len(worker_turns) == expect, workers
+        if workers == "parsed":  # each worker got its own parsed strategy, in order
+            for t, strategy in zip(worker_turns, parsed, strict=True):
+                assert strategy in t.prompt_text

@@ -22,6 +22,8 @@ OFFICIAL = {  # field -> (paper value, official value), written out from the off
     "workflow.parse": ("last-box", "first-match"),
     "grpo.clip_ratio_c": (None, 3.0),
     "task.format_penalty": (-0.1, 0.0),
+    "workflow.rounds_count": ("revisions", "judge-calls"),
+    "workflow.workers": ("fixed", "parsed"),
 }
 OFFICIAL_CODE = {
     "task.code_reward": ("pass_rate", "all_pass"),

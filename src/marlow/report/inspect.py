@@ -68,7 +68,7 @@ def inspect_run(run_dir: str | Path, overrides: list[str] | None = None) -> dict
     if not metrics.exists():
         raise FileNotFoundError(f"{run} holds no run: no metrics.jsonl (give a run folder)")
     cfg = load_config(run / "config.yaml", overrides)
-    workflow = build_workflow(cfg.workflow.name, **cfg.workflow.params)
+    workflow = build_workflow(cfg.workflow.name, cfg.workflow.rounds_count, **cfg.workflow.params)
     adapters = make_routing(cfg.policy.routing, workflow.roles, cfg.policy.role_map).adapters
     records = list(read_jsonl(metrics))
     train, val = _latest(records, "train/"), _latest(records, "val/")

@@ -161,7 +161,7 @@ def load_cell(cid: CellId, path: Path) -> CellRun:
     if "val" not in stats:
         raise ValueError("metrics.jsonl holds no val/all/accuracy")
     cfg = load_config(path / "config.yaml")
-    workflow = build_workflow(cfg.workflow.name, **cfg.workflow.params)
+    workflow = build_workflow(cfg.workflow.name, cfg.workflow.rounds_count, **cfg.workflow.params)
     slots = {role: workflow.slots_of(role) for role in workflow.roles}
     signatures = read_signatures(path)
     events_path = path / "events.jsonl"

@@ -166,6 +166,7 @@ class Trainer:
             first_group=first_group,
             seeding=self.cfg.rollout.seeding,
             parse_rule=self.cfg.workflow.parse,
+            workers=self.cfg.workflow.workers,
         )
 
     def train_step(self, step: int) -> dict[str, float]:

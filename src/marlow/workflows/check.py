@@ -20,7 +20,7 @@ def check_workflow(cfg: WorkflowConfig) -> WorkflowSpec:
     """The workflow ``cfg`` names (a built-in name or a workflow file's path), built; raises
     ConfigError naming ``workflow.name`` (an unknown name, a bad file) or ``workflow.params``."""
     try:
-        return build_workflow(cfg.name, **cfg.params)
+        return build_workflow(cfg.name, cfg.rounds_count, **cfg.params)
     except ParamError as err:
         raise ConfigError(f"config field 'workflow.params': {err}") from None
     except ValueError as err:

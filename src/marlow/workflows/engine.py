@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from marlow.chat import chat_prompt_ids
-from marlow.parsers import selection_of, strategies_of, verdict_of
+from marlow.parsers import plan_of, selection_of, strategies_of, verdict_of
 from marlow.policy.routing import Routing
 from marlow.prompts import GENERIC_STRATEGY, fill, numbered, template
 from marlow.rollout.base import RolloutEngine
@@ -73,9 +73,12 @@ def prompt_text(workflow: WorkflowSpec, stage: Stage, style: str, task: str, fie
     return fill(text, fields, label)
 
 
-def parse(stage: Stage, state: EpisodeState, turn: Turn, rule: str = "last-box") -> None:
+def parse(
+    stage: Stage, state: EpisodeState, turn: Turn, rule: str = "last-box", workers: str = "fixed"
+) -> None:
     """What the stage's parser reads from its turn into the episode's state (counted); ``rule``
-    reads verdicts and selections (``marlow.parsers.PARSE_RULES``)."""
+    reads verdicts and selections (``marlow.parsers.PARSE_RULES``); ``workers="parsed"`` reads a
+    plan the official code's way (``marlow.parsers.plan_of``: 1..n strategies, no generic one)."""
     text = turn.completion_text
     if stage.parser == "verdict":
         state.verdict = verdict_of(text, rule)
@@ -91,6 +94,9 @@ def parse(stage: Stage, state: EpisodeState, turn: Turn, rule: str = "last-box")
         if choice is None:
             state.count("selection_fallback")  # the first candidate
         state.selected = state.candidates[choice or 0] if state.candidates else ""
+    elif stage.parser == "strategies" and workers == "parsed":
+        state.plans[stage.role] = plan_of(text, stage.count)
+        state.count("strategies_parsed", len(state.plans[stage.role]))
     elif stage.parser == "strategies":
         strategies = strategies_of(text, stage.count)
         parsed = sum(s is not None for s in strategies)
@@ -116,6 +122,16 @@ def extras(workflow: WorkflowSpec, state: EpisodeState, grade: Grader) -> dict[s
     if any(s.parser == "selection" for s in workflow.stages):
         out.update(selection_extras(state.candidates, state.problem, grade))
     return out
+
+
+def slots_of(stage: Stage, state: EpisodeState, workers: str) -> int:
+    """The stage's slots in this episode: ``stage.slots``; under ``workers="parsed"``, a stage
+    that reads a plan runs one slot per strategy of it (1..slots)."""
+    if workers == "parsed":
+        for r in stage.reads:
+            if r.source == "plan":
+                return max(1, min(stage.slots, len(state.plans.get(r.role, []))))
+    return stage.slots
 
 
 def holds(condition: str, state: EpisodeState) -> bool:
@@ -155,13 +171,16 @@ def run_episodes(
     first_group: int = 0,
     seeding: str = "call",
     parse_rule: str = "last-box",
+    workers: str = "fixed",
 ) -> list[Episode]:
     """Run ``n`` episodes of ``workflow`` on each problem; grade each final answer (and, under
     ``credit="role"``, each turn: ``marlow.workflows.credit``). Problem i's episodes are group
     ``first_group + i`` (a data-parallel rank's shard starts at its offset in the whole batch).
     ``seeding``: ``call`` draws every sample of a stage from one generator in request order;
     ``request`` gives each request its own seed (:func:`request_seed`). ``parse_rule`` reads
-    verdicts and selections (``marlow.parsers.PARSE_RULES``), in the episode and in its credit."""
+    verdicts and selections (``marlow.parsers.PARSE_RULES``), in the episode and in its credit;
+    ``workers``: ``fixed`` runs every slot of a plan-reading stage, ``parsed`` one per strategy
+    (:func:`slots_of`)."""
     states = [
         EpisodeState(Episode(problem_id=p.id, group=first_group + g, sample=s), p)
         for g, p in enumerate(problems)
@@ -175,7 +194,7 @@ def run_episodes(
         adapter = routing.adapter_for(stage.role)
         calls: list[tuple[EpisodeState, int, str, list[int]]] = []
         for st in active:
-            for slot in range(stage.slots):
+            for slot in range(slots_of(stage, st, workers)):
                 fields = context(st, stage, slot, style, counts)
                 text = prompt_text(workflow, stage, style, task, fields)
                 calls.append((st, slot, text, chat_prompt_ids(tokenizer, text)))
@@ -212,7 +231,7 @@ def run_episodes(
         for st in active:
             st.latest[stage.role] = new_turns[id(st)]
             if stage.parser is not None:
-                parse(stage, st, new_turns[id(st)][-1], parse_rule)
+                parse(stage, st, new_turns[id(st)][-1], parse_rule, workers)
     for st in states:
         st.episode.final_answer = final_answer(workflow, st)
     prefetch = getattr(grade, "prefetch", None)

@@ -79,8 +79,11 @@ def _check_roles(wf: WorkflowFile, err: _Errors) -> None:
                             (*loc, style), f"unknown style {style!r}; valid: {_choices(STYLES)}"
                         )
     for name, param in wf.params.items():
-        if not _is_name(name) or name == "problem":
-            raise err(("params", name), f"parameter name {name!r} must be a word, not 'problem'")
+        if not _is_name(name) or name in ("problem", "rounds_count"):
+            raise err(
+                ("params", name),
+                f"parameter name {name!r} must be a word, not 'problem' or 'rounds_count'",
+            )
         if param.default < param.min:
             raise err(("params", name, "default"), f"{param.default} is below min {param.min}")
 
@@ -300,10 +303,28 @@ def _values(wf: WorkflowFile, name: str, given: Mapping[str, Any]) -> dict[str, 
     return values
 
 
+ROUNDS_COUNTS = ("revisions", "judge-calls")
+"""What a ``repeat`` count counts (``workflow.rounds_count``): ``revisions`` (marlow) runs the
+block R times and leaves its ``skip_last`` stages out of the last round (Eval-Opt with rounds 3:
+G E G E G E G); ``judge-calls`` (the study's official code, whose ``max_iterations`` counts
+evaluator calls) runs it R - 1 times, its judge stage before the block making the first call,
+and keeps every stage in the last round, so the judge reviews the last revision too and is
+trained on that turn (rounds 3: G E G E G E)."""
+
+
 def compile_workflow(
-    wf: WorkflowFile, err: _Errors, name: str, params: Mapping[str, Any]
+    wf: WorkflowFile,
+    err: _Errors,
+    name: str,
+    params: Mapping[str, Any],
+    rounds_count: str = "revisions",
 ) -> WorkflowSpec:
-    """The spec of a parsed file with the run's parameters (defaults where it sets none)."""
+    """The spec of a parsed file with the run's parameters (defaults where it sets none) and
+    ``rounds_count`` (:data:`ROUNDS_COUNTS`)."""
+    if rounds_count not in ROUNDS_COUNTS:
+        raise ValueError(
+            f"unknown rounds count {rounds_count!r}; valid: {', '.join(ROUNDS_COUNTS)}"
+        )
     located = check_file(wf, err)
     credit = _check_credit(wf, err)
     values = _values(wf, name, params)
@@ -339,9 +360,14 @@ def compile_workflow(
             stages.append(compiled(entry, 0))
             continue
         last = count(entry.repeat)
+        skip = rounds_count == "revisions"
+        if not skip:
+            last = max(0, last - 1)
         for rnd in range(1, last + 1):
             stages += [
-                compiled(st, rnd) for st in entry.stages if not (st.skip_last and rnd == last)
+                compiled(st, rnd)
+                for st in entry.stages
+                if not (skip and st.skip_last and rnd == last)
             ]
     order = [st.role for _, st in located]
     return WorkflowSpec(
@@ -363,19 +389,26 @@ def compile_workflow(
 
 
 def load_workflow(
-    path: str | Path, params: Mapping[str, Any] | None = None, *, name: str | None = None
+    path: str | Path,
+    params: Mapping[str, Any] | None = None,
+    *,
+    name: str | None = None,
+    rounds_count: str = "revisions",
 ) -> WorkflowSpec:
     """The workflow file at ``path`` compiled with ``params``; its name is ``name``, else the
     file's ``name:``, else the file's stem."""
     wf, err = read_workflow_file(path)
-    return compile_workflow(wf, err, name or wf.name or Path(path).stem, params or {})
+    label = name or wf.name or Path(path).stem
+    return compile_workflow(wf, err, label, params or {}, rounds_count)
 
 
-def build_workflow(name: str, **params: Any) -> WorkflowSpec:
+def build_workflow(name: str, rounds_count: str = "revisions", **params: Any) -> WorkflowSpec:
     """The spec of workflow ``name`` (a registered name or a file path), with its count
-    parameters (e.g. ``rounds=2``). Raises WorkflowFileError for the file, ParamError for a
-    parameter, ValueError for an unknown name."""
-    return load_workflow(workflow_path(name), params, name=None if is_workflow_file(name) else name)
+    parameters (e.g. ``rounds=2``) and what its repeat counts count (:data:`ROUNDS_COUNTS`).
+    Raises WorkflowFileError for the file, ParamError for a parameter, ValueError for an unknown
+    name."""
+    label = None if is_workflow_file(name) else name
+    return load_workflow(workflow_path(name), params, name=label, rounds_count=rounds_count)
 
 
 def workflow_title(name: str) -> str:

@@ -75,7 +75,19 @@ class TaskConfig(_Section):
     subset: str | None = Field(
         None, description=f"deepcoder only: one of {', '.join(DEEPCODER_SUBSETS)}"
     )
+    hub_config: str | None = Field(
+        None,
+        description="dapo only: the hub dataset's config (None: all; the official code: en, "
+        "the English problems)",
+    )
     split_seed: int = Field(0, description="seed of the fixed train/validation split of a dataset")
+    val_source: str | None = Field(
+        None,
+        description="validate on this file or hub id instead of a split of task.source (its "
+        "first val_size problems; the official code: AIME-2025 for math), read as val_dataset; "
+        "the training source is then used whole",
+    )
+    val_dataset: str | None = Field(None, description="the format of val_source (as dataset)")
     val_size: int = Field(500, ge=1)
     format_penalty: float = Field(-0.1, le=0.0, description="math: reward of an unboxed answer")
     code_timeout_s: float | None = Field(
@@ -125,6 +137,19 @@ class TaskConfig(_Section):
             )
         if self.subset is not None and self.dataset != "deepcoder":
             raise ValueError("task.subset is only for task.dataset deepcoder")
+        if self.hub_config is not None and self.dataset != "dapo":
+            raise ValueError("task.hub_config is only for task.dataset dapo")
+        if self.val_source is None and self.val_dataset is not None:
+            raise ValueError("task.val_dataset is only read with task.val_source")
+        if self.val_source is not None:
+            if self.source == "tiny":
+                raise ValueError("task.val_source needs a dataset source; task.source is tiny")
+            if self.val_dataset not in valid or self.val_dataset == "deepcoder":
+                choices = [d for d in valid if d != "deepcoder"]
+                raise ValueError(
+                    f"task.val_dataset is {self.val_dataset!r} for val_source "
+                    f"{self.val_source!r}; valid: {', '.join(choices)}"
+                )
         return self
 
 
@@ -187,6 +212,13 @@ class RolloutConfig(_Section):
         None, ge=0.0, description="None: the training temperature; 0: greedy"
     )
     max_new_tokens: int = Field(5120, ge=1)
+    max_prompt_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="an episode whose next call's prompt is longer ends there (its later "
+        "stages do not run; counted prompt_cap); None: no cap (Table 7's per-workflow caps: "
+        "e.g. 20480 for Voting math)",
+    )
     max_batch: int = Field(256, ge=1)
     seeding: Literal["call", "request"] = Field(
         "call",

@@ -14,10 +14,14 @@ Two presets reproduce the study (issue 17):
   a config switch, listed in :data:`SWITCHES` with both sources. ``marlow diff-presets paper
   official`` prints the table from these two places (:func:`marlow.config.preset_diff`).
 
-Differences found in the official code that are not switches yet (so not in ``official``): the
-shared conversation as Eval-Opt's context, the data (DAPO config ``en`` with a 10 % test split,
-AIME-2025 and a DeepCoder test split for validation, tests filtered by a runtime check) and the
-prompt-length cap that ends an episode.
+Switches the official preset cannot set, because their values are data sources or differ per
+workflow: ``task.hub_config`` (``en`` with ``task.dataset=dapo``: DAPO-Math-17k-Processed's
+English problems), ``task.val_source`` (AIME-2025 for math, a 1,000-problem DeepCoder test split
+for code) and
+``rollout.max_prompt_tokens`` (Table 7's prompt caps: 30720 Eval-Opt math, 20480 Voting and
+Orch-Workers math, 10240 code). Not reproduced yet: the shared conversation as Eval-Opt's
+context, the official 10 % DAPO test split (seed 42, through ``datasets``' own shuffle), and its
+filter keeping only code tests that pass a runtime check.
 """
 
 from __future__ import annotations

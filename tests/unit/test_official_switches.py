@@ -4,6 +4,7 @@ cases where the two choices give different, hand-computed results."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -417,3 +418,103 @@ def test_orch_workers_run_one_worker_per_parsed_strategy(plan, fixed, parsed):
         if workers == "parsed":  # each worker got its own parsed strategy, in order
             for t, strategy in zip(worker_turns, parsed, strict=True):
                 assert strategy in t.prompt_text
+
+
+# ------------------------------------ prompt cap (rollout.max_prompt_tokens)
+
+
+def test_a_prompt_over_the_cap_ends_the_episode_before_that_stage():
+    wf = build_workflow("eval_opt", rounds=2)
+
+    def script(prompt, i, call):
+        return "\\boxed{Incorrect}" if call % 2 else "\\boxed{6}"
+
+    def run(cap):
+        (ep,) = run_episodes(
+            wf,
+            [Problem("p0", "2+3", "5")],
+            1,
+            engine=ScriptedEngine(script),
+            tokenizer=TOK,
+            routing=make_routing("ip", wf.roles),
+            grade=grade,
+            task="math",
+            style="tiny",
+            sampling=SamplingParams(0.7, 16, 0),
+            max_prompt_tokens=cap,
+        )
+        return ep
+
+    free = run(None)
+    lengths = [len(t.prompt_ids) for t in free.turns]
+    assert [t.role for t in free.turns] == ["generator", "evaluator"] * 2 + ["generator"]
+    revise = lengths[2]  # the first revision's prompt: the longest so far
+    assert revise > max(lengths[:2])
+    capped = run(revise - 1)
+    assert [t.role for t in capped.turns] == ["generator", "evaluator"]
+    assert capped.counters.get("prompt_cap") == 1
+    assert capped.final_answer == "\\boxed{6}" and capped.reward == 0.0  # its last answer
+    assert run(revise).counters.get("prompt_cap") is None  # a prompt of exactly the cap runs
+    first = run(lengths[0] - 1)  # even the first prompt is too long: no turn, empty answer
+    assert first.turns == [] and first.final_answer == "" and first.counters == {"prompt_cap": 1}
+
+
+# ------------------------------------ data (task.hub_config, task.val_source)
+
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+
+
+def test_hub_config_reaches_the_hub_loader(monkeypatch):
+    """DAPO's hub config: 'all' unless task.hub_config says otherwise (the official code: en)."""
+    from marlow.config import resolve
+    from marlow.tasks import base, loaders
+
+    seen = []
+
+    def fake_hub(hub_id, config, split):
+        seen.append(config)
+        return iter([{"prompt": f"What is {i}+1?", "solution": str(i + 1)} for i in range(30)])
+
+    monkeypatch.setattr(loaders, "_read_hub", fake_hub)
+    for hub_config, expect in ((None, "all"), ("en", "en")):
+        task = {"source": "owner/dapo", "dataset": "dapo", "val_size": 5}
+        if hub_config:
+            task["hub_config"] = hub_config
+        cfg = resolve({"preset": "tiny", "task": task})
+        built = base.build_task(cfg.task)
+        assert len(built.val_problems()) == 5 and seen[-1] == expect
+
+
+def test_val_source_validates_on_its_own_problems_and_trains_on_the_whole_source():
+    from marlow.config import resolve
+    from marlow.tasks import base
+    from marlow.tasks.loaders import load
+
+    gsm8k, _ = load("gsm8k", SHARED / "gsm8k_test.jsonl")
+    math500, _ = load("math500", SHARED / "math500_test.jsonl")
+    task = {"source": str(SHARED / "gsm8k_test.jsonl"), "dataset": "gsm8k", "val_size": 20}
+    split = base.build_task(resolve({"preset": "tiny", "task": task}).task)
+    assert len(split.val_problems()) == 20
+    own = {**task, "val_source": str(SHARED / "math500_test.jsonl"), "val_dataset": "math500"}
+    built = base.build_task(resolve({"preset": "tiny", "task": own}).task)
+    assert [p.id for p in built.val_problems()] == [p.id for p in math500[:20]]
+    assert sorted(p.id for p in built._train) == sorted(p.id for p in gsm8k)
+
+
+@pytest.mark.parametrize(
+    ("task", "message"),
+    [
+        ({"val_dataset": "math500"}, "task.val_dataset is only read with task.val_source"),
+        ({"source": "x.jsonl", "dataset": "gsm8k", "val_source": "y.jsonl"}, "valid: gsm8k"),
+        ({"val_source": "y.jsonl", "val_dataset": "math500"}, "needs a dataset source"),
+        (
+            {"source": "x.jsonl", "dataset": "gsm8k", "hub_config": "en"},
+            "only for task.dataset dapo",
+        ),
+    ],
+)
+def test_bad_data_switches_fail_in_one_line(task, message):
+    from marlow.config import ConfigError, resolve
+
+    with pytest.raises(ConfigError, match=message):
+        resolve({"preset": "tiny", "task": task})

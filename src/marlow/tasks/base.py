@@ -199,14 +199,22 @@ def build_task(config: TaskConfig, log: Callable[[str], None] | None = None) -> 
     from marlow.tasks.loaders import DatasetError, load, split
 
     try:
-        kwargs = {"subset": config.subset} if config.dataset == "deepcoder" else {}
+        kwargs: dict = {"subset": config.subset} if config.dataset == "deepcoder" else {}
+        if config.hub_config is not None:
+            kwargs["config"] = config.hub_config
         problems, report = load(config.dataset, config.source, strict=config.strict, **kwargs)
-        if len(problems) <= config.val_size:
+        if config.val_source is not None:  # validation from its own source: train on all
+            held, _ = load(config.val_dataset, config.val_source, strict=config.strict)
+            if not held:
+                raise DatasetError(f"task.val_source {config.val_source} has no usable problem")
+            train, val = problems, held[: config.val_size]
+        elif len(problems) <= config.val_size:
             raise DatasetError(
                 f"task.val_size is {config.val_size} but {config.source} has only "
                 f"{len(problems)} usable problems; leave some for training"
             )
-        train, val = split(problems, config.val_size, config.split_seed)
+        else:
+            train, val = split(problems, config.val_size, config.split_seed)
     except DatasetError as err:
         strict = "task.strict is true and " if config.strict and "rejected" in str(err) else ""
         raise ConfigError(f"{strict}{err}") from None

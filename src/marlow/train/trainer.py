@@ -167,6 +167,7 @@ class Trainer:
             seeding=self.cfg.rollout.seeding,
             parse_rule=self.cfg.workflow.parse,
             workers=self.cfg.workflow.workers,
+            max_prompt_tokens=self.cfg.rollout.max_prompt_tokens,
         )
 
     def train_step(self, step: int) -> dict[str, float]:

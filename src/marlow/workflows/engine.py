@@ -172,6 +172,7 @@ def run_episodes(
     seeding: str = "call",
     parse_rule: str = "last-box",
     workers: str = "fixed",
+    max_prompt_tokens: int | None = None,
 ) -> list[Episode]:
     """Run ``n`` episodes of ``workflow`` on each problem; grade each final answer (and, under
     ``credit="role"``, each turn: ``marlow.workflows.credit``). Problem i's episodes are group
@@ -180,7 +181,10 @@ def run_episodes(
     ``request`` gives each request its own seed (:func:`request_seed`). ``parse_rule`` reads
     verdicts and selections (``marlow.parsers.PARSE_RULES``), in the episode and in its credit;
     ``workers``: ``fixed`` runs every slot of a plan-reading stage, ``parsed`` one per strategy
-    (:func:`slots_of`)."""
+    (:func:`slots_of`). ``max_prompt_tokens``: an episode one of whose calls would have a longer
+    prompt ends before that stage (counted ``prompt_cap``): none of its later stages run, and its
+    answer is the workflow's answer from the turns it has (empty when it has none), graded as
+    any other; the official code's cap that ends an episode (``rollout.max_prompt_tokens``)."""
     states = [
         EpisodeState(Episode(problem_id=p.id, group=first_group + g, sample=s), p)
         for g, p in enumerate(problems)
@@ -188,16 +192,23 @@ def run_episodes(
     ]
     counts = dict(workflow.params)  # the workflow's parameters, prompt fields too
     for index, stage in enumerate(workflow.stages):
-        active = [st for st in states if holds(stage.when, st)]
-        if not active:
-            continue
+        active = [st for st in states if not st.ended and holds(stage.when, st)]
         adapter = routing.adapter_for(stage.role)
         calls: list[tuple[EpisodeState, int, str, list[int]]] = []
         for st in active:
+            mine = []
             for slot in range(slots_of(stage, st, workers)):
                 fields = context(st, stage, slot, style, counts)
                 text = prompt_text(workflow, stage, style, task, fields)
-                calls.append((st, slot, text, chat_prompt_ids(tokenizer, text)))
+                mine.append((st, slot, text, chat_prompt_ids(tokenizer, text)))
+            if max_prompt_tokens is not None and any(len(c[3]) > max_prompt_tokens for c in mine):
+                st.ended = True
+                st.count("prompt_cap")
+                continue
+            calls += mine
+        active = [st for st in active if not st.ended]
+        if not active:
+            continue
         params = replace(sampling, seed=stage_seed(sampling.seed, index))
         requests = [
             GenRequest(

@@ -34,6 +34,7 @@ class EpisodeState:
     candidates: list[str] = field(default_factory=list)  # what the latest selection chose among
     selected: str = ""  # the candidate it chose
     latest: dict[str, list[Turn]] = field(default_factory=dict)  # role -> its latest stage's turns
+    ended: bool = False  # a call's prompt passed rollout.max_prompt_tokens: no later stage runs
 
     def turns_of(self, role: str) -> list[Turn]:
         return [t for t in self.episode.turns if t.role == role]

@@ -8,20 +8,26 @@ feeds it. It works for the tiny character tokenizer and for real chat tokenizers
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+Message = tuple[str, str]  # (role: user | assistant, content)
 
-def chat_prompt_text(tokenizer: Any, user_text: str) -> str:
-    """The rendered chat prompt for one user message, ending with the assistant header."""
+
+def chat_prompt_text(tokenizer: Any, user_text: str, history: Sequence[Message] = ()) -> str:
+    """The rendered chat prompt for one user message after ``history`` (earlier messages, in
+    order), ending with the assistant header."""
+    messages = [{"role": role, "content": content} for role, content in history]
     return tokenizer.apply_chat_template(
-        [{"role": "user", "content": user_text}],
+        [*messages, {"role": "user", "content": user_text}],
         tokenize=False,
         add_generation_prompt=True,
         enable_thinking=False,
     )
 
 
-def chat_prompt_ids(tokenizer: Any, user_text: str) -> list[int]:
-    """Token ids of the chat prompt for one user message (no extra BOS: the template has it)."""
-    text = chat_prompt_text(tokenizer, user_text)
+def chat_prompt_ids(tokenizer: Any, user_text: str, history: Sequence[Message] = ()) -> list[int]:
+    """Token ids of the chat prompt for one user message after ``history`` (no extra BOS: the
+    template has it)."""
+    text = chat_prompt_text(tokenizer, user_text, history)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -175,6 +175,12 @@ class WorkflowConfig(_Section):
         description="Orch-Workers: fixed (always n workers; a missing strategy gets a generic "
         "one) or parsed (one worker per strategy the official code's parser finds, 1..n)",
     )
+    context: Literal["latest", "conversation"] = Field(
+        "latest",
+        description="what a call sees: latest (its own prompt, whose reads carry the latest "
+        "answer and critique) or conversation (the episode's chat so far first, in a workflow "
+        "whose file allows it: Eval-Opt, the official code's shared history)",
+    )
     parse: Literal["last-box", "first-match"] = Field(
         "last-box",
         description="how a verdict or a selection is read: last-box (the last \\boxed{}) or "

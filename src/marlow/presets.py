@@ -19,8 +19,8 @@ workflow: ``task.hub_config`` (``en`` with ``task.dataset=dapo``: DAPO-Math-17k-
 English problems), ``task.val_source`` (AIME-2025 for math, a 1,000-problem DeepCoder test split
 for code) and
 ``rollout.max_prompt_tokens`` (Table 7's prompt caps: 30720 Eval-Opt math, 20480 Voting and
-Orch-Workers math, 10240 code). Not reproduced yet: the shared conversation as Eval-Opt's
-context, the official 10 % DAPO test split (seed 42, through ``datasets``' own shuffle), and its
+Orch-Workers math, 10240 code). Not reproduced yet: the official reviser's wording (told to try a
+different approach), the official 10 % DAPO test split (seed 42, through ``datasets``' own shuffle), and its
 filter keeping only code tests that pass a runtime check.
 """
 
@@ -42,7 +42,12 @@ PRESETS: dict[str, dict[str, Any]] = {
         **_PAPER_MODEL,
         "grpo": {"minibatch_unit": "prompts", "advantage_scope": "trajectory", "clip_ratio_c": 3.0},
         "optim": {"schedule_stepping": "shared-uncapped"},
-        "workflow": {"parse": "first-match", "rounds_count": "judge-calls", "workers": "parsed"},
+        "workflow": {
+            "parse": "first-match",
+            "rounds_count": "judge-calls",
+            "workers": "parsed",
+            "context": "conversation",
+        },
         "task": {"format_penalty": 0.0},
         PER_TASK: {
             "code": {
@@ -123,6 +128,13 @@ SWITCHES: tuple[Switch, ...] = (
         "Table 7 (Eval-Opt revision rounds: math 3, code 2)",
         "rllm/workflows/evaluator_optimizer_workflow.py (max_iterations counts evaluator calls: "
         "G E G E G E; the evaluator also reviews the last revision)",
+    ),
+    Switch(
+        "workflow.context",
+        "what an Eval-Opt call sees",
+        "§3.1 (the evaluator reviews the answer; the generator revises with the critique)",
+        "rllm/workflows/evaluator_optimizer_workflow.py (share_conversation_history: the first "
+        "prompt and every earlier output as assistant turns, then the call's own prompt)",
     ),
     Switch(
         "workflow.workers",

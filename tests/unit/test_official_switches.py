@@ -518,3 +518,72 @@ def test_bad_data_switches_fail_in_one_line(task, message):
 
     with pytest.raises(ConfigError, match=message):
         resolve({"preset": "tiny", "task": task})
+
+
+# ------------------------------------ Eval-Opt context (workflow.context)
+
+
+def test_conversation_context_sends_the_episode_so_far_before_each_prompt():
+    from marlow.chat import chat_prompt_ids, chat_prompt_text
+
+    wf = build_workflow("eval_opt", rounds=1)
+
+    def script(prompt, i, call):
+        return ["\\boxed{6}", "\\boxed{Incorrect}", "\\boxed{5}"][call]
+
+    turns = {}
+    for context in ("latest", "conversation"):
+        (ep,) = run_episodes(
+            wf,
+            [Problem("p0", "2+3", "5")],
+            1,
+            engine=ScriptedEngine(script),
+            tokenizer=TOK,
+            routing=make_routing("ip", wf.roles),
+            grade=grade,
+            task="math",
+            style="tiny",
+            sampling=SamplingParams(0.7, 16, 0),
+            context=context,
+        )
+        turns[context] = ep.turns
+    latest, conv = turns["latest"], turns["conversation"]
+    # the same calls with the same own prompts; only what precedes them differs
+    assert [t.prompt_text for t in latest] == [t.prompt_text for t in conv]
+    for t in latest:
+        assert t.prompt_ids == chat_prompt_ids(TOK, t.prompt_text)
+    first = conv[0].prompt_text
+    assert conv[0].prompt_ids == latest[0].prompt_ids  # nothing before the first call
+    history = [("user", first), ("assistant", "\\boxed{6}")]
+    assert conv[1].prompt_ids == chat_prompt_ids(TOK, conv[1].prompt_text, history)
+    history.append(("assistant", "\\boxed{Incorrect}"))
+    assert conv[2].prompt_ids == chat_prompt_ids(TOK, conv[2].prompt_text, history)
+    rendered = chat_prompt_text(TOK, conv[2].prompt_text, history)
+    assert rendered.count("<|im_start|>assistant\n") == 3  # two outputs, then the header
+    assert rendered.index("\\boxed{6}") < rendered.index("\\boxed{Incorrect}")
+
+
+def test_conversation_context_leaves_workflows_without_a_shared_history_alone():
+    """The official Voting builds each prompt alone: voting.yaml does not declare a shared
+    conversation, so workflow.context=conversation changes none of its prompts."""
+    assert build_workflow("eval_opt").conversation and not build_workflow("voting").conversation
+    wf = build_workflow("voting")
+    ids = {}
+    for context in ("latest", "conversation"):
+        (ep,) = run_episodes(
+            wf,
+            [Problem("p0", "2+3", "5")],
+            1,
+            engine=ScriptedEngine(
+                lambda p, i, c: "\\boxed{1}" if p.endswith("Pick:") else "\\boxed{5}"
+            ),
+            tokenizer=TOK,
+            routing=make_routing("ip", wf.roles),
+            grade=grade,
+            task="math",
+            style="tiny",
+            sampling=SamplingParams(0.7, 16, 0),
+            context=context,
+        )
+        ids[context] = [t.prompt_ids for t in ep.turns]
+    assert ids["latest"] == ids["conversation"]

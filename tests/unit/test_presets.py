@@ -24,6 +24,7 @@ OFFICIAL = {  # field -> (paper value, official value), written out from the off
     "task.format_penalty": (-0.1, 0.0),
     "workflow.rounds_count": ("revisions", "judge-calls"),
     "workflow.workers": ("fixed", "parsed"),
+    "workflow.context": ("latest", "conversation"),
 }
 OFFICIAL_CODE = {
     "task.code_reward": ("pass_rate", "all_pass"),

@@ -168,6 +168,7 @@ class Trainer:
             parse_rule=self.cfg.workflow.parse,
             workers=self.cfg.workflow.workers,
             max_prompt_tokens=self.cfg.rollout.max_prompt_tokens,
+            context=self.cfg.workflow.context,
         )
 
     def train_step(self, step: int) -> dict[str, float]:

@@ -49,7 +49,7 @@ def read(state: EpisodeState, source: str, role: str, slot: int, style: str) -> 
     return numbered([t.completion_text for t in latest], style)
 
 
-def context(
+def prompt_fields(
     state: EpisodeState, stage: Stage, slot: int, style: str, params: dict[str, int]
 ) -> dict[str, object]:
     """Every field the stage's prompt may use: the problem, the parameters, its reads."""
@@ -124,6 +124,16 @@ def extras(workflow: WorkflowSpec, state: EpisodeState, grade: Grader) -> dict[s
     return out
 
 
+def conversation(state: EpisodeState) -> list[tuple[str, str]]:
+    """The episode so far as one chat (``workflow.context=conversation``, the official code's
+    shared history): its first prompt as the user, then every turn's output, in order, as the
+    assistant; empty before the first turn."""
+    turns = state.episode.turns
+    if not turns:
+        return []
+    return [("user", turns[0].prompt_text), *(("assistant", t.completion_text) for t in turns)]
+
+
 def slots_of(stage: Stage, state: EpisodeState, workers: str) -> int:
     """The stage's slots in this episode: ``stage.slots``; under ``workers="parsed"``, a stage
     that reads a plan runs one slot per strategy of it (1..slots)."""
@@ -173,6 +183,7 @@ def run_episodes(
     parse_rule: str = "last-box",
     workers: str = "fixed",
     max_prompt_tokens: int | None = None,
+    context: str = "latest",
 ) -> list[Episode]:
     """Run ``n`` episodes of ``workflow`` on each problem; grade each final answer (and, under
     ``credit="role"``, each turn: ``marlow.workflows.credit``). Problem i's episodes are group
@@ -184,7 +195,12 @@ def run_episodes(
     (:func:`slots_of`). ``max_prompt_tokens``: an episode one of whose calls would have a longer
     prompt ends before that stage (counted ``prompt_cap``): none of its later stages run, and its
     answer is the workflow's answer from the turns it has (empty when it has none), graded as
-    any other; the official code's cap that ends an episode (``rollout.max_prompt_tokens``)."""
+    any other; the official code's cap that ends an episode (``rollout.max_prompt_tokens``).
+    ``context``: ``latest`` sends each call its prompt alone (its reads carry what it needs);
+    ``conversation`` sends it after the episode's chat so far (:func:`conversation`), as the
+    official Eval-Opt does, in a workflow whose file says ``conversation: true`` (others ignore
+    it). A turn's ``prompt_text`` is its own message; its ``prompt_ids`` are
+    everything the sampler saw."""
     states = [
         EpisodeState(Episode(problem_id=p.id, group=first_group + g, sample=s), p)
         for g, p in enumerate(problems)
@@ -197,10 +213,12 @@ def run_episodes(
         calls: list[tuple[EpisodeState, int, str, list[int]]] = []
         for st in active:
             mine = []
+            shared = context == "conversation" and workflow.conversation
+            history = conversation(st) if shared else []
             for slot in range(slots_of(stage, st, workers)):
-                fields = context(st, stage, slot, style, counts)
+                fields = prompt_fields(st, stage, slot, style, counts)
                 text = prompt_text(workflow, stage, style, task, fields)
-                mine.append((st, slot, text, chat_prompt_ids(tokenizer, text)))
+                mine.append((st, slot, text, chat_prompt_ids(tokenizer, text, history)))
             if max_prompt_tokens is not None and any(len(c[3]) > max_prompt_tokens for c in mine):
                 st.ended = True
                 st.count("prompt_cap")

@@ -384,6 +384,7 @@ def compile_workflow(
             for variant, value in spec.prompts.items()
         },
         rounds=any(entry.stages is not None for entry in wf.stages),
+        conversation=wf.conversation,
         source=err.source,
     )
 

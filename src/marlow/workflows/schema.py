@@ -33,6 +33,9 @@ A workflow file declares (docs/workflows.md walks through one)::
   after the last revision: its verdict could change nothing). Stages outside a repeat are round 0.
   A workflow with a repeat reports ``rounds_used``, the highest round an episode reached.
 * **when** (:data:`CONDITIONS`): a stage runs only in the episodes where its condition holds.
+* **conversation** (default ``false``): ``true`` lets ``workflow.context: conversation`` send each
+  call after the episode's chat so far (the official Eval-Opt's shared history); workflows
+  without it ignore that switch (the official Voting and Orch-Workers build each prompt alone).
 * **trajectory** (:data:`TRAJECTORIES`, default ``role``): how the stage's turns are named for
   ``grpo.advantage_scope: trajectory`` (the official code's groups): ``slot`` keeps the slots
   apart (Voting's voters), ``role`` pools them with the role's other stages.
@@ -152,6 +155,7 @@ class WorkflowFile(_Strict):
     stages: list[StageFile]
     answer: str
     credit: dict[str, str] = {}
+    conversation: bool = False
 
 
 def _choices(valid) -> str:

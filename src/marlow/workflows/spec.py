@@ -87,6 +87,7 @@ class WorkflowSpec:
     prompts: Mapping[tuple[str, str], Mapping[tuple[str, str], str]] = field(default_factory=dict)
     """(role, variant) -> {(style or *, task or *): template}: the roles' own prompts."""
     rounds: bool = False  # declared a repeat block: episodes report rounds_used
+    conversation: bool = False  # its calls may see the episode's chat so far (workflow.context)
     source: str = ""  # the file it was read from
 
     @property

@@ -226,6 +226,12 @@ class RolloutConfig(_Section):
         "e.g. 20480 for Voting math)",
     )
     max_batch: int = Field(256, ge=1)
+    merge_lora: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="sample each adapter with its LoRA folded into a copy of the base weights "
+        "(one matmul per layer instead of three); auto: on for a float32 base on the CPU, off "
+        "elsewhere (the copy costs GPU memory; bfloat16 rounds the sum)",
+    )
     seeding: Literal["call", "request"] = Field(
         "call",
         description="call: a stage's samples come from one generator in request order; request: "
@@ -279,7 +285,13 @@ class GRPOConfig(_Section):
     role_weights: dict[str, float] = Field(
         default_factory=dict, description="credit: multiply a role's advantages (default 1)"
     )
-    micro_tokens: int = Field(65536, ge=1, description="max tokens per forward (memory, not math)")
+    micro_tokens: int = Field(
+        8192,
+        ge=1,
+        description="max padded tokens per forward (memory and speed, not math: 8192 keeps a "
+        "1.7B model's activations in GPU memory and, on a CPU, the step's buffers small; "
+        "bench/micro_tokens.py)",
+    )
 
     @property
     def update_turns(self) -> int:

@@ -199,8 +199,8 @@ def test_gpu_mem_verdict_at_its_edge():
 
 
 def test_the_largest_micro_tokens_that_fits_does_and_one_more_does_not():
-    settings = ("model.name=tiny-m", "rollout.max_batch=8")
-    budget = 0.5  # GiB: the default 65,536-token micro-batch needs ~4
+    settings = ("model.name=tiny-m", "rollout.max_batch=8", "grpo.micro_tokens=65536")
+    budget = 0.5  # GiB: a 65,536-token micro-batch needs ~4
     first = plan(*settings, gpu_mem_gib=budget)
     assert first.fits is False and first.max_micro_tokens is not None
     edge = first.max_micro_tokens

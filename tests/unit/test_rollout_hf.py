@@ -395,3 +395,45 @@ def test_saved_adapter_loads_with_peft_from_pretrained(make_model, tokenizer, tm
         base = make_model(seed=0)(input_ids=ids).logits
     torch.testing.assert_close(theirs, ours, atol=1e-5, rtol=0)
     assert not torch.allclose(theirs, base, atol=1e-3)  # the adapter is not a no-op
+
+
+def test_merged_adapter_samples_what_the_adapter_samples_and_leaves_the_base_exact(
+    two_adapters, tokenizer
+):
+    """rollout.merge_lora: the LoRA folded into the base weights for sampling gives the same
+    tokens as the unmerged adapter (log-probs to round-off); afterwards the base weights are the
+    very same tensors, bit for bit, and every LoRA parameter is still trainable."""
+    from marlow.policy.adapters import can_merge, merged
+
+    model, plain = two_adapters
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
+    identity = {k: id(v) for k, v in model.named_parameters()}
+    reqs = [
+        GenRequest(encode(tokenizer, p), a, seed=900 + i)
+        for i, p in enumerate(PROMPTS)
+        for a in ("gen", "agg", BASE)
+    ]
+    params = SamplingParams(1.0, 16, seed=0)
+    unmerged = HFEngine(model, tokenizer).generate(reqs, params)
+    folded = HFEngine(model, tokenizer, merge=True).generate(reqs, params)
+    for a, b in zip(unmerged, folded, strict=True):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(
+            torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0
+        )
+    assert {k: id(v) for k, v in model.named_parameters()} == identity
+    for k, v in model.named_parameters():
+        assert torch.equal(v, before[k]), k
+        assert v.requires_grad == (".lora_" in k), k
+    assert active_adapter(model) == "gen"  # the fixture's active adapter, restored
+    # inside the block the model is the adapter, as one plain forward
+    ids = torch.tensor([encode(tokenizer, PROMPTS[1])])
+    assert can_merge(model, "agg")
+    with torch.no_grad():
+        with use_adapter(model, "agg"):
+            want = model(input_ids=ids).logits
+        with merged(model, "agg"):
+            got = model(input_ids=ids).logits
+            assert active_adapter(model) == BASE
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(got, plain(input_ids=ids).logits, atol=1e-3)  # not the base

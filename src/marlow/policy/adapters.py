@@ -272,6 +272,51 @@ def use_adapter(model: nn.Module, name: str) -> Iterator[nn.Module]:
         activate(model, previous)
 
 
+def can_merge(model: nn.Module, name: str) -> bool:
+    """Whether :func:`merged` can stand in for adapter ``name``: every layer carrying it is a plain
+    LoRA linear (no DoRA, no LoRA bias, no transposed weight)."""
+    from peft.tuners.lora import Linear as LoraLinear
+
+    layers = [m for m in _lora_state(model).layers if name in m.lora_A]
+    return bool(layers) and all(
+        isinstance(m, LoraLinear)
+        and not m.use_dora.get(name, False)
+        and not getattr(m, "lora_bias", {}).get(name, False)
+        and not getattr(m, "fan_in_fan_out", False)
+        for m in layers
+    )
+
+
+@contextmanager
+def merged(model: nn.Module, name: str) -> Iterator[nn.Module]:
+    """Adapter ``name`` folded into the base for a ``with`` block: each layer's base weight is
+    replaced by ``W + scaling * B @ A`` (in W's dtype) and every adapter is disabled, so a forward
+    costs one matmul per linear instead of three (sampling only: no gradient reaches the
+    adapter). The original weight tensors are put back afterwards, not recomputed, so the base is
+    unchanged bit for bit. Outputs equal the unmerged adapter's up to float round-off (one sum
+    in another order). Needs :func:`can_merge`."""
+    if not can_merge(model, name):
+        raise ValueError(f"adapter {name!r} has layers merged() cannot fold (DoRA, bias, ...)")
+    previous = active_adapter(model)
+    originals: list[tuple[nn.Module, nn.Parameter]] = []
+    try:
+        with torch.no_grad():
+            for layer in _lora_state(model).layers:
+                if name not in layer.lora_A:
+                    continue
+                base = layer.get_base_layer()
+                a, b = layer.lora_A[name].weight, layer.lora_B[name].weight
+                delta = (b @ a) * layer.scaling[name]
+                originals.append((base, base.weight))
+                base.weight = nn.Parameter(base.weight + delta.to(base.weight.dtype), False)
+        activate(model, BASE)
+        yield model
+    finally:
+        for base, weight in originals:
+            base.weight = weight
+        activate(model, previous)
+
+
 def save_adapters(
     model: PeftModel, out_dir: str | Path, names: Sequence[str], *, base_name: str | None = None
 ) -> None:

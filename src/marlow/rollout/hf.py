@@ -32,12 +32,13 @@ the same tokens.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 from transformers import DynamicCache
 
-from marlow.policy.adapters import activate, active_adapter, adapter_names
+from marlow.policy.adapters import activate, active_adapter, adapter_names, can_merge, merged
 from marlow.types import BASE, Completion, FinishReason, GenRequest, SamplingParams
 
 
@@ -45,6 +46,11 @@ class HFEngine:
     """RolloutEngine over a PeftModel (or a plain causal LM when there are no adapters).
 
     ``stop_ids`` defaults to the tokenizer's eos token (for chat models, the end-of-turn token).
+    ``merge``: sample each adapter with its LoRA folded into the base weights
+    (:func:`marlow.policy.adapters.merged`: one matmul per linear instead of three; the base is
+    restored bit for bit afterwards). It costs one copy of the adapted weights while a group
+    samples, and rounds the sum in the base's dtype, so the trainer turns it on for float32
+    bases on the CPU only (``rollout.merge_lora``). Scoring never merges.
     """
 
     def __init__(
@@ -54,6 +60,7 @@ class HFEngine:
         *,
         max_batch: int = 256,
         stop_ids: Sequence[int] | None = None,
+        merge: bool = False,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -66,6 +73,7 @@ class HFEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch = max_batch
+        self.merge = merge
         self.stop_ids = [int(i) for i in stop_ids]
         # The pad id only fills masked positions and finished rows; any valid id works.
         pad = tokenizer.pad_token_id
@@ -90,15 +98,15 @@ class HFEngine:
         try:
             with torch.inference_mode():
                 for adapter, rows in groups.items():
-                    activate(self.model, adapter)
-                    for start in range(0, len(rows), self.max_batch):
-                        chunk = rows[start : start + self.max_batch]
-                        prompts = [requests[i].prompt_ids for i in chunk]
-                        seeds = [requests[i].seed for i in chunk] if seeded else None
-                        for i, comp in zip(
-                            chunk, self._sample(prompts, params, generator, seeds), strict=True
-                        ):
-                            out[i] = comp
+                    with self._adapted(adapter):
+                        for start in range(0, len(rows), self.max_batch):
+                            chunk = rows[start : start + self.max_batch]
+                            prompts = [requests[i].prompt_ids for i in chunk]
+                            seeds = [requests[i].seed for i in chunk] if seeded else None
+                            for i, comp in zip(
+                                chunk, self._sample(prompts, params, generator, seeds), strict=True
+                            ):
+                                out[i] = comp
         finally:
             activate(self.model, previous)
             self.model.train(was_training)
@@ -139,6 +147,16 @@ class HFEngine:
             activate(self.model, previous)
             self.model.train(was_training)
         return out
+
+    @contextmanager
+    def _adapted(self, adapter: str) -> Iterator[None]:
+        """The model answering as ``adapter``: merged into the base (``merge``) or switched to."""
+        if self.merge and adapter != BASE and can_merge(self.model, adapter):
+            with merged(self.model, adapter):
+                yield
+        else:
+            activate(self.model, adapter)
+            yield
 
     def _validate(self, requests: Sequence[GenRequest], params: SamplingParams) -> None:
         if params.temperature < 0:

@@ -118,8 +118,15 @@ class Trainer:
             if self.adapters
             else self.base
         )
+        merge = config.rollout.merge_lora
+        if merge == "auto":  # float32 on the CPU: exact enough, and the copy is cheap there
+            merge = "on" if self.device.type == "cpu" and config.dtype == "float32" else "off"
         self.engine = make_engine(
-            config.rollout.backend, self.model, self.tokenizer, max_batch=config.rollout.max_batch
+            config.rollout.backend,
+            self.model,
+            self.tokenizer,
+            max_batch=config.rollout.max_batch,
+            merge=merge == "on",
         )
         self.pad_id = self.tokenizer.pad_token_id
         self.optim = AdapterOptimizers(

@@ -101,6 +101,7 @@ def marlow_config(args):
             f"grpo.batch_problems={BATCH_PROBLEMS}",
             f"grpo.group_size={GROUP_SIZE}",
             f"grpo.minibatch_turns={BATCH_PROBLEMS * GROUP_SIZE}",
+            f"grpo.micro_tokens={args.micro_tokens}",
             "grpo.epochs=1",
             f"grpo.clip_low={CLIP_LOW}",
             f"grpo.clip_high={CLIP_HIGH}",
@@ -179,6 +180,13 @@ def main() -> None:
     ap.add_argument("--max-new", type=int, default=96, help="max new tokens (both)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--routing", choices=("sp", "ip"), default="sp")
+    ap.add_argument(
+        "--micro-tokens",
+        type=int,
+        default=4096,
+        help="marlow's grpo.micro_tokens (padded tokens per forward: memory and speed, not "
+        "math; bench/micro_tokens.py); TRL takes its 256 sequences in one forward",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cache-dir", default=None, help="tiny-world cache (default: marlow's)")
     ap.add_argument(
@@ -387,7 +395,8 @@ def main() -> None:
         f"{args.steps} timed steps after {args.warmup} warm-up, interleaved (TRL k, marlow k)"
     )
     print(
-        f"marlow: routing {args.routing}, minibatch_turns {cfg.grpo.minibatch_turns} (logp_old "
+        f"marlow: routing {args.routing}, micro_tokens {cfg.grpo.micro_tokens}, merge_lora "
+        f"{cfg.rollout.merge_lora}, minibatch_turns {cfg.grpo.minibatch_turns} (logp_old "
         "fused into the update forward), kl_to_base off, post-update chi2 on diagnostics step 1 "
         f"only (every {DIAGNOSTICS_EVERY}; a warm-up step), a one-turn finiteness probe on the "
         "others; passes per timed step: rollout, one update forward + backward, the probe"

@@ -68,14 +68,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "model": {"name": "tiny-s"},
         "task": {"val_size": 500},
         "rollout": {"temperature": 0.7, "max_new_tokens": 96},
-        # micro_tokens 4096: on a CPU, smaller buffers than the default's (bench/micro_tokens.py)
-        "grpo": {
-            "batch_problems": 16,
-            "group_size": 8,
-            "minibatch_turns": 64,
-            "credit": "role",
-            "micro_tokens": 4096,
-        },
+        "grpo": {"batch_problems": 16, "group_size": 8, "minibatch_turns": 64, "credit": "role"},
         "optim": {"lr": 1e-3, "warmup_steps": 3, "grad_clip": 1.0},
         "policy": {"lora_rank": 16, "lora_alpha": 32, "lora_dropout": 0.0},
         PER_TASK: {

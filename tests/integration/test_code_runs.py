@@ -17,6 +17,7 @@ from marlow.train.trainer import Trainer, read_metrics
 from marlow.types import SamplingParams
 from marlow.workflows import build_workflow
 from marlow.workflows.engine import run_episodes
+from marlow.workflows.spec import EpisodeRules
 
 
 @pytest.mark.parametrize("workflow", ["single", "eval_opt", "voting", "orch_workers"])
@@ -36,7 +37,7 @@ def test_code_episodes_with_a_random_tiny_model(workflow):
         task="code",
         style="tiny",
         sampling=SamplingParams(1.0, 24, 0),
-        credit="role",
+        rules=EpisodeRules(credit="role"),
     )
     assert len(episodes) == 4
     fresh = CodeGrader(2.0)  # no cache shared with the run's grader

@@ -29,6 +29,7 @@ from marlow.train.trainer import Trainer, step_seed
 from marlow.types import Completion, Episode, Problem, SamplingParams
 from marlow.workflows import build_workflow
 from marlow.workflows.engine import run_episodes
+from marlow.workflows.spec import EpisodeRules
 
 RECORD = Path(__file__).with_name("workflow_rollouts.json")
 WORKFLOWS = ("single", "eval_opt", "voting", "orch_workers")
@@ -125,7 +126,7 @@ def _chat_record(workflow: str) -> dict[str, list[dict]]:
             task=task,
             style="chat",
             sampling=SamplingParams(0.7, 16, 0),
-            credit="role",
+            rules=EpisodeRules(credit="role"),
         )
         out[task] = [_episode(ep) for ep in episodes]
     return out

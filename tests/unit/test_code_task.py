@@ -16,6 +16,7 @@ from marlow.tiny.tokenizer import build_tokenizer
 from marlow.types import Completion, SamplingParams
 from marlow.workflows import build_workflow
 from marlow.workflows.engine import run_episodes
+from marlow.workflows.spec import EpisodeRules
 from marlow.workflows.votes import majority_index
 
 TOK = build_tokenizer()
@@ -172,7 +173,7 @@ def run(name, script, problems, n=2, **params):
         task="code",
         style="tiny",
         sampling=SamplingParams(0.7, 16, 0),
-        credit="role",
+        rules=EpisodeRules(credit="role"),
     )
 
 

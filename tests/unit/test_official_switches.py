@@ -14,6 +14,7 @@ from marlow.policy.routing import make_routing
 from marlow.types import Problem, SamplingParams
 from marlow.workflows import build_workflow
 from marlow.workflows.engine import run_episodes
+from marlow.workflows.spec import EpisodeRules
 from tests.unit.test_workflows import TOK, ScriptedEngine, grade
 
 # ---------------------------------------------------------------- parsers (workflow.parse)
@@ -77,7 +78,7 @@ def _voting(rule: str, pick: str):
         task="math",
         style="tiny",
         sampling=SamplingParams(0.7, 16, 0),
-        parse_rule=rule,
+        rules=EpisodeRules(parse=rule),
     )[0]
 
 
@@ -116,8 +117,7 @@ def test_the_parse_rule_decides_the_evaluator_reward_under_role_credit():
             task="math",
             style="tiny",
             sampling=SamplingParams(0.7, 16, 0),
-            credit="role",
-            parse_rule=rule,
+            rules=EpisodeRules(credit="role", parse=rule),
         )
         rewards[rule] = [(t.role, t.reward) for t in ep.turns]
     assert rewards["last-box"][1] == ("evaluator", 0.0)
@@ -346,7 +346,7 @@ def test_what_eval_opt_rounds_count(count, rounds, sequence):
         task="math",
         style="tiny",
         sampling=SamplingParams(0.7, 16, 0),
-        credit="role",
+        rules=EpisodeRules(credit="role"),
     )
     assert " ".join(t.role[0].upper() for t in ep.turns) == sequence
     if count == "judge-calls":  # the final evaluator turn is trained: a right Incorrect earns 1
@@ -411,7 +411,7 @@ def test_orch_workers_run_one_worker_per_parsed_strategy(plan, fixed, parsed):
             task="math",
             style="tiny",
             sampling=SamplingParams(0.7, 16, 0),
-            workers=workers,
+            rules=EpisodeRules(workers=workers),
         )
         worker_turns = [t for t in ep.turns if t.role == "worker"]
         assert len(worker_turns) == expect, workers
@@ -441,7 +441,7 @@ def test_a_prompt_over_the_cap_ends_the_episode_before_that_stage():
             task="math",
             style="tiny",
             sampling=SamplingParams(0.7, 16, 0),
-            max_prompt_tokens=cap,
+            rules=EpisodeRules(max_prompt_tokens=cap),
         )
         return ep
 
@@ -544,7 +544,7 @@ def test_conversation_context_sends_the_episode_so_far_before_each_prompt():
             task="math",
             style="tiny",
             sampling=SamplingParams(0.7, 16, 0),
-            context=context,
+            rules=EpisodeRules(context=context),
         )
         turns[context] = ep.turns
     latest, conv = turns["latest"], turns["conversation"]
@@ -583,7 +583,7 @@ def test_conversation_context_leaves_workflows_without_a_shared_history_alone():
             task="math",
             style="tiny",
             sampling=SamplingParams(0.7, 16, 0),
-            context=context,
+            rules=EpisodeRules(context=context),
         )
         ids[context] = [t.prompt_ids for t in ep.turns]
     assert ids["latest"] == ids["conversation"]

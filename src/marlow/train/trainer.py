@@ -70,6 +70,7 @@ from marlow.train.sync import check_sync, engine_drift
 from marlow.types import Episode, SamplingParams
 from marlow.workflows.check import check_run_config
 from marlow.workflows.engine import run_episodes
+from marlow.workflows.spec import EpisodeRules
 
 Log = Callable[[str], None]
 
@@ -91,6 +92,7 @@ class Trainer:
         # What can be refused without the model is refused first: role-level settings, the
         # device, data.
         self.workflow = check_run_config(config)
+        self.rules = EpisodeRules.of(config)
         bind_local_device()  # under torchrun: one GPU per process
         self.device = resolve_device(config.device)
         self.world = join_world(self.device)  # a world of one unless torchrun started N
@@ -169,13 +171,8 @@ class Trainer:
             task=self.cfg.task.name,
             style=self.style,
             sampling=sampling,
-            credit=self.cfg.grpo.credit,
+            rules=self.rules,
             first_group=first_group,
-            seeding=self.cfg.rollout.seeding,
-            parse_rule=self.cfg.workflow.parse,
-            workers=self.cfg.workflow.workers,
-            max_prompt_tokens=self.cfg.rollout.max_prompt_tokens,
-            context=self.cfg.workflow.context,
         )
 
     def train_step(self, step: int) -> dict[str, float]:

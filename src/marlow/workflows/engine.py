@@ -25,7 +25,7 @@ from marlow.prompts import GENERIC_STRATEGY, fill, numbered, template
 from marlow.rollout.base import RolloutEngine
 from marlow.types import Episode, GenRequest, Problem, SamplingParams, Turn
 from marlow.workflows.credit import assign_role_rewards
-from marlow.workflows.spec import EpisodeState, Grader, Stage, WorkflowSpec
+from marlow.workflows.spec import EpisodeRules, EpisodeState, Grader, Stage, WorkflowSpec
 from marlow.workflows.votes import selection_extras
 
 
@@ -177,30 +177,17 @@ def run_episodes(
     task: str,
     style: str,
     sampling: SamplingParams,
-    credit: str = "broadcast",
+    rules: EpisodeRules = EpisodeRules(),
     first_group: int = 0,
-    seeding: str = "call",
-    parse_rule: str = "last-box",
-    workers: str = "fixed",
-    max_prompt_tokens: int | None = None,
-    context: str = "latest",
 ) -> list[Episode]:
-    """Run ``n`` episodes of ``workflow`` on each problem; grade each final answer (and, under
+    """Run ``n`` episodes of ``workflow`` on each problem under ``rules`` (:class:`EpisodeRules`:
+    credit, seeding, parsing, workers, context, prompt cap); grade each final answer (and, under
     ``credit="role"``, each turn: ``marlow.workflows.credit``). Problem i's episodes are group
     ``first_group + i`` (a data-parallel rank's shard starts at its offset in the whole batch).
-    ``seeding``: ``call`` draws every sample of a stage from one generator in request order;
-    ``request`` gives each request its own seed (:func:`request_seed`). ``parse_rule`` reads
-    verdicts and selections (``marlow.parsers.PARSE_RULES``), in the episode and in its credit;
-    ``workers``: ``fixed`` runs every slot of a plan-reading stage, ``parsed`` one per strategy
-    (:func:`slots_of`). ``max_prompt_tokens``: an episode one of whose calls would have a longer
-    prompt ends before that stage (counted ``prompt_cap``): none of its later stages run, and its
-    answer is the workflow's answer from the turns it has (empty when it has none), graded as
-    any other; the official code's cap that ends an episode (``rollout.max_prompt_tokens``).
-    ``context``: ``latest`` sends each call its prompt alone (its reads carry what it needs);
-    ``conversation`` sends it after the episode's chat so far (:func:`conversation`), as the
-    official Eval-Opt does, in a workflow whose file says ``conversation: true`` (others ignore
-    it). A turn's ``prompt_text`` is its own message; its ``prompt_ids`` are
-    everything the sampler saw."""
+    An episode ended by the prompt cap runs none of its later stages; its answer is the
+    workflow's answer from the turns it has (empty when it has none), graded as any other. A
+    turn's ``prompt_text`` is its own message; its ``prompt_ids`` are everything the sampler saw
+    (under ``context="conversation"``, the episode's chat so far first)."""
     states = [
         EpisodeState(Episode(problem_id=p.id, group=first_group + g, sample=s), p)
         for g, p in enumerate(problems)
@@ -213,13 +200,14 @@ def run_episodes(
         calls: list[tuple[EpisodeState, int, str, list[int]]] = []
         for st in active:
             mine = []
-            shared = context == "conversation" and workflow.conversation
+            shared = rules.context == "conversation" and workflow.conversation
             history = conversation(st) if shared else []
-            for slot in range(slots_of(stage, st, workers)):
+            for slot in range(slots_of(stage, st, rules.workers)):
                 fields = prompt_fields(st, stage, slot, style, counts)
                 text = prompt_text(workflow, stage, style, task, fields)
                 mine.append((st, slot, text, chat_prompt_ids(tokenizer, text, history)))
-            if max_prompt_tokens is not None and any(len(c[3]) > max_prompt_tokens for c in mine):
+            cap = rules.max_prompt_tokens
+            if cap is not None and any(len(c[3]) > cap for c in mine):
                 st.ended = True
                 st.count("prompt_cap")
                 continue
@@ -233,7 +221,7 @@ def run_episodes(
                 ids,
                 adapter,
                 None
-                if seeding == "call"
+                if rules.seeding == "call"
                 else request_seed(params.seed, st.episode.group, st.episode.sample, slot),
             )
             for st, slot, _, ids in calls
@@ -260,7 +248,7 @@ def run_episodes(
         for st in active:
             st.latest[stage.role] = new_turns[id(st)]
             if stage.parser is not None:
-                parse(stage, st, new_turns[id(st)][-1], parse_rule, workers)
+                parse(stage, st, new_turns[id(st)][-1], rules.parse, rules.workers)
     for st in states:
         st.episode.final_answer = final_answer(workflow, st)
     prefetch = getattr(grade, "prefetch", None)
@@ -279,13 +267,13 @@ def run_episodes(
         ep = st.episode
         ep.reward = grade(ep.final_answer, st.problem)
         ep.correct = ep.reward >= 1.0
-        if credit == "role":
+        if rules.credit == "role":
             assign_role_rewards(
                 ep.turns,
                 ep.reward,
                 lambda text, p=st.problem: grade(text, p),
                 workflow.credit,
-                parse_rule,
+                rules.parse,
             )
         ep.info.update(extras(workflow, st, grade))
     return [st.episode for st in states]

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from marlow.config import RunConfig
 from marlow.types import Episode, Problem, Turn
 
 BUILTIN_DIR = Path(__file__).with_name("files")
@@ -73,6 +74,45 @@ class Stage:
 
 
 Grader = Callable[[str, Problem], float]
+
+
+@dataclass(frozen=True)
+class EpisodeRules:
+    """How the engine runs a workflow's episodes, beyond the workflow itself: the run's switches
+    (``marlow.config``), most of them the choices of the study's official code
+    (:mod:`marlow.presets`). :meth:`of` reads them from a run config.
+
+    * ``credit``: ``broadcast`` (every turn the episode's reward) or ``role`` (each turn its own:
+      ``marlow.workflows.credit``);
+    * ``seeding``: ``call`` (a stage's samples from one generator in request order) or
+      ``request`` (each request its own seed: ``engine.request_seed``);
+    * ``parse``: how verdicts and selections are read (``marlow.parsers.PARSE_RULES``), in the
+      episode and in its credit;
+    * ``workers``: ``fixed`` runs every slot of a plan-reading stage, ``parsed`` one per
+      strategy the official parser finds (``engine.slots_of``);
+    * ``context``: ``latest`` sends each call its prompt alone, ``conversation`` after the
+      episode's chat so far, in a workflow whose file allows it (``engine.conversation``);
+    * ``max_prompt_tokens``: an episode whose next call's prompt is longer ends before that
+      stage (counted ``prompt_cap``); None: no cap.
+    """
+
+    credit: str = "broadcast"
+    seeding: str = "call"
+    parse: str = "last-box"
+    workers: str = "fixed"
+    context: str = "latest"
+    max_prompt_tokens: int | None = None
+
+    @classmethod
+    def of(cls, config: RunConfig) -> EpisodeRules:
+        return cls(
+            credit=config.grpo.credit,
+            seeding=config.rollout.seeding,
+            parse=config.workflow.parse,
+            workers=config.workflow.workers,
+            context=config.workflow.context,
+            max_prompt_tokens=config.rollout.max_prompt_tokens,
+        )
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,15 @@ class World:
 
     rank: int = 0
     size: int = 1
+    owned: bool = False  # join_world started the process group: leave() ends it
+
+    def leave(self) -> None:
+        """The run's last collective: wait for every rank, then end the process group this
+        world started. A rank that exits with gloo's threads still running can abort at exit
+        (SIGABRT, "terminate called without an active exception") after a finished run."""
+        if self.size > 1 and self.owned and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
 
     @property
     def main(self) -> bool:
@@ -124,6 +133,7 @@ def join_world(device: torch.device) -> World:
     size = launched_size()
     if size == 1:
         return World()
-    if not dist.is_initialized():
+    owned = not dist.is_initialized()
+    if owned:
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    return World(dist.get_rank(), dist.get_world_size())
+    return World(dist.get_rank(), dist.get_world_size(), owned)

@@ -365,6 +365,7 @@ class Trainer:
         if not self.world.main:  # rank 0 writes the run; the others train beside it
             self.sinks = None
             self._loop(on_step)
+            self.world.leave()
             return self.out
         with open_sinks(self.out, self.cfg.sinks, self.cfg.model_dump()) as self.sinks:
             self.log(f"device {self.device} (device={self.cfg.device}), base {self.cfg.dtype}")
@@ -372,6 +373,7 @@ class Trainer:
                 self.log(line)
             self.sinks.truncate_after(done)
             self._loop(on_step)
+        self.world.leave()  # after rank 0 closed the run's files
         return self.out
 
     def _begin(self, resume: bool, resume_from: int | None) -> int:

@@ -17,6 +17,26 @@ from marlow.workflows.engine import run_episodes
 from marlow.workflows.spec import EpisodeRules
 from tests.unit.test_workflows import TOK, ScriptedEngine, grade
 
+P0 = Problem("p0", "2+3", "5")
+
+
+def episodes(wf, script, problems=(P0,), n=1, **rules):
+    """``n`` episodes per problem of ``wf`` answered by ``script``, under ``EpisodeRules(**rules)``."""
+    return run_episodes(
+        wf,
+        list(problems),
+        n,
+        engine=ScriptedEngine(script),
+        tokenizer=TOK,
+        routing=make_routing("ip", wf.roles),
+        grade=grade,
+        task="math",
+        style="tiny",
+        sampling=SamplingParams(0.7, 16, 0),
+        rules=EpisodeRules(**rules),
+    )
+
+
 # ---------------------------------------------------------------- parsers (workflow.parse)
 
 
@@ -67,19 +87,7 @@ def _voting(rule: str, pick: str):
     def script(prompt, i, call):
         return pick if prompt.endswith("Pick:") else answers[i % 3]
 
-    return run_episodes(
-        wf,
-        [Problem("p0", "2+3", "5")],
-        1,
-        engine=ScriptedEngine(script),
-        tokenizer=TOK,
-        routing=make_routing("ip", wf.roles),
-        grade=grade,
-        task="math",
-        style="tiny",
-        sampling=SamplingParams(0.7, 16, 0),
-        rules=EpisodeRules(parse=rule),
-    )[0]
+    return episodes(wf, script, parse=rule)[0]
 
 
 def test_the_parse_rule_decides_what_voting_answers():
@@ -106,19 +114,7 @@ def test_the_parse_rule_decides_the_evaluator_reward_under_role_credit():
 
     rewards = {}
     for rule in ("last-box", "first-match"):
-        (ep,) = run_episodes(
-            wf,
-            [Problem("p0", "2+3", "5")],
-            1,
-            engine=ScriptedEngine(script),
-            tokenizer=TOK,
-            routing=make_routing("ip", wf.roles),
-            grade=grade,
-            task="math",
-            style="tiny",
-            sampling=SamplingParams(0.7, 16, 0),
-            rules=EpisodeRules(credit="role", parse=rule),
-        )
+        (ep,) = episodes(wf, script, credit="role", parse=rule)
         rewards[rule] = [(t.role, t.reward) for t in ep.turns]
     assert rewards["last-box"][1] == ("evaluator", 0.0)
     assert rewards["first-match"][1] == ("evaluator", 1.0)
@@ -254,18 +250,7 @@ def _voting_episodes():
             return f"\\boxed{{{1 + i % 2}}}"  # episode 0 picks 1, episode 1 picks 2
         return ["\\boxed{5}", "\\boxed{6}", "\\boxed{7}"][i % 3]
 
-    return run_episodes(
-        wf,
-        [Problem("p0", "2+3", "5"), Problem("p1", "4+4", "9")],
-        2,
-        engine=ScriptedEngine(script),
-        tokenizer=TOK,
-        routing=make_routing("ip", wf.roles),
-        grade=grade,
-        task="math",
-        style="tiny",
-        sampling=SamplingParams(0.7, 16, 0),
-    )
+    return episodes(wf, script, (P0, Problem("p1", "4+4", "9")), n=2)
 
 
 # --------------------------- code reward (task.code_reward) and code block (task.code_block)
@@ -333,20 +318,10 @@ def test_what_eval_opt_rounds_count(count, rounds, sequence):
     wf = build_workflow("eval_opt", count, rounds=rounds)
     assert " ".join(st.role[0].upper() for st in wf.stages) == sequence
     # an episode whose every verdict is Incorrect runs every stage, the last verdict included
-    (ep,) = run_episodes(
+    (ep,) = episodes(
         wf,
-        [Problem("p0", "2+3", "5")],
-        1,
-        engine=ScriptedEngine(
-            lambda prompt, i, call: "\\boxed{Incorrect}" if call % 2 else "\\boxed{6}"
-        ),
-        tokenizer=TOK,
-        routing=make_routing("ip", wf.roles),
-        grade=grade,
-        task="math",
-        style="tiny",
-        sampling=SamplingParams(0.7, 16, 0),
-        rules=EpisodeRules(credit="role"),
+        lambda prompt, i, call: "\\boxed{Incorrect}" if call % 2 else "\\boxed{6}",
+        credit="role",
     )
     assert " ".join(t.role[0].upper() for t in ep.turns) == sequence
     if count == "judge-calls":  # the final evaluator turn is trained: a right Incorrect earns 1
@@ -400,19 +375,7 @@ def test_orch_workers_run_one_worker_per_parsed_strategy(plan, fixed, parsed):
         def script(prompt, i, call):
             return plan if call == 0 else "\\boxed{5}"
 
-        (ep,) = run_episodes(
-            wf,
-            [Problem("p0", "2+3", "5")],
-            1,
-            engine=ScriptedEngine(script),
-            tokenizer=TOK,
-            routing=make_routing("ip", wf.roles),
-            grade=grade,
-            task="math",
-            style="tiny",
-            sampling=SamplingParams(0.7, 16, 0),
-            rules=EpisodeRules(workers=workers),
-        )
+        (ep,) = episodes(wf, script, workers=workers)
         worker_turns = [t for t in ep.turns if t.role == "worker"]
         assert len(worker_turns) == expect, workers
         if workers == "parsed":  # each worker got its own parsed strategy, in order
@@ -430,19 +393,7 @@ def test_a_prompt_over_the_cap_ends_the_episode_before_that_stage():
         return "\\boxed{Incorrect}" if call % 2 else "\\boxed{6}"
 
     def run(cap):
-        (ep,) = run_episodes(
-            wf,
-            [Problem("p0", "2+3", "5")],
-            1,
-            engine=ScriptedEngine(script),
-            tokenizer=TOK,
-            routing=make_routing("ip", wf.roles),
-            grade=grade,
-            task="math",
-            style="tiny",
-            sampling=SamplingParams(0.7, 16, 0),
-            rules=EpisodeRules(max_prompt_tokens=cap),
-        )
+        (ep,) = episodes(wf, script, max_prompt_tokens=cap)
         return ep
 
     free = run(None)
@@ -533,19 +484,7 @@ def test_conversation_context_sends_the_episode_so_far_before_each_prompt():
 
     turns = {}
     for context in ("latest", "conversation"):
-        (ep,) = run_episodes(
-            wf,
-            [Problem("p0", "2+3", "5")],
-            1,
-            engine=ScriptedEngine(script),
-            tokenizer=TOK,
-            routing=make_routing("ip", wf.roles),
-            grade=grade,
-            task="math",
-            style="tiny",
-            sampling=SamplingParams(0.7, 16, 0),
-            rules=EpisodeRules(context=context),
-        )
+        (ep,) = episodes(wf, script, context=context)
         turns[context] = ep.turns
     latest, conv = turns["latest"], turns["conversation"]
     # the same calls with the same own prompts; only what precedes them differs
@@ -570,20 +509,10 @@ def test_conversation_context_leaves_workflows_without_a_shared_history_alone():
     wf = build_workflow("voting")
     ids = {}
     for context in ("latest", "conversation"):
-        (ep,) = run_episodes(
+        (ep,) = episodes(
             wf,
-            [Problem("p0", "2+3", "5")],
-            1,
-            engine=ScriptedEngine(
-                lambda p, i, c: "\\boxed{1}" if p.endswith("Pick:") else "\\boxed{5}"
-            ),
-            tokenizer=TOK,
-            routing=make_routing("ip", wf.roles),
-            grade=grade,
-            task="math",
-            style="tiny",
-            sampling=SamplingParams(0.7, 16, 0),
-            rules=EpisodeRules(context=context),
+            lambda p, i, c: "\\boxed{1}" if p.endswith("Pick:") else "\\boxed{5}",
+            context=context,
         )
         ids[context] = [t.prompt_ids for t in ep.turns]
     assert ids["latest"] == ids["conversation"]

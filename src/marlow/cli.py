@@ -545,14 +545,7 @@ def diff_presets(
         _fail(str(err))
     table = Table("field", "task", left, right, "what", f"source ({left})", f"source ({right})")
     for d in rows:
-        sw = d.switch
-        table.add_row(
-            d.key,
-            d.task,
-            escape(str(d.left)),
-            escape(str(d.right)),
-            *((sw.what, escape(sw.paper), escape(sw.official)) if sw else ("", "", "")),
-        )
+        table.add_row(*(escape(cell) for cell in d.cells()))
     Console().print(table)
 
 

@@ -508,6 +508,13 @@ class PresetDiff:
     right: Any
     switch: Switch | None  # its sources, where the field is a documented switch
 
+    def cells(self) -> tuple[str, str, str, str, str, str, str]:
+        """The table row: field, task, both values, what, and both sources ("" for a field
+        that is no documented switch)."""
+        sw = self.switch
+        about = (sw.what, sw.paper, sw.official) if sw else ("", "", "")
+        return (self.key, self.task, _shown(self.left), _shown(self.right), *about)
+
 
 def preset_diff(left: str, right: str) -> list[PresetDiff]:
     """Every config field on which presets ``left`` and ``right`` resolve to different values,
@@ -540,16 +547,8 @@ def preset_diff_markdown(left: str, right: str) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for d in preset_diff(left, right):
-        sw = d.switch
-        cells = [
-            f"`{d.key}`",
-            d.task,
-            f"`{_shown(d.left)}`",
-            f"`{_shown(d.right)}`",
-            sw.what if sw else "",
-            sw.paper if sw else "",
-            sw.official if sw else "",
-        ]
+        key, task, a, b, *about = d.cells()
+        cells = [f"`{key}`", task, f"`{a}`", f"`{b}`", *about]
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(rows) + "\n"
 

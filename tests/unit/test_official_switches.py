@@ -516,3 +516,24 @@ def test_conversation_context_leaves_workflows_without_a_shared_history_alone():
         )
         ids[context] = [t.prompt_ids for t in ep.turns]
     assert ids["latest"] == ids["conversation"]
+
+
+def test_each_switch_field_takes_exactly_its_modules_choices():
+    """The config's Literal of each switch and the tuple its module checks are one list."""
+    from typing import get_args
+
+    from marlow.algo.credit import SCOPES
+    from marlow.codetext import BLOCK_RULES
+    from marlow.config import GRPOConfig, TaskConfig, WorkflowConfig
+    from marlow.parsers import PARSE_RULES
+    from marlow.tasks.base import CODE_REWARDS
+    from marlow.workflows.load import ROUNDS_COUNTS
+
+    def choices(model, name):
+        return get_args(model.model_fields[name].annotation)
+
+    assert choices(WorkflowConfig, "parse") == PARSE_RULES
+    assert choices(WorkflowConfig, "rounds_count") == ROUNDS_COUNTS
+    assert choices(TaskConfig, "code_block") == BLOCK_RULES
+    assert choices(TaskConfig, "code_reward") == CODE_REWARDS
+    assert choices(GRPOConfig, "advantage_scope") == SCOPES

@@ -81,6 +81,26 @@ class TaskConfig(_Section):
         "the English problems)",
     )
     split_seed: int = Field(0, description="seed of the fixed train/validation split of a dataset")
+    split_rule: Literal["hash", "permutation"] = Field(
+        "hash",
+        description="how a dataset is split: hash (by each problem id's hash with split_seed; "
+        "independent of row order) or permutation (the datasets library's train_test_split / "
+        "shuffle: numpy's permutation of the rows under split_seed, the first held out; the "
+        "official code, seed 42)",
+    )
+    holdout: int | float | None = Field(
+        None,
+        description="the problems held out of training: a count, or a fraction in (0, 1) "
+        "rounded up (the official code: 0.1 of DAPO, 1000 of DeepCoder); None: val_size, or "
+        "none when val_source is set; validation is the held-out part's first val_size unless "
+        "val_source is set",
+    )
+    runtime_filter: str | None = Field(
+        None,
+        description="deepcoder only: a runtime-results JSON ({row: {test: {status}}}); each "
+        "row keeps the tests marked passed, a row with none leaves the dataset (the official "
+        "code's coding_dataset_filtering/runtime_results.json)",
+    )
     val_source: str | None = Field(
         None,
         description="validate on this file or hub id instead of a split of task.source (its "
@@ -139,6 +159,15 @@ class TaskConfig(_Section):
             raise ValueError("task.subset is only for task.dataset deepcoder")
         if self.hub_config is not None and self.dataset != "dapo":
             raise ValueError("task.hub_config is only for task.dataset dapo")
+        if self.runtime_filter is not None and self.dataset != "deepcoder":
+            raise ValueError("task.runtime_filter is only for task.dataset deepcoder")
+        if self.holdout is not None:
+            if self.source == "tiny":
+                raise ValueError("task.holdout is only for a dataset source; task.source is tiny")
+            if isinstance(self.holdout, float) and not 0.0 < self.holdout < 1.0:
+                raise ValueError(f"task.holdout is {self.holdout}; a fraction must be in (0, 1)")
+            if isinstance(self.holdout, int) and self.holdout < 1:
+                raise ValueError(f"task.holdout is {self.holdout}; a count must be >= 1")
         if self.val_source is None and self.val_dataset is not None:
             raise ValueError("task.val_dataset is only read with task.val_source")
         if self.val_source is not None:
@@ -180,6 +209,12 @@ class WorkflowConfig(_Section):
         description="what a call sees: latest (its own prompt, whose reads carry the latest "
         "answer and critique) or conversation (the episode's chat so far first, in a workflow "
         "whose file allows it: Eval-Opt, the official code's shared history)",
+    )
+    prompts: str = Field(
+        "marlow",
+        description="the chat prompt set: marlow, official (the official code's protocol in "
+        "marlow's words) or the path of a prompt-set file (.yaml, marlow/prompt_sets/); a tiny "
+        "model always reads the tiny set it was pre-trained on",
     )
     parse: Literal["last-box", "first-match"] = Field(
         "last-box",

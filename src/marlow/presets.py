@@ -15,13 +15,11 @@ Two presets reproduce the study (issue 17):
   official`` prints the table from these two places (:func:`marlow.config.preset_diff`).
 
 Switches the official preset cannot set, because their values are data sources or differ per
-workflow: ``task.hub_config`` (``en`` with ``task.dataset=dapo``: DAPO-Math-17k-Processed's
-English problems), ``task.val_source`` (AIME-2025 for math, a 1,000-problem DeepCoder test split
-for code) and
-``rollout.max_prompt_tokens`` (Table 7's prompt caps: 30720 Eval-Opt math, 20480 Voting and
-Orch-Workers math, 10240 code). Not reproduced yet: the official reviser's wording (told to try a
-different approach), the official 10 % DAPO test split (seed 42, through ``datasets``' own shuffle), and its
-filter keeping only code tests that pass a runtime check.
+dataset or workflow: ``task.hub_config`` (``en`` with ``task.dataset=dapo``: DAPO-Math-17k-Processed's
+English problems), ``task.holdout`` (0.1 of DAPO, 1000 of DeepCoder), ``task.val_source``
+(AIME-2025 for math), ``task.runtime_filter`` (the official code's runtime-results file, which
+keeps only the code tests that passed a runtime check) and ``rollout.max_prompt_tokens`` (Table
+7's prompt caps: 30720 Eval-Opt math, 20480 Voting and Orch-Workers math, 10240 code).
 """
 
 from __future__ import annotations
@@ -47,8 +45,9 @@ PRESETS: dict[str, dict[str, Any]] = {
             "rounds_count": "judge-calls",
             "workers": "parsed",
             "context": "conversation",
+            "prompts": "official",
         },
-        "task": {"format_penalty": 0.0},
+        "task": {"format_penalty": 0.0, "split_rule": "permutation", "split_seed": 42},
         PER_TASK: {
             "code": {
                 "task": {
@@ -137,6 +136,14 @@ SWITCHES: tuple[Switch, ...] = (
         "prompt and every earlier output as assistant turns, then the call's own prompt)",
     ),
     Switch(
+        "workflow.prompts",
+        "the chat prompt set (marlow/prompt_sets/)",
+        "§3.1 and Appendix A (what each role is asked to do; marlow's own wording)",
+        "examples/math_reasoning/prompt.json, examples/deepcoder/prompt.json (the reviser is "
+        "told to use a different approach; the evaluator reviews the solution above; at most "
+        "n strategies), rewritten in marlow's words",
+    ),
+    Switch(
         "workflow.workers",
         "how many Orch-Workers workers run",
         "Table 7 (Orch-Workers worker proposals per problem: 3)",
@@ -154,6 +161,21 @@ SWITCHES: tuple[Switch, ...] = (
         "reward of a math answer without a parseable box",
         "§A.7 (a small format-error penalty; marlow: -0.1)",
         "rllm/rewards/reward_types.py (format_error_reward: 0.0)",
+    ),
+    Switch(
+        "task.split_rule",
+        "how a dataset is split into train and held-out problems",
+        "Table 3 (validation on 1412 dapo_math problems: a 10 % held-out split; the rule is not "
+        "stated; marlow: by id hash)",
+        "examples/math_reasoning/prepare_dapo_math_data.py (datasets' train_test_split, "
+        "test_size 0.1), examples/deepcoder/prepare_deepcoder_data.py (shuffle, the first 1000 "
+        "held out)",
+    ),
+    Switch(
+        "task.split_seed",
+        "the seed of that split",
+        "not stated (marlow: 0)",
+        "the same two files (seed=42)",
     ),
     Switch(
         "task.code_reward",

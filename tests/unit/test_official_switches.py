@@ -20,7 +20,7 @@ from tests.unit.test_workflows import TOK, ScriptedEngine, grade
 P0 = Problem("p0", "2+3", "5")
 
 
-def episodes(wf, script, problems=(P0,), n=1, **rules):
+def episodes(wf, script, problems=(P0,), n=1, style="tiny", **rules):
     """``n`` episodes per problem of ``wf`` answered by ``script``, under ``EpisodeRules(**rules)``."""
     return run_episodes(
         wf,
@@ -31,7 +31,7 @@ def episodes(wf, script, problems=(P0,), n=1, **rules):
         routing=make_routing("ip", wf.roles),
         grade=grade,
         task="math",
-        style="tiny",
+        style=style,
         sampling=SamplingParams(0.7, 16, 0),
         rules=EpisodeRules(**rules),
     )

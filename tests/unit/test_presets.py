@@ -25,6 +25,9 @@ OFFICIAL = {  # field -> (paper value, official value), written out from the off
     "workflow.rounds_count": ("revisions", "judge-calls"),
     "workflow.workers": ("fixed", "parsed"),
     "workflow.context": ("latest", "conversation"),
+    "workflow.prompts": ("marlow", "official"),
+    "task.split_rule": ("hash", "permutation"),
+    "task.split_seed": (0, 42),
 }
 OFFICIAL_CODE = {
     "task.code_reward": ("pass_rate", "all_pass"),

@@ -8,8 +8,13 @@ Tasks: ``math`` (reward: ``marlow.rewards.grade_math`` against ``Problem.answer`
 :class:`CodeGrader`). Sources: ``tiny`` (synthetic arithmetic, ``marlow.tiny.mathgen``, or
 synthetic code, ``marlow.tiny.codegen``; endless and seeded), or a dataset file / hub id read by
 ``marlow.tasks.loaders`` (``task.dataset`` names its format; code: ``humaneval`` or
-``deepcoder`` with ``task.subset``). A dataset is split once, by
-``task.split_seed``, into validation (``task.val_size`` problems) and train. Train batches walk
+``deepcoder`` with ``task.subset``). A dataset is split once, by ``task.split_rule`` and
+``task.split_seed``, into held-out problems (``task.holdout``, default ``task.val_size``) and
+train; validation is the held-out part's first ``task.val_size`` problems, or those of
+``task.val_source`` (then nothing is held out unless ``task.holdout`` says so; the official DAPO
+recipe holds out 10 % and validates on AIME-2025). ``split_rule=permutation`` reproduces the
+``datasets`` library's seeded split of the rows, on the rows the loader read (less those
+``task.runtime_filter`` drops), so a row marlow skips is missing from its side only. Train batches walk
 the train problems in epochs, each epoch in its own seeded order; a batch may straddle two
 epochs. Choices of marlow, not fixed by the spec.
 
@@ -196,25 +201,48 @@ def build_task(config: TaskConfig, log: Callable[[str], None] | None = None) -> 
     its row counts (``WARNING`` first when rows were skipped)."""
     if config.source == "tiny":
         return Task(config.name, config)
-    from marlow.tasks.loaders import DatasetError, load, split
+    from marlow.tasks.loaders import (
+        DatasetError,
+        held_out_count,
+        load,
+        permutation_split,
+        split,
+    )
 
     try:
         kwargs: dict = {"subset": config.subset} if config.dataset == "deepcoder" else {}
+        if config.runtime_filter is not None:
+            kwargs["runtime_filter"] = config.runtime_filter
         if config.hub_config is not None:
             kwargs["config"] = config.hub_config
         problems, report = load(config.dataset, config.source, strict=config.strict, **kwargs)
-        if config.val_source is not None:  # validation from its own source: train on all
-            held, _ = load(config.val_dataset, config.val_source, strict=config.strict)
-            if not held:
-                raise DatasetError(f"task.val_source {config.val_source} has no usable problem")
-            train, val = problems, held[: config.val_size]
-        elif len(problems) <= config.val_size:
-            raise DatasetError(
-                f"task.val_size is {config.val_size} but {config.source} has only "
-                f"{len(problems)} usable problems; leave some for training"
-            )
+        holdout = config.holdout
+        if holdout is None and config.val_source is None:
+            holdout = config.val_size
+            if len(problems) <= holdout:
+                raise DatasetError(
+                    f"task.val_size is {config.val_size} but {config.source} has only "
+                    f"{len(problems)} usable problems; leave some for training"
+                )
+        if holdout is None:  # validation from its own source, nothing held out: train on all
+            train, held = problems, []
+        elif config.split_rule == "permutation":
+            args = (report.positions, report.n_positions, holdout, config.split_seed)
+            train, held = permutation_split(problems, *args)
         else:
-            train, val = split(problems, config.val_size, config.split_seed)
+            n_held = held_out_count(holdout, len(problems))
+            if n_held >= len(problems):
+                raise DatasetError(
+                    f"task.holdout holds out {n_held} of {len(problems)} usable problems; "
+                    "leave some for training"
+                )
+            train, held = split(problems, n_held, config.split_seed)
+        val = held[: config.val_size]
+        if config.val_source is not None:  # validation from its own source
+            other, _ = load(config.val_dataset, config.val_source, strict=config.strict)
+            if not other:
+                raise DatasetError(f"task.val_source {config.val_source} has no usable problem")
+            val = other[: config.val_size]
     except DatasetError as err:
         strict = "task.strict is true and " if config.strict and "rejected" in str(err) else ""
         raise ConfigError(f"{strict}{err}") from None

@@ -48,7 +48,7 @@ Choices the spec leaves open:
   ``deepcoder/<subset>/<row>``. A repeated id is skipped under ``duplicate_id``.
 * Skip reasons: ``bad_json`` (a jsonl line that is not a JSON object), ``missing_field:<name>``
   (absent, null, or blank text), ``no_gold_marker`` (GSM8K), ``duplicate_prompt``,
-  ``duplicate_id``, ``empty_tests``, ``unparseable_tests``.
+  ``duplicate_id``, ``empty_tests``, ``unparseable_tests``, ``no_passing_tests``.
 * ``strict=True`` turns the first skipped row into a ``DatasetError`` (SPEC §9); by default rows
   are skipped and counted. A source with no rows, or where *no* row could be kept, is a wrong file:
   ``DatasetError`` naming the first skip reason, the fields the dataset needs and the fields found.
@@ -57,6 +57,13 @@ Choices the spec leaves open:
   ``val_size`` smallest keys are validation, the rest train. Both lists are returned in key order,
   so the result depends on the ids and the seed only, never on the input order. ``val_size`` is
   an int in ``[0, len(problems)]``; repeated ids are an error (the split could not be disjoint).
+* ``permutation_split`` is the other rule (``task.split_rule=permutation``, the official code's):
+  the ``datasets`` library's seeded permutation of the rows (``LoadReport.positions``), so a
+  skipped row leaves a gap on its own side instead of shifting every other row.
+* ``runtime_filter`` (DeepCoder): a runtime-results file; a row keeps the tests it marks
+  ``passed``, a row it names with none passing is skipped under ``no_passing_tests`` and leaves
+  the rows a split permutes, as the official data preparation filters its table before the
+  shuffle.
 * Every error is a ``DatasetError`` (a ``ValueError``) whose message is one line.
 """
 
@@ -65,6 +72,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import math
 import re
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -97,6 +105,10 @@ class LoadReport:
     rows_read: int = 0
     kept: int = 0
     skipped: Counter = field(default_factory=Counter)  # reason -> rows
+    # Each kept problem's place in the rows a split permutes (the source's rows in order, less
+    # those a runtime filter drops), and how many such rows were read: ``permutation_split``.
+    positions: list[int] = field(default_factory=list)
+    n_positions: int = 0
 
     @property
     def n_skipped(self) -> int:
@@ -349,6 +361,7 @@ def _run(
     strict: bool,
     limit: int | None,
     dedup_prompts: bool = False,
+    prefilter: Callable[[dict, int], dict] | None = None,
 ) -> tuple[list[Problem], LoadReport]:
     report = LoadReport(dataset, str(source))
     problems: list[Problem] = []
@@ -363,6 +376,10 @@ def _run(
             if row is None:
                 raise _Skip("bad_json")
             keys.update(row)
+            if prefilter is not None:
+                row = prefilter(row, i)  # raises _Skip: the row leaves the dataset itself
+            position = report.n_positions
+            report.n_positions += 1
             p = convert(row, i)
             if dedup_prompts:
                 key = p.prompt.strip()
@@ -381,6 +398,7 @@ def _run(
             continue
         seen_ids.add(p.id)
         problems.append(p)
+        report.positions.append(position)
     report.kept = len(problems)
     if report.rows_read == 0 and limit != 0:
         raise DatasetError(f"{source}: no rows to load as {dataset}")
@@ -421,11 +439,17 @@ def load_dapo(source, *, config="all", split="train", strict=False, limit=None):
     )
 
 
-def load_deepcoder(source, *, subset: str, split="train", strict=False, limit=None):
+def load_deepcoder(
+    source, *, subset: str, split="train", strict=False, limit=None, runtime_filter=None
+):
+    """``runtime_filter``: the path of a runtime-results file (:func:`runtime_results`); each
+    row keeps only the tests it marks ``passed``, and a row left with none leaves the dataset
+    (counted under ``no_passing_tests``), as in the official code's data preparation."""
     if subset not in DEEPCODER_SUBSETS:
         raise DatasetError(
             f"unknown deepcoder subset {subset!r}; valid subsets: {', '.join(DEEPCODER_SUBSETS)}"
         )
+    keep = None if runtime_filter is None else _passing_tests(runtime_results(runtime_filter))
     return _run(
         "deepcoder",
         source,
@@ -434,7 +458,63 @@ def load_deepcoder(source, *, subset: str, split="train", strict=False, limit=No
         split=split,
         strict=strict,
         limit=limit,
+        prefilter=keep,
     )
+
+
+def runtime_results(path: str | Path) -> dict[str, dict[str, str]]:
+    """A runtime-results file: JSON ``{row: {test: {"status": ...}}}`` (row and test are 0-based
+    indices, as strings; the official code's ``coding_dataset_filtering/runtime_results.json``),
+    read as ``{row: {test: status}}``. A file that is not of that shape is a DatasetError."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise DatasetError(
+            f"task.runtime_filter {path}: not a readable JSON file ({err})"
+        ) from None
+    shape = "{row: {test: {status: ...}}}"
+    if not isinstance(data, dict):
+        raise DatasetError(f"task.runtime_filter {path}: expected {shape}")
+    out: dict[str, dict[str, str]] = {}
+    for row, tests in data.items():
+        if not isinstance(tests, dict) or not all(isinstance(t, dict) for t in tests.values()):
+            raise DatasetError(f"task.runtime_filter {path}: row {row} is not {shape}")
+        out[str(row)] = {str(k): str(t.get("status")) for k, t in tests.items()}
+    return out
+
+
+def _passing_tests(results: dict[str, dict[str, str]]) -> Callable[[dict, int], dict]:
+    """The runtime filter as a row pre-filter. A row the results do not name is kept whole; a
+    named row keeps the tests (by index in its test list) marked ``passed``. TACO's
+    ``{"inputs", "outputs"}`` form keeps the passing input/output pairs."""
+
+    def keep(row: dict, i: int) -> dict:
+        marks = results.get(str(i))
+        if marks is None:
+            return row
+        try:
+            tests = _maybe_json(row.get("tests"))
+        except ValueError:
+            return row  # the converter counts it as unparseable
+        passed = [k for k in range(_n_tests(tests)) if marks.get(str(k)) == "passed"]
+        if not passed:
+            raise _Skip("no_passing_tests")
+        if isinstance(tests, dict):
+            kept = {**tests, **{f: [tests[f][k] for k in passed] for f in ("inputs", "outputs")}}
+        else:
+            kept = [tests[k] for k in passed]
+        return {**row, "tests": kept}
+
+    return keep
+
+
+def _n_tests(tests: Any) -> int:
+    if isinstance(tests, dict):
+        inputs, outputs = tests.get("inputs"), tests.get("outputs")
+        if isinstance(inputs, list) and isinstance(outputs, list):
+            return min(len(inputs), len(outputs))
+        return 0
+    return len(tests) if isinstance(tests, list) else 0
 
 
 _LOADERS = {
@@ -458,6 +538,39 @@ def load(name: str, source: str | Path, **kwargs: Any) -> tuple[list[Problem], L
 
 
 # ----------------------------------------------------------------------------- split
+
+
+SPLIT_RULES = ("hash", "permutation")
+"""How a dataset is split into train and held-out problems (``task.split_rule``)."""
+
+
+def held_out_count(holdout: float | int, n: int) -> int:
+    """How many of ``n`` rows ``holdout`` holds out: a fraction in (0, 1) rounds up (as the
+    ``datasets`` library's ``train_test_split`` does), an int is a count."""
+    if isinstance(holdout, float):
+        if not 0.0 < holdout < 1.0:
+            raise DatasetError(f"task.holdout as a fraction must be in (0, 1), got {holdout}")
+        return math.ceil(holdout * n)
+    return holdout
+
+
+def permutation_split(
+    problems: list[Problem], positions: list[int], n: int, holdout: float | int, seed: int
+) -> tuple[list[Problem], list[Problem]]:
+    """(train, held out) the way the ``datasets`` library splits a table of ``n`` rows (its
+    ``train_test_split(test_size=holdout, seed=seed)``, and ``shuffle(seed)`` then the first
+    ``holdout`` rows): the rows of ``numpy.random.default_rng(seed).permutation(n)``, the first
+    ``held_out_count(holdout, n)`` held out, in that order. ``positions[i]`` is problem i's row
+    (``LoadReport.positions``); a row marlow skipped is simply absent from its side."""
+    import numpy as np
+
+    n_held = held_out_count(holdout, n)
+    if not 0 <= n_held < n:
+        raise DatasetError(f"task.holdout holds out {n_held} of {n} rows; leave some for training")
+    at = dict(zip(positions, problems, strict=True))
+    order = [int(r) for r in np.random.default_rng(seed).permutation(n)]
+    held = [at[r] for r in order[:n_held] if r in at]
+    return [at[r] for r in order[n_held:] if r in at], held
 
 
 def split(problems: list[Problem], val_size: int, seed: int) -> tuple[list[Problem], list[Problem]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from marlow.config import ConfigError, RunConfig, WorkflowConfig
 from marlow.policy.routing import make_routing
+from marlow.prompts import prompt_set
 from marlow.workflows.load import ParamError, build_workflow
 from marlow.workflows.spec import WorkflowSpec
 
@@ -30,8 +31,23 @@ def check_workflow(cfg: WorkflowConfig) -> WorkflowSpec:
 def check_run_config(cfg: RunConfig) -> WorkflowSpec:
     """The run's workflow, built; raises ConfigError naming the field a workflow- or role-level
     setting gets wrong (``workflow.name``, ``workflow.params``, ``policy.role_map``,
-    ``grpo.role_weights``)."""
+    ``grpo.role_weights``, ``workflow.prompts``)."""
     workflow = check_workflow(cfg.workflow)
+    try:
+        prompts = prompt_set(cfg.workflow.prompts)
+    except ValueError as err:
+        raise ConfigError(f"config field 'workflow.prompts': {err}") from None
+    if prompts.style != "chat":
+        raise ConfigError(
+            f"config field 'workflow.prompts': {prompts.name} is a {prompts.style} set; it must "
+            "be a chat set (a tiny model reads the tiny set by itself)"
+        )
+    if prompts.context == "conversation" and cfg.workflow.context != "conversation":
+        raise ConfigError(
+            f"config field 'workflow.prompts': set {prompts.name} relies on the shared "
+            "conversation (its reviewer sees 'the solution above'); set "
+            "workflow.context=conversation, or choose a set whose context is any (marlow)"
+        )
     roles = list(workflow.roles)
     try:
         make_routing(cfg.policy.routing, roles, cfg.policy.role_map)

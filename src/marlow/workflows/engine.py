@@ -21,7 +21,7 @@ from dataclasses import replace
 from marlow.chat import chat_prompt_ids
 from marlow.parsers import plan_of, selection_of, strategies_of, verdict_of
 from marlow.policy.routing import Routing
-from marlow.prompts import GENERIC_STRATEGY, fill, numbered, template
+from marlow.prompts import DEFAULT_SET, GENERIC_STRATEGY, fill, numbered, template
 from marlow.rollout.base import RolloutEngine
 from marlow.types import Episode, GenRequest, Problem, SamplingParams, Turn
 from marlow.workflows.credit import assign_role_rewards
@@ -59,11 +59,15 @@ def prompt_fields(
     return fields
 
 
-def prompt_text(workflow: WorkflowSpec, stage: Stage, style: str, task: str, fields) -> str:
-    """The stage's prompt: a library template (``ROLE/VARIANT``) or the role's own, filled."""
+def prompt_text(
+    workflow: WorkflowSpec, stage: Stage, style: str, task: str, fields, prompts: str = DEFAULT_SET
+) -> str:
+    """The stage's prompt: a template of the prompt set ``prompts`` (``ROLE/VARIANT``;
+    :func:`marlow.prompts.template`) or the role's own, filled."""
     if "/" in stage.prompt:
         role, variant = stage.prompt.split("/")
-        return fill(template(style, task, role, variant), fields, f"{style}/{task}/{stage.prompt}")
+        text = template(style, task, role, variant, prompts)
+        return fill(text, fields, f"{prompts if style == 'chat' else style}/{task}/{stage.prompt}")
     own = workflow.prompts[(stage.role, stage.prompt)]
     text = next((own[k] for k in ((style, task), (style, "*"), ("*", "*")) if k in own), None)
     label = f"workflow {workflow.name} role {stage.role} prompt {stage.prompt}"
@@ -204,7 +208,7 @@ def run_episodes(
             history = conversation(st) if shared else []
             for slot in range(slots_of(stage, st, rules.workers)):
                 fields = prompt_fields(st, stage, slot, style, counts)
-                text = prompt_text(workflow, stage, style, task, fields)
+                text = prompt_text(workflow, stage, style, task, fields, rules.prompts)
                 mine.append((st, slot, text, chat_prompt_ids(tokenizer, text, history)))
             cap = rules.max_prompt_tokens
             if cap is not None and any(len(c[3]) > cap for c in mine):

@@ -93,7 +93,9 @@ class EpisodeRules:
     * ``context``: ``latest`` sends each call its prompt alone, ``conversation`` after the
       episode's chat so far, in a workflow whose file allows it (``engine.conversation``);
     * ``max_prompt_tokens``: an episode whose next call's prompt is longer ends before that
-      stage (counted ``prompt_cap``); None: no cap.
+      stage (counted ``prompt_cap``); None: no cap;
+    * ``prompts``: the chat prompt set library templates come from (``marlow.prompts``; a tiny
+      model always reads the ``tiny`` set).
     """
 
     credit: str = "broadcast"
@@ -102,6 +104,7 @@ class EpisodeRules:
     workers: str = "fixed"
     context: str = "latest"
     max_prompt_tokens: int | None = None
+    prompts: str = "marlow"
 
     @classmethod
     def of(cls, config: RunConfig) -> EpisodeRules:
@@ -112,6 +115,7 @@ class EpisodeRules:
             workers=config.workflow.workers,
             context=config.workflow.context,
             max_prompt_tokens=config.rollout.max_prompt_tokens,
+            prompts=config.workflow.prompts,
         )
 
 

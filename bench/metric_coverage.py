@@ -14,7 +14,7 @@ from pathlib import Path
 
 from marlow.config import resolve
 from marlow.report.inspect import ROLE_METRICS, inspect_run
-from marlow.train.trainer import Trainer, read_metrics
+from marlow.training.trainer import Trainer, read_metrics
 
 CELLS = [
     ("single", "ip"),

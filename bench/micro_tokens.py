@@ -20,7 +20,7 @@ import time
 import torch
 
 from marlow.config import load_config
-from marlow.train.trainer import Trainer
+from marlow.training.trainer import Trainer
 
 
 def config(micro_tokens: int, threads: int):

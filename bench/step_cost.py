@@ -21,7 +21,7 @@ import time
 import torch
 
 from marlow.config import load_config
-from marlow.train.trainer import Trainer
+from marlow.training.trainer import Trainer
 
 PARTS = ("rollout_s", "scoring_s", "update_s", "kl_to_base_s", "stats_s")
 

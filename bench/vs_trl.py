@@ -205,7 +205,7 @@ def main() -> None:
         os.environ["MARLOW_CACHE"] = args.cache_dir
     from marlow.models import load_base
     from marlow.policy.adapters import LoraSpec
-    from marlow.train.trainer import Trainer
+    from marlow.training.trainer import Trainer
     from marlow.types import BASE
 
     transformers.logging.set_verbosity_error()

@@ -1,4 +1,30 @@
 """marlow: train multi-agent LLM workflows end to end with GRPO, compare shared and isolated
-policies, and explain each run per role."""
+policies, and explain each run per role.
+
+From Python (``marlow.api``): ``marlow.train(config, **settings)`` trains a cell and returns a
+``Run``; ``marlow.load_run(path)`` reads a run folder (config, metrics table, checkpoints,
+adapters, evals); ``marlow.evaluate(target, **settings)`` evaluates a checkpoint or a base model.
+They are imported on first use, so that ``import marlow`` stays light.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+__all__ = ["Metrics", "Run", "evaluate", "load_run", "make_config", "train"]
+
+if TYPE_CHECKING:
+    from marlow.api import Metrics, Run, evaluate, load_run, make_config, train
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from marlow import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'marlow' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

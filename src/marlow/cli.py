@@ -50,7 +50,22 @@ class _OneLineErrors(typer.core.TyperGroup):
         sys.exit(code if isinstance(code, int) else 0)
 
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, cls=_OneLineErrors)
+USER_HELP = """Train multi-agent LLM workflows with GRPO, compare a shared policy with one
+policy per role, and see per role why a run rose or fell.
+
+[b]Start[/b]: marlow quickstart (a small comparison on the tiny world; no GPU needed).
+
+[b]One run[/b]: marlow train CONFIG.yaml key=value ..., then marlow inspect RUN (per-role
+diagnostics, detectors) and marlow eval RUN (its latest checkpoint).
+
+[b]A study[/b]: marlow grid GRID.yaml, then marlow report RESULTS (an HTML page).
+
+[b]Before a GPU run[/b]: marlow plan CONFIG.yaml --gpu-mem 80 (memory, without loading a model).
+
+Settings are config fields as section.field=value (steps=50 policy.routing=sp optim.lr=1e-4);
+presets: marlow diff-presets paper official. Each command's --help has examples."""
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=USER_HELP, cls=_OneLineErrors)
 
 
 @app.callback()
@@ -106,10 +121,10 @@ def _user_errors():
     from marlow.config import ConfigError
     from marlow.fileio import DamagedFileError
     from marlow.models import ModelLoadError
-    from marlow.train.checkpoint import CheckpointError
-    from marlow.train.nonfinite import NonFiniteRun
-    from marlow.train.resume import ResumeError
-    from marlow.train.sync import AdapterSyncError
+    from marlow.training.checkpoint import CheckpointError
+    from marlow.training.nonfinite import NonFiniteRun
+    from marlow.training.resume import ResumeError
+    from marlow.training.sync import AdapterSyncError
 
     return (
         ConfigError,
@@ -140,11 +155,52 @@ def _log(message: str) -> None:
     console.print(f"[dim]{escape(message)}[/dim]", highlight=False)
 
 
-@app.command()
+def _examples(*lines: str) -> str:
+    """A command's ``--help`` epilog: examples, one per line (rich markup escaped)."""
+    return "\n\n".join(["[b]Examples[/b]", *(escape(line) for line in lines)])
+
+
+def _number(value: float | None) -> str:
+    """A metric for people: counts as integers, other values to 3 decimals (4 significant
+    digits below 0.01)."""
+    if value is None:
+        return "-"
+    if float(value).is_integer():
+        return f"{int(value):,}"
+    return f"{value:.3f}" if abs(value) >= 0.01 else f"{value:.4g}"
+
+
+def _summary(
+    title: str,
+    rows: list[tuple[str, str]],
+    paths: list[tuple[str, Path]],
+    out: Console | None = None,
+) -> None:
+    """The end of a long command: a two-column table, then the paths it wrote (on stdout, or
+    ``out``)."""
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in rows:
+        table.add_row(escape(key), escape(value))
+    out = out or Console()
+    out.print(table)
+    for what, path in paths:
+        out.print(f"{what}: {escape(str(path))}", highlight=False, soft_wrap=True)
+
+
+@app.command(
+    epilog=_examples(
+        "marlow train configs/voting-sp-tiny.yaml steps=50 --out runs/sp",
+        "marlow train workflow.name=eval_opt policy.routing=ip optim.lr=5e-4 --out runs/eo",
+        "marlow train configs/paper-voting-ip.yaml model.name=Qwen/Qwen3-0.6B device=cuda",
+    )
+)
 @_run_folder
 def train(
     args: Annotated[
-        list[str] | None, typer.Argument(help="[CONFIG.yaml] [key=value ...]", show_default=False)
+        list[str] | None,
+        typer.Argument(help="\\[CONFIG.yaml] \\[key=value ...]", show_default=False),
     ] = None,
     out: Annotated[Path, typer.Option(help="run folder")] = Path("runs/run"),
     resume: Annotated[
@@ -167,36 +223,59 @@ def train(
         ),
     ] = 1,
 ) -> None:
-    """Train one cell with GRPO."""
+    """Train one cell (a workflow under one routing) with GRPO.
+
+    Settings come from the config file (default: the tiny preset), then each key=value."""
     resuming = resume or resume_from is not None
     if nproc > 1:
         _launch_data_parallel(nproc, args or [], out, resume, resume_from)
         return
     try:
         cfg = _train_config(args, out, resuming, resume_from)
-        from marlow.train.trainer import Trainer
+        from marlow.training.trainer import Trainer
 
         trainer = Trainer(cfg, out, log=_log)
-        with _progress(cfg.steps) as (progress, task):
-
-            def on_step(step: int, record: dict) -> None:
-                acc = record.get("val/all/accuracy")
-                reward = record.get("train/all/reward")
-                desc = f"reward {reward:.3f}" if reward is not None else ""
-                if acc is not None:
-                    desc += f"  val acc {acc:.3f}"
-                progress.update(task, completed=step, description=desc)
-
-            trainer.run(resume=resuming, resume_from=resume_from, on_step=on_step)
+        started = time.monotonic()
+        with _StepProgress(cfg.steps) as progress:
+            trainer.run(resume=resuming, resume_from=resume_from, on_step=progress.update)
     except _user_errors() as err:
         _fail(str(err))
-    console.print(f"run written to {out}")
+    if os.environ.get("RANK", "0") == "0":
+        _train_summary(out, time.monotonic() - started)
+
+
+def _train_summary(out: Path, seconds: float) -> None:
+    """The end of ``marlow train``: validation peak and final, time, and where things are."""
+    from marlow.diagnostics.runstats import run_statistics
+    from marlow.training import checkpoint as ckpt
+    from marlow.training.trainer import read_metrics
+
+    records = read_metrics(out)
+    val = run_statistics(records).get("val")
+    steps = max((int(r["step"]) for r in records if "step" in r), default=0)
+    rows = [("steps", str(steps)), ("time", _clock(seconds))]
+    if val:
+        rows += [
+            ("best val. accuracy", f"{val['peak_accuracy']:.3f} at step {val['peak_step']}"),
+            ("final val. accuracy", f"{val['final_accuracy']:.3f} at step {val['final_step']}"),
+        ]
+    paths = [("run", out), ("metrics", out / "metrics.jsonl")]
+    latest = ckpt.latest(out)
+    if latest is not None:
+        paths.append(("adapters", latest / "adapters"))
+    _summary("training", rows, paths)
+    Console().print(
+        f"next: marlow inspect {escape(str(out))} (per-role diagnostics), marlow eval "
+        f"{escape(str(out))} (evaluate its latest checkpoint)",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def _train_config(args: list[str] | None, out: Path, resuming: bool, resume_from: int | None):
-    """The run's config: a resumed run's own (``marlow.train.resume``), else file + overrides."""
+    """The run's config: a resumed run's own (``marlow.training.resume``), else file + overrides."""
     from marlow.config import load_config
-    from marlow.train.resume import resume_config
+    from marlow.training.resume import resume_config
 
     config, overrides = _split_args(args)
     if resuming:
@@ -209,7 +288,7 @@ def _launch_data_parallel(
 ) -> None:
     """``marlow train --nproc N``: check the settings here (one line, nothing launched), then run
     ``torchrun --standalone --nproc_per_node N -m marlow train ...`` and exit with its code."""
-    from marlow.train.distributed import check_world
+    from marlow.training.distributed import check_world
 
     try:
         cfg = _train_config(args, out, resume or resume_from is not None, resume_from)
@@ -227,27 +306,63 @@ def _launch_data_parallel(
         raise typer.Exit(code)
 
 
-@app.command("eval")
-@_run_folder
+@app.command(
+    "eval",
+    epilog=_examples(
+        "marlow eval runs/a                      (its latest checkpoint -> runs/a/evals/step-N)",
+        "marlow eval runs/a/checkpoints/step_000016 task.val_size=100 --name val100",
+        "marlow eval configs/voting-sp-tiny.yaml  (the base model through that config's workflow)",
+    ),
+)
 def evaluate(
     args: Annotated[
         list[str] | None,
-        typer.Argument(help="[CONFIG.yaml | RUN_DIR] [key=value ...]", show_default=False),
+        typer.Argument(
+            help="\\[RUN | CHECKPOINT | CONFIG.yaml] \\[key=value ...]", show_default=False
+        ),
     ] = None,
-    checkpoint: Annotated[
-        Path | None, typer.Option(help="a checkpoint folder (default: the base)")
+    base: Annotated[bool, typer.Option(help="the run's base model, not its checkpoint")] = False,
+    name: Annotated[
+        str | None, typer.Option(help="the eval's folder name (default: step-N or base)")
     ] = None,
-    out: Annotated[Path, typer.Option(help="where to write the evaluation")] = Path("runs/eval"),
+    out: Annotated[
+        Path | None, typer.Option(help="folder of a base eval without a run (default: runs/eval)")
+    ] = None,
+    overwrite: Annotated[bool, typer.Option(help="replace an earlier eval of that name")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
-    """Evaluate the base model or a checkpoint through a workflow on the validation split."""
-    from marlow.train.evaluate import evaluate as run_eval
+    """Evaluate a run's checkpoint (or a base model) on the validation split.
 
-    config, overrides = _split_args(args)
+    A run's evals are written to RUN/evals/NAME/eval.json; an earlier one is never replaced
+    without --overwrite."""
+    from marlow.training.evaluate import evaluate as run_eval
+
+    target, overrides = _split_args(args)
+    if out is not None:
+        _check_out(out)
     try:
-        result = run_eval(config, overrides, checkpoint=checkpoint, out=out, log=_log)
+        result = run_eval(
+            target, overrides, base=base, name=name, out=out, overwrite=overwrite, log=_log
+        )
     except _user_errors() as err:
         _fail(str(err))
-    print(json.dumps(result, indent=2))
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    what = result["checkpoint"] or "the base model"
+    rows = [
+        ("evaluated", what),
+        ("step", str(result["step"])),
+        ("workflow / routing", f"{result['workflow']} / {result['routing']}"),
+        ("problems", _number(result.get("val/all/n_problems"))),
+    ]
+    rows += [
+        (key.removeprefix("val/all/"), _number(value))
+        for key, value in sorted(result.items())
+        if key.startswith("val/all/") and key != "val/all/n_problems"
+    ]
+    rows.append(("time", f"{result.get('time/val_s', 0.0):.1f} s"))
+    _summary("evaluation", rows, [("eval.json", Path(result["folder"]) / "eval.json")])
 
 
 @app.command("pretrain-tiny")
@@ -264,32 +379,46 @@ def pretrain_tiny_cmd(
         bool, typer.Option(help="measure the greedy generator on validation problems")
     ] = True,
 ) -> None:
-    """Pre-train a tiny scale (cached by a hash of its config), report its greedy generator's
-    accuracy and print its folder."""
+    """Pre-train a tiny world (cached) and report its greedy accuracy.
+
+    The cache key is a hash of everything that sets the weights; the folder is printed last."""
     from marlow.tiny.pretrain import pretrain_tiny
 
     try:
+        started = time.monotonic()
         path = pretrain_tiny(scale, steps=steps, log=_log, task=task, threads=threads)
     except ValueError as err:
         _fail(str(err))
+    meta = json.loads((path / "meta.json").read_text())
+    rows = [("world", f"{scale} ({task})"), ("steps", str(meta.get("steps", "-")))]
+    rows.append(("time", _clock(time.monotonic() - started)))
     if report:
         from marlow.experiments.tinyeval import greedy_report
 
         scores = greedy_report(path, task)
         n, accuracy = int(scores["problems"]), scores["accuracy"]
+        rows.append(("greedy accuracy", f"{accuracy:.3f} on {n} validation problems"))
         _log(f"{scale} ({task}): greedy generator accuracy {accuracy:.3f} on {n} val problems")
         if scores.get("sandbox_errors"):
             _log(
                 f"WARNING: {int(scores['sandbox_errors'])} of {n} programs got no verdict (the "
                 "sandbox failed to set up): the accuracy above undercounts"
             )
-    print(path)
+    _summary("tiny world", rows, [], out=console)  # stderr: stdout is the folder alone
+    print(path)  # for scripts: folder=$(marlow pretrain-tiny)
 
 
-@app.command()
+@app.command(
+    epilog=_examples(
+        "marlow quickstart",
+        "marlow quickstart --task code --out qs-code",
+        "marlow quickstart model.name=tiny-m optim.lr=5e-4 --steps 40",
+    )
+)
 def quickstart(
     overrides: Annotated[
-        list[str] | None, typer.Argument(help="key=value settings for every cell")
+        list[str] | None,
+        typer.Argument(help="\\[key=value ...] settings for every cell", show_default=False),
     ] = None,
     out: Annotated[Path, typer.Option(help="output folder")] = Path("marlow-quickstart"),
     seed: Annotated[int, typer.Option()] = 0,
@@ -298,28 +427,16 @@ def quickstart(
     ] = None,
     task: Annotated[str, typer.Option(help="the tiny world: math or code")] = "math",
 ) -> None:
-    """Pre-train the tiny model, train Voting-IP, Voting-SP and SA-RL, compare with the base."""
+    """The main demo: train Voting-IP, Voting-SP and single-agent RL on the tiny world.
+
+    Pre-trains the tiny model (cached), trains the three cells, compares each with the base
+    model and writes summary.json and val_curves.png."""
     from marlow.config import parse_overrides
     from marlow.experiments.quickstart import quickstart as run_quickstart
 
     _check_out(out)
 
-    bars = Progress(
-        TextColumn("{task.description:<28}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        disable=not sys.stderr.isatty(),
-    )
-    tasks: dict[str, int] = {}
-
-    def on_progress(name: str, step: int, total: int) -> None:
-        if name not in tasks:
-            tasks[name] = bars.add_task(name, total=max(total, 1))
-        bars.update(tasks[name], completed=step if total else 1)
-
-    with bars:
+    with _CellProgress(28) as bars:
         try:
             settings = parse_overrides(overrides or [])
             summary = run_quickstart(
@@ -329,7 +446,7 @@ def quickstart(
                 settings=settings,
                 task=task,
                 log=_log,
-                on_progress=on_progress,
+                on_progress=bars,
             )
         except (*_user_errors(), RuntimeError) as err:
             _fail(str(err))
@@ -357,7 +474,13 @@ def quickstart(
     )
 
 
-@app.command()
+@app.command(
+    epilog=_examples(
+        "marlow grid configs/grids/tiny-demo.yaml --out runs/demo",
+        "marlow grid configs/grids/tiny-matrix.yaml --dry-run",
+        "marlow grid configs/grids/tiny-matrix.yaml --runner ray --workers 8",
+    )
+)
 def grid(
     file: Annotated[Path, typer.Argument(help="a grid YAML file (axes and shared settings)")],
     out: Annotated[Path, typer.Option(help="results folder")] = Path("runs/grid"),
@@ -370,7 +493,7 @@ def grid(
     ] = None,
     dry_run: Annotated[bool, typer.Option(help="list the cells and stop")] = False,
 ) -> None:
-    """Run every cell of a grid (skipping finished ones, resuming interrupted ones)."""
+    """Run every cell of a grid; finished cells are skipped, interrupted ones resumed."""
     from marlow.experiments.grid import expand, load_grid
     from marlow.experiments.runner import run_grid
 
@@ -382,24 +505,8 @@ def grid(
             for cell in expand(spec):
                 print(cell.name)
             return
-        bars = Progress(
-            TextColumn("{task.description:<34}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[state]}"),
-            TimeElapsedColumn(),
-            console=console,
-            disable=not sys.stderr.isatty(),
-        )
-        tasks: dict[str, int] = {}
-
-        def on_progress(name: str, state: str, step: int, total: int) -> None:
-            if name not in tasks:
-                tasks[name] = bars.add_task(name, total=max(total, 1), state=state)
-            bars.update(tasks[name], completed=step if total else 1, state=state)
-
         started = time.monotonic()
-        with bars:
+        with _CellProgress(34) as bars:
             states = run_grid(
                 spec,
                 out,
@@ -408,30 +515,39 @@ def grid(
                 address=address,
                 grid_text=file.read_text(),
                 log=_log,
-                on_progress=on_progress,
+                on_progress=bars,
             )
     except (*_user_errors(), RuntimeError) as err:
         _fail(str(err))
     counts = {s: sum(v == s for v in states.values()) for s in ("done", "failed", "pending")}
-    minutes = (time.monotonic() - started) / 60
-    console.print(
-        f"{counts['done']} done, {counts['failed']} failed of {len(states)} cells in "
-        f"{minutes:.1f} min; index in {out / 'index.json'}"
-    )
+    rows = [(state, str(n)) for state, n in counts.items()]
+    rows.append(("time", _clock(time.monotonic() - started)))
+    paths = [("results", out), ("index", out / "index.json")]
+    _summary(f"grid: {len(states)} cells", rows, paths)
+    Console().print(f"next: marlow report {escape(str(out))}", highlight=False, soft_wrap=True)
     if counts["failed"]:
         raise typer.Exit(1)
 
 
-@app.command()
+@app.command(
+    epilog=_examples(
+        "marlow inspect runs/sp",
+        "marlow inspect runs/sp detect.cliff_drop=0.1 detect.cliff_patience=3",
+        "marlow inspect runs/grid/cells/Voting-IP-tiny-s-Math-s0 --json",
+    )
+)
 def inspect(
     run: Annotated[Path, typer.Argument(help="a run folder")],
     overrides: Annotated[
         list[str] | None,
-        typer.Argument(help="key=value detector thresholds, e.g. detect.cliff_drop=0.1"),
+        typer.Argument(
+            help="\\[key=value ...] detector thresholds, e.g. detect.cliff_drop=0.1",
+            show_default=False,
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
-    """Per-role metrics, run-level statistics, signatures and detector verdicts of a run."""
+    """A run's per-role metrics, statistics, signatures and detector verdicts."""
     from marlow.report.inspect import inspect_run, render
 
     try:
@@ -446,10 +562,17 @@ def inspect(
         out.print(part)
 
 
-@app.command()
+@app.command(
+    epilog=_examples(
+        "marlow plan configs/paper-voting-ip.yaml --gpu-mem 80",
+        "marlow plan preset=paper model.name=Qwen/Qwen3-4B policy.routing=sp",
+        "marlow plan configs/qwen3-0.6b-smoke.yaml grpo.micro_tokens=4096 --json",
+    )
+)
 def plan(
     args: Annotated[
-        list[str] | None, typer.Argument(help="[CONFIG.yaml] [key=value ...]", show_default=False)
+        list[str] | None,
+        typer.Argument(help="\\[CONFIG.yaml] \\[key=value ...]", show_default=False),
     ] = None,
     gpu_mem: Annotated[
         float | None, typer.Option(help="GiB of accelerator memory: say whether the run fits")
@@ -463,8 +586,10 @@ def plan(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
 ) -> None:
-    """Size a run without loading a model (meta device): parameters, trainable LoRA parameters,
-    memory of weights, adapters and optimizer state, activations and KV cache."""
+    """Size a run's memory without loading a model.
+
+    Parameters, trainable LoRA parameters, memory of weights, adapters and optimizer state,
+    activations and KV cache, on the meta device."""
     from marlow.config import load_config
     from marlow.plan import plan_run
     from marlow.plan import render as render_plan
@@ -493,15 +618,23 @@ def report(
         typer.Option("-o", "--out", help="the HTML page (default: RESULTS/report.html)"),
     ] = None,
 ) -> None:
-    """Table 1, Table 2, IP-vs-SP figures and tests, signatures and detectors of a grid, as one
-    HTML page with CSV/JSON of every table beside it."""
+    """A grid's results as one HTML page, with CSV/JSON of every table.
+
+    Table 1, Table 2, IP-vs-SP figures and paired tests, per-role time series, signatures and
+    detectors."""
     from marlow.report import build_report
 
     try:
         page = build_report(results, out)
     except _user_errors() as err:
         _fail(str(err))
-    console.print(f"report written to {page}")
+    figures = page.with_suffix("")
+    rows = [
+        ("tables (CSV)", str(len(list(figures.glob("*.csv"))))),
+        ("figures (PNG)", str(len(list(figures.glob("*.png"))))),
+    ]
+    paths = [("page", page), ("data", page.with_suffix(".json")), ("tables and figures", figures)]
+    _summary("report", rows, paths)
 
 
 @app.command()
@@ -512,9 +645,10 @@ def export(
         int | None, typer.Option(help="the checkpoint step (default: the latest)", min=0)
     ] = None,
 ) -> None:
-    """Write a run's base model and the adapters of one checkpoint as a standalone folder that
-    plain transformers + PEFT load (no marlow, no cache)."""
-    from marlow.train.export import ExportError, export_run
+    """Export a checkpoint as a folder plain transformers + PEFT load.
+
+    The run's base model and the adapters of one checkpoint; no marlow, no cache needed."""
+    from marlow.training.export import ExportError, export_run
 
     try:
         folder = export_run(run, dest, step)
@@ -529,7 +663,7 @@ def diff_presets(
     right: Annotated[str, typer.Argument(help="another preset")] = "official",
     markdown: Annotated[bool, typer.Option(help="print a Markdown table")] = False,
 ) -> None:
-    """Every setting on which two presets differ (per task), with the source of each value."""
+    """Every setting on which two presets differ, with the source of each value."""
     from marlow.config import ConfigError, preset_diff, preset_diff_markdown
     from marlow.presets import PRESETS
 
@@ -555,7 +689,7 @@ app.add_typer(workflows_app, name="workflows")
 
 @workflows_app.callback(invoke_without_command=True)
 def workflows(ctx: typer.Context) -> None:
-    """List the built-in workflows; `marlow workflows check FILE` checks a workflow file."""
+    """List the built-in workflows; marlow workflows check FILE checks a workflow file."""
     from marlow.workflows.show import builtin_table
 
     if ctx.invoked_subcommand is not None:
@@ -573,7 +707,7 @@ def workflows_check(
     style: Annotated[str, typer.Option(help="prompt style of the example: tiny or chat")] = "tiny",
     task: Annotated[str, typer.Option(help="task of the example's prompts: math or code")] = "math",
 ) -> None:
-    """Check a workflow file; print its stages, roles, kinds and an example episode's prompts."""
+    """Check a workflow file and show its stages, roles and an example episode's prompts."""
     from marlow.prompts import STYLES
     from marlow.workflows.load import build_workflow
     from marlow.workflows.show import describe
@@ -587,25 +721,105 @@ def workflows_check(
     print("\n".join(lines))
 
 
-class _progress:
+PLAIN_EVERY_S = 30.0
+"""Without a terminal, a progress line at most this often (and at every validation)."""
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class _StepProgress:
+    """A training run's progress. On a terminal: a rich bar. Elsewhere (a file, a pipe, CI): one
+    plain line at every validation and at most every 30 s, with step, reward, validation
+    accuracy, seconds per step and the time left."""
+
     def __init__(self, total: int) -> None:
-        self.progress = Progress(
+        self.total = total
+        self.tty = sys.stderr.isatty()
+        self.bar = Progress(
             TextColumn("step"),
             MofNCompleteColumn(),
             BarColumn(),
             TextColumn("{task.description}"),
             TimeElapsedColumn(),
             console=console,
-            disable=not sys.stderr.isatty(),
+            disable=not self.tty,
         )
-        self.total = total
+        self.task = self.bar.add_task("", total=total)
+        self.start = self.last = self.said = time.monotonic()
+        self.first: int | None = None  # the step before the first one this process ran
 
-    def __enter__(self):
-        self.progress.start()
-        return self.progress, self.progress.add_task("", total=self.total)
+    def __enter__(self) -> _StepProgress:
+        self.bar.start()
+        return self
 
     def __exit__(self, *exc) -> None:
-        self.progress.stop()
+        self.bar.stop()
+
+    def update(self, step: int, record: dict) -> None:
+        now = time.monotonic()
+        if self.first is None and step > 0:  # the clock starts when this process's first step did
+            self.first, self.start = step - 1, self.last
+        self.last = now
+        acc = record.get("val/all/accuracy")
+        reward = record.get("train/all/reward")
+        words = [f"reward {reward:.3f}"] if reward is not None else []
+        if acc is not None:
+            words.append(f"val acc {acc:.3f}")
+        self.bar.update(self.task, completed=step, description="  ".join(words))
+        due = acc is not None or now - self.said >= PLAIN_EVERY_S or step == self.total
+        if self.tty or not due:
+            return
+        self.said = now
+        if self.first is not None:
+            rate = (now - self.start) / (step - self.first)
+            words += [f"{rate:.2f} s/step", f"ETA {_clock(rate * (self.total - step))}"]
+        print(f"step {step}/{self.total}  " + "  ".join(words), file=sys.stderr, flush=True)
+
+
+class _CellProgress:
+    """A grid's (or the quickstart's) progress per cell. On a terminal: a rich bar per cell.
+    Elsewhere: at most every 30 s one plain line with the running cells' steps and the counts of
+    cells done, failed and waiting (the runner logs each cell's end as it happens)."""
+
+    def __init__(self, width: int) -> None:
+        self.tty = sys.stderr.isatty()
+        self.bars = Progress(
+            TextColumn(f"{{task.description:<{width}}}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[state]}"),
+            TimeElapsedColumn(),
+            console=console,
+            disable=not self.tty,
+        )
+        self.tasks: dict[str, int] = {}
+        self.cells: dict[str, tuple[str, int, int]] = {}  # name -> (state, step, total)
+        self.start = self.said = time.monotonic()
+
+    def __enter__(self) -> _CellProgress:
+        self.bars.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bars.stop()
+
+    def __call__(self, name: str, state: str, step: int, total: int) -> None:
+        if name not in self.tasks:
+            self.tasks[name] = self.bars.add_task(name, total=max(total, 1), state=state)
+        self.bars.update(self.tasks[name], completed=step if total else 1, state=state)
+        self.cells[name] = (state, step, total)
+        now = time.monotonic()
+        if self.tty or now - self.said < PLAIN_EVERY_S:
+            return
+        self.said = now
+        running = [f"{n} {st}/{t}" for n, (s, st, t) in self.cells.items() if s == "running"]
+        ended = [s for s, _, _ in self.cells.values() if s in ("done", "failed")]
+        counts = f"{ended.count('done')} done, {ended.count('failed')} failed"
+        line = f"[{_clock(now - self.start)}] {counts}; running: {', '.join(running) or 'none'}"
+        print(line, file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -148,7 +148,7 @@ CASES: list[Case] = [
     ),
     Case(
         "eval-truncated-checkpoint",
-        ["eval", "r", "--checkpoint", "r/checkpoints/step_000001", "--out", "ev"],
+        ["eval", "r/checkpoints/step_000001"],
         ["step_000001"],
         files=run_folder(),
         model=True,
@@ -379,7 +379,7 @@ CASES: list[Case] = [
     Case("unknown-command", ["bogus"], ["No such command 'bogus'"]),
     Case("out-current-folder", ["train", "--out", "."], ["current folder"]),
     Case("eval-out-under-file", ["eval", "--out", "f/ev"], ["f is a file"], files={"f": "x"}),
-    Case("eval-missing-checkpoint", ["eval", "--checkpoint", "nope", "--out", "ev"], ["nope"]),
+    Case("eval-missing-checkpoint", ["eval", "nope"], ["nope", "run folder"]),
     Case("eval-bad-override", ["eval", "optim.lr=inf", "--out", "ev"], ["optim.lr", "finite"]),
     Case("quickstart-seed-text", ["quickstart", "--seed", "abc"], ["--seed", "integer"]),
     Case("quickstart-out-under-file", ["quickstart", "--out", "f/q"], ["f is a file"], {"f": "x"}),
@@ -509,7 +509,7 @@ def test_bad_input_is_one_clear_line_and_leaves_nothing(case: Case, tmp_path, mo
                 check_model_source(config.name)
             raise AssertionError(f"{case.id}: accepted by validation, went on to load a model")
 
-        monkeypatch.setattr("marlow.train.trainer.load_base", no_model)
+        monkeypatch.setattr("marlow.training.trainer.load_base", no_model)
         monkeypatch.setenv("MARLOW_CACHE", str(tmp_path / "cache"))  # under watch: must stay absent
     for key, val in case.env.items():
         monkeypatch.setenv(key, val)

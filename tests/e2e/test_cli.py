@@ -37,11 +37,23 @@ def test_train_on_a_tiny_config_then_eval(tiny_cache, tmp_path: Path):
     assert "lr: 0.0005" in (tmp_path / "run" / "config.yaml").read_text()
     assert (tmp_path / "run" / "checkpoints" / "step_000002" / "adapters" / "shared").is_dir()
 
-    done = run(["eval", "run", "--out", "ev"], tiny_cache, tmp_path)
+    assert "best val. accuracy" in done.stdout and "run/checkpoints/step_000002" in done.stdout
+    assert "step 2/2" in done.stderr  # without a terminal: plain progress lines
+
+    done = run(["eval", "run"], tiny_cache, tmp_path)
     assert done.returncode == 0, done.stderr
-    result = json.loads((tmp_path / "ev" / "eval.json").read_text())
-    assert result["checkpoint"].endswith("step_000002")
+    result = json.loads((tmp_path / "run" / "evals" / "step-2" / "eval.json").read_text())
+    assert result["checkpoint"].endswith("step_000002") and result["step"] == 2
     assert result["val/all/n_problems"] == 6
+    assert "step_000002" in done.stdout and "problems" in done.stdout  # a table naming it
+    again = run(["eval", "run"], tiny_cache, tmp_path)  # never clobbers the earlier eval
+    assert again.returncode == 2 and "--overwrite" in again.stderr
+    assert json.loads((tmp_path / "run" / "evals" / "step-2" / "eval.json").read_text()) == result
+    done = run(["eval", "run", "--base", "--json"], tiny_cache, tmp_path)
+    assert done.returncode == 0, done.stderr
+    base = json.loads(done.stdout)
+    assert base["checkpoint"] is None and base["routing"] == "base"
+    assert (tmp_path / "run" / "evals" / "base" / "eval.json").exists()
 
     done = run(["train", str(config), "--out", "run"], tiny_cache, tmp_path)
     assert done.returncode == 2 and "--resume" in done.stderr

@@ -44,6 +44,9 @@ TABLES = (
     "table-detectors",
 )
 FIGURES = ("fig-delta", "fig-scatter", "fig-dynamics-math-tiny-s", "fig-instability")
+# and one per-role figure per trained cell that finished: Voting IP and SP, Eval-Opt IP (two seeds
+# each), Eval-Opt SP (seed 1 failed) and SA-RL (two seeds)
+ROLE_FIGURES = 9
 
 pytestmark = pytest.mark.skipif(
     not CHROMIUM.exists(),
@@ -103,7 +106,7 @@ def test_every_figure_is_shown_and_decoded(page):
         assert figure.is_displayed() and img.is_displayed(), fig_id
         assert img.get_attribute("src").startswith("data:image/png;base64,"), fig_id
     images = page.find_elements(By.TAG_NAME, "img")
-    assert len(images) == len(FIGURES)
+    assert len(images) == len(FIGURES) + ROLE_FIGURES
     widths = page.execute_script(
         "return Array.from(document.images).map(i => [i.complete, i.naturalWidth]);"
     )
@@ -114,4 +117,47 @@ def test_page_ids_are_exactly_the_reports(page):
     ids = page.execute_script(
         "return Array.from(document.querySelectorAll('table[id], figure[id]')).map(e => e.id);"
     )
-    assert sorted(ids) == sorted(TABLES + FIGURES)
+    roles = [i for i in ids if i.startswith("fig-roles-")]
+    assert len(roles) == ROLE_FIGURES
+    assert sorted(set(ids) - set(roles)) == sorted(TABLES + FIGURES)
+
+
+# Read from the page: for every figure, its image's box, alt text and caption; and the layout
+# problems the report found in the figure's own text boxes (matplotlib's extents).
+FIGURE_FACTS = """
+return Array.from(document.querySelectorAll('figure')).map(f => {
+  const img = f.querySelector('img'), cap = f.querySelector('figcaption');
+  const r = img.getBoundingClientRect();
+  return {id: f.id, alt: img.alt, caption: cap ? cap.textContent : '',
+          box: [r.left + scrollX, r.top + scrollY, r.right + scrollX, r.bottom + scrollY],
+          natural: [img.naturalWidth, img.naturalHeight],
+          problems: Array.from(f.querySelectorAll('p.problem')).map(p => p.textContent)};
+});
+"""
+
+
+def test_every_figure_has_alt_text_a_caption_and_a_clean_layout(page):
+    facts = page.execute_script(FIGURE_FACTS)
+    assert len(facts) == len(FIGURES) + ROLE_FIGURES
+    width = page.execute_script("return document.documentElement.clientWidth;")
+    for fig in facts:
+        assert len(fig["alt"].split()) >= 4, fig["id"]  # a sentence, not a file name
+        assert len(fig["caption"].split()) >= 6, fig["id"]
+        assert not fig["problems"], (fig["id"], fig["problems"])  # no text overlaps or clipping
+        left, top, right, bottom = fig["box"]
+        assert left >= 0 and right <= width + 0.5, (fig["id"], fig["box"], width)  # not clipped
+        assert right - left > 0 and bottom - top > 0
+    boxes = sorted(f["box"] for f in facts)
+    for a, b in zip(boxes, boxes[1:], strict=False):  # figures never sit on one another
+        assert a[3] <= b[1] + 0.5 or a[2] <= b[0] + 0.5, (a, b)
+
+
+def test_the_headline_opens_the_page(page):
+    from selenium.webdriver.common.by import By
+
+    first = page.execute_script("return document.querySelector('h1').nextElementSibling.id;")
+    assert first == "headline"
+    items = [li.text for li in page.find_elements(By.CSS_SELECTOR, "#headline li")]
+    assert len(items) == 3, items
+    assert "beat the base model" in items[0] and "matched pairs" in items[1]
+    assert items[2].startswith("Detectors fired:")

@@ -20,7 +20,7 @@ import pytest
 from marlow.config import resolve
 from marlow.diagnostics.detectors import describe, gradient_amplification
 from marlow.tiny.pretrain import pretrain_tiny
-from marlow.train.trainer import Trainer, read_metrics
+from marlow.training.trainer import Trainer, read_metrics
 
 SLOTS = {"generator": 3, "aggregator": 1}
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from marlow.diagnostics.detectors import gradient_amplification
 from marlow.diagnostics.runstats import run_statistics
-from marlow.train.trainer import Trainer, read_metrics
+from marlow.training.trainer import Trainer, read_metrics
 from tests.integration.reference import vary_rewards
 
 SLOTS = {"generator": 3, "aggregator": 1}

@@ -13,7 +13,7 @@ from marlow.tasks.base import CodeGrader
 from marlow.tiny import codegen
 from marlow.tiny.model import build_model
 from marlow.tiny.tokenizer import build_tokenizer
-from marlow.train.trainer import Trainer, read_metrics
+from marlow.training.trainer import Trainer, read_metrics
 from marlow.types import SamplingParams
 from marlow.workflows import build_workflow
 from marlow.workflows.engine import run_episodes

@@ -79,7 +79,7 @@ def run_rank(rank: int, size: int, port: int, cache: str, out: str, routing: str
         WORLD_SIZE=str(size),
     )
     from marlow.config import load_config
-    from marlow.train.trainer import Trainer
+    from marlow.training.trainer import Trainer
     from tests.integration.reference import vary_rewards
 
     cfg = load_config(None, [*SETTINGS, f"policy.routing={routing}"])
@@ -89,7 +89,7 @@ def run_rank(rank: int, size: int, port: int, cache: str, out: str, routing: str
 @pytest.mark.parametrize("routing", ["ip", "sp"])
 def test_two_gloo_ranks_train_what_one_process_trains(tiny_cache, tmp_path, routing):
     from marlow.config import load_config
-    from marlow.train.trainer import Trainer
+    from marlow.training.trainer import Trainer
     from tests.integration.reference import vary_rewards
 
     one, two = tmp_path / "one", tmp_path / "two"
@@ -140,7 +140,7 @@ def test_nproc_refuses_call_seeding_before_launching(tmp_path):
 
 def test_data_parallel_needs_request_seeding_and_a_problem_per_rank():
     from marlow.config import ConfigError, load_config
-    from marlow.train.distributed import check_world
+    from marlow.training.distributed import check_world
 
     check_world(load_config(None, ["rollout.seeding=call"]), 1)  # one process: anything goes
     with pytest.raises(ConfigError, match=r"'rollout\.seeding' is 'call'.*valid: request"):
@@ -151,7 +151,7 @@ def test_data_parallel_needs_request_seeding_and_a_problem_per_rank():
 
 
 def test_world_shards_in_contiguous_blocks():
-    from marlow.train.distributed import World
+    from marlow.training.distributed import World
 
     blocks = [World(r, 3).shard(8) for r in range(3)]
     assert [list(b) for b in blocks] == [[0, 1, 2], [3, 4, 5], [6, 7]]

@@ -1,7 +1,7 @@
 """Adapter-sync checks that fail loudly (issue 15, item 6).
 
 After every update the trainer has the rollout engine score one probe turn per adapter and
-compares with its own log-probs (``marlow.train.sync``). The HF engine scores through the
+compares with its own log-probs (``marlow.training.sync``). The HF engine scores through the
 trainer's own model: its drift is exactly 0 where the trainer scored the probe turn alone, and
 round-off (< 1e-6) on diagnostics steps, where the trainer's values come from padded
 micro-batches. Engines broken on purpose, one serving a stale deep copy of the model
@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 from marlow.cli import app
 from marlow.config import dump_config
 from marlow.rollout.hf import HFEngine
-from marlow.train.sync import TOLERANCE, AdapterSyncError, check_sync
-from marlow.train.trainer import Trainer
+from marlow.training.sync import TOLERANCE, AdapterSyncError, check_sync
+from marlow.training.trainer import Trainer
 from tests.conftest import shrunk_config
 from tests.integration.reference import VOTING_IP, vary_rewards
 
@@ -76,7 +76,7 @@ def test_the_cli_reports_a_sync_failure_in_one_line(tiny_cache, tmp_path, monkey
     def stale_engine(name, model, tokenizer, **kwargs):
         return HFEngine(copy.deepcopy(model), tokenizer, **kwargs)
 
-    monkeypatch.setattr("marlow.train.trainer.make_engine", stale_engine)
+    monkeypatch.setattr("marlow.training.trainer.make_engine", stale_engine)
     monkeypatch.setattr(Trainer, "rollout", _varied(Trainer.rollout))
     config = tmp_path / "c.yaml"
     config.write_text(dump_config(shrunk_config(**SETTINGS)))

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from marlow.policy.adapters import adapter_parameters
-from marlow.train import trainer as trainer_module
-from marlow.train.trainer import Trainer
+from marlow.training import trainer as trainer_module
+from marlow.training.trainer import Trainer
 
 
 def one_step(cfg, out, monkeypatch, fused: bool):

@@ -10,8 +10,8 @@ import torch
 
 from marlow.algo.credit import turn_advantages
 from marlow.policy.adapters import adapter_parameters, use_adapter
-from marlow.train.batch import credit_rows
-from marlow.train.trainer import Trainer
+from marlow.training.batch import credit_rows
+from marlow.training.trainer import Trainer
 from tests.integration.reference import completion_logp
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from marlow.policy.adapters import adapter_parameters, use_adapter
-from marlow.train.trainer import Trainer
+from marlow.training.trainer import Trainer
 from tests.integration.reference import completion_logp
 
 
@@ -107,7 +107,7 @@ def test_resumed_run_equals_uninterrupted(small_config, tmp_path):
     assert resumed.step == 4
 
     reference = Trainer(cfg, tmp_path / "ref")
-    from marlow.train import checkpoint
+    from marlow.training import checkpoint
 
     checkpoint.load(
         full / "checkpoints" / "step_000004", reference.model, reference.adapters, reference.optim

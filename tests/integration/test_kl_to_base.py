@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from marlow.policy.adapters import use_adapter
-from marlow.train.trainer import Trainer
+from marlow.training.trainer import Trainer
 from marlow.types import BASE
 from tests.integration.reference import completion_logp
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from marlow.policy.adapters import adapter_parameters
-from marlow.train import checkpoint
-from marlow.train.nonfinite import NonFiniteRun
-from marlow.train.trainer import Trainer, read_metrics
+from marlow.training import checkpoint
+from marlow.training.nonfinite import NonFiniteRun
+from marlow.training.trainer import Trainer, read_metrics
 from tests.integration.reference import VOTING_IP, vary_rewards
 
 SETTINGS = {**VOTING_IP, "train": {"keep_checkpoints": None}}  # every step's checkpoint

@@ -25,9 +25,9 @@ from typer.testing import CliRunner
 
 from marlow.cli import app
 from marlow.policy.adapters import use_adapter
-from marlow.train import runbase
-from marlow.train.export import ExportError, export_run
-from marlow.train.trainer import Trainer
+from marlow.training import runbase
+from marlow.training.export import ExportError, export_run
+from marlow.training.trainer import Trainer
 from tests.conftest import shrunk_config
 from tests.integration.reference import VOTING_IP, vary_rewards
 

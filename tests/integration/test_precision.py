@@ -29,8 +29,8 @@ import pytest
 import torch
 
 from marlow.policy.adapters import adapter_parameters
-from marlow.train import checkpoint
-from marlow.train.trainer import Trainer, read_metrics
+from marlow.training import checkpoint
+from marlow.training.trainer import Trainer, read_metrics
 from tests.integration.reference import vary_rewards
 
 RTOL = {"entropy": 2e-3, "nll": 2e-3, "perplexity": 2e-3, "ratio_max": 6e-2}

@@ -17,7 +17,7 @@ from marlow.config import load_config
 from marlow.plan import plan_run
 from marlow.policy.adapters import adapter_parameters
 from marlow.tiny.model import n_parameters
-from marlow.train.trainer import Trainer
+from marlow.training.trainer import Trainer
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "qwen3-0.6b-smoke.yaml"
 

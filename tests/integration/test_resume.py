@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from marlow.cli import app
-from marlow.train.trainer import Trainer
+from marlow.training.trainer import Trainer
 from tests.conftest import shrunk_config
 from tests.integration.reference import VOTING_IP, vary_rewards
 
@@ -201,8 +201,8 @@ DRIVER = """
 import json, os, signal, sys
 from pathlib import Path
 from marlow.config import RunConfig
-from marlow.train import checkpoint
-from marlow.train.trainer import Trainer
+from marlow.training import checkpoint
+from marlow.training.trainer import Trainer
 from tests.integration.reference import VOTING_IP, vary_rewards
 
 config, out, point = RunConfig.model_validate_json(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
@@ -265,7 +265,7 @@ def test_a_file_workflow_is_kept_in_the_run_and_a_changed_file_refuses_resume(
 ):
     """config.yaml names a workflow file by its path; the run keeps the file's text beside it
     (RUN/workflow.yaml), and a resume after the file changed is refused in one line."""
-    from marlow.train.resume import ResumeError
+    from marlow.training.resume import ResumeError
 
     source = Path(__file__).parents[2] / "configs" / "workflows" / "debate.yaml"
     mine = tmp_path / "debate.yaml"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from marlow.policy.adapters import adapter_parameters
-from marlow.train.trainer import Trainer
+from marlow.training.trainer import Trainer
 
 TWIN = """\
 title: Twin workers

@@ -25,7 +25,7 @@ import pytest
 
 from marlow.policy.routing import make_routing
 from marlow.rewards.math import last_boxed
-from marlow.train.trainer import Trainer, step_seed
+from marlow.training.trainer import Trainer, step_seed
 from marlow.types import Completion, Episode, Problem, SamplingParams
 from marlow.workflows import build_workflow
 from marlow.workflows.engine import run_episodes

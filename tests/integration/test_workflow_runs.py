@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from marlow.train.trainer import Trainer, read_metrics
+from marlow.training.trainer import Trainer, read_metrics
 
 ROLES = {
     "single": ["generator"],

@@ -6,7 +6,7 @@ import pytest
 
 from marlow.algo.credit import CreditRows, turn_advantages
 from marlow.rewards.math import grade_math
-from marlow.train.batch import credit_rows
+from marlow.training.batch import credit_rows
 from marlow.types import Episode, Turn
 from marlow.workflows import build_workflow, workflow_names
 from marlow.workflows.credit import assign_role_rewards

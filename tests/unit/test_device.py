@@ -12,9 +12,9 @@ from marlow.config import ConfigError
 from marlow.models import resolve_device
 from marlow.policy.adapters import LoraSpec, adapter_parameters, attach_adapters, use_adapter
 from marlow.rollout.hf import HFEngine
-from marlow.train.batch import build_batches
-from marlow.train.optim import AdapterOptimizers
-from marlow.train.scoring import score_rows
+from marlow.training.batch import build_batches
+from marlow.training.optim import AdapterOptimizers
+from marlow.training.scoring import score_rows
 from marlow.types import GenRequest, SamplingParams, Turn
 
 NO_ACCELERATOR = not torch.cuda.is_available() and not torch.backends.mps.is_available()

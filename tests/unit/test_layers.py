@@ -10,17 +10,21 @@ import sys
 import pytest
 
 RULES = {
-    "marlow.config": ("marlow.workflows", "marlow.rollout", "marlow.train"),
+    "marlow.config": ("marlow.workflows", "marlow.rollout", "marlow.training"),
     "marlow.tiny.pretrain": ("marlow.rollout", "marlow.rewards", "marlow.workflows"),
     "marlow.tiny.codecorpus": ("marlow.rollout", "marlow.rewards", "marlow.workflows"),
-    "marlow.diagnostics.signatures": ("marlow.workflows", "marlow.train", "marlow.report"),
-    "marlow.diagnostics.detectors": ("marlow.workflows", "marlow.train", "marlow.report"),
-    "marlow.report.figures": ("marlow.experiments", "marlow.train"),
-    "marlow.algo.credit": ("marlow.train", "marlow.workflows", "marlow.types"),
+    "marlow.diagnostics.signatures": ("marlow.workflows", "marlow.training", "marlow.report"),
+    "marlow.diagnostics.detectors": ("marlow.workflows", "marlow.training", "marlow.report"),
+    "marlow.report.figures": ("marlow.experiments", "marlow.training"),
+    "marlow.algo.credit": ("marlow.training", "marlow.workflows", "marlow.types"),
     # a dry run: it builds the model on the meta device and attaches adapters, nothing else
-    "marlow.plan": ("marlow.train", "marlow.rollout", "marlow.experiments", "marlow.report"),
+    "marlow.plan": ("marlow.training", "marlow.rollout", "marlow.experiments", "marlow.report"),
     # the distributed helpers sit under the trainer, beside the config
-    "marlow.train.distributed": ("marlow.train.trainer", "marlow.workflows", "marlow.rollout"),
+    "marlow.training.distributed": (
+        "marlow.training.trainer",
+        "marlow.workflows",
+        "marlow.rollout",
+    ),
 }
 
 

@@ -127,7 +127,7 @@ def test_the_parse_rule_decides_the_evaluator_reward_under_role_credit():
 def test_the_minibatch_unit_sets_the_number_of_updates(small_config, tmp_path, unit, updates):
     """Voting under SP, 2 problems x 4 episodes x 4 turns = 32 turns, M = 4: in turns, 8
     updates of 4 turns; in prompts (verl's count), 4 x 4 = 16 turns per update, 2 updates."""
-    from marlow.train.trainer import Trainer
+    from marlow.training.trainer import Trainer
 
     cfg = small_config(
         workflow={"name": "voting"},
@@ -151,7 +151,7 @@ def test_shared_uncapped_schedule_climbs_back_after_the_end():
     """verl's cosine is not capped: with two adapters on one shared clock (t advances 2 per
     step), S = 10, W = 0: the rate is lr0 * 0.5 * (1 + cos(pi * 2k / 10)) at step k -- 0 at step
     5, back to lr0 at step 10; per-role-update holds 0 from step 5 on."""
-    from marlow.train.optim import AdapterOptimizers
+    from marlow.training.optim import AdapterOptimizers
 
     def rates(stepping: str) -> list[float]:
         params = {n: [torch.nn.Parameter(torch.ones(2))] for n in ("generator", "aggregator")}
@@ -226,7 +226,7 @@ def test_trajectory_names_keep_voters_apart_and_pool_workers_and_rounds():
     assert names["orch_workers"] == ["orchestrator", "synthesizer", "worker"]
     # the names reach the turns, and the groups: two problems x voting's 4 trajectories
     from marlow.algo.credit import turn_advantages
-    from marlow.train.batch import credit_rows
+    from marlow.training.batch import credit_rows
 
     eps = _voting_episodes()
     turns, rows = credit_rows(eps)

@@ -32,6 +32,8 @@ from marlow.experiments.grid import expand, parse_grid
 from marlow.fileio import write_json, write_text
 from marlow.report import build_report, make_report, paired_test, sign_flip_p
 from marlow.report import stats as report_stats
+from marlow.report.figures import _figure, _seed_lines, layout_problems, slug
+from marlow.report.tables import fmt
 
 GRID = {
     "workflows": ["voting", "eval_opt"],
@@ -363,7 +365,16 @@ def test_html_is_self_contained_with_every_id(built, tables):
     for fig in payload["figures"]:
         assert f'<figure id="{fig["id"]}"><img' in html
         assert (built.parent / fig["png"]).read_bytes()[:4] == b"\x89PNG"
-    assert html.count('src="data:image/png;base64,') == len(payload["figures"]) == 4
+    roles = [f["id"] for f in payload["figures"] if f["id"].startswith("fig-roles-")]
+    assert len(payload["figures"]) == 4 + len(roles)
+    trained = [  # every finished trained cell (IP, SP, SA-RL) has its per-role figure
+        name
+        for name in json.loads((built.parent.parent / "index.json").read_text())["cells"]
+        if name.split("-tiny-s")[0].endswith(("-IP", "-SP", "-SA")) and name != FAILED
+    ]
+    assert sorted(roles) == sorted(f"fig-roles-{slug(n)}" for n in trained)
+    assert html.count('src="data:image/png;base64,') == len(payload["figures"])
+    assert all(not f["layout_problems"] for f in payload["figures"])
     assert "0.650 \u00b1 0.071 (n=2)" in html  # Table 1's Voting IP cell
     assert "http://" not in html and "https://" not in html
 
@@ -388,3 +399,77 @@ def test_cli_report(tmp_path):
     ok = runner.invoke(app, ["report", str(tmp_path), "-o", str(tmp_path / "r.html")])
     assert ok.exit_code == 0, ok.output
     assert (tmp_path / "r.html").is_file() and (tmp_path / "r" / "table1.csv").is_file()
+
+
+# ------------------------------------------------ issue 18: headline, layout, counts, seeds
+
+
+def test_the_headline_says_what_the_tables_say(built):
+    page = json.loads(built.with_suffix(".json").read_text())
+    first, second, third = page["headline"]
+    # Voting IP (0.70, 0.60) vs base (0.35, 0.33): +31.0 points, the largest mean gain
+    assert first.startswith("4 of 4 trained multi-agent cells beat the base model")
+    assert "Voting IP tiny-s Math (+31.0 points)" in first
+    paired = page["tables"]["table-paired"]["rows"][-1]
+    assert f"over {paired['n']} matched pairs" in second and "IP peaks higher" in second
+    assert f"p = {paired['p_value']:.3g}" in second
+    fired = [r for r in page["tables"]["table-detectors"]["rows"] if r["fired"]]
+    assert third.startswith("Detectors fired:") and fired[0]["cell"] in third
+    html = built.read_text()
+    assert html.index('id="headline"') < html.index("<nav>")  # at the top of the page
+
+
+def test_layout_problems_finds_overlapping_and_clipped_text():
+    fig = _figure(4, 3)
+    ax = fig.subplots()
+    ax.set_title("a title")
+    assert layout_problems(fig) == []
+    ax.text(0.5, 1.02, "a text over the title", transform=ax.transAxes, ha="center")
+    assert any("overlap" in p and "a title" in p for p in layout_problems(fig))
+    fig = _figure(4, 3)
+    fig.subplots()
+    fig.text(0.9, 0.5, "far off to the right")
+    assert any("clipped" in p for p in layout_problems(fig))
+    fig = _figure(6, 3)  # sixty tick labels on a short axis collide
+    ax = fig.subplots()
+    ax.set_yticks(range(60), [f"cell {i}" for i in range(60)])
+    assert any("overlap" in p for p in layout_problems(fig))
+
+
+def test_counts_print_as_integers_and_measures_keep_decimals():
+    assert fmt(100.0, column="n_turns") == "100"
+    assert fmt(2.0, column="step") == "2" and fmt(512.0, column="length_p95") == "512"
+    assert fmt(41.5, column="length_mean") == "41.500"
+    assert fmt(1.0, column="boxed_rate") == "1.000"  # a rate that happens to be whole
+    assert fmt(0.25, column="n_turns") == "0.250"  # not a whole count: shown as it is
+
+
+def test_seeds_are_distinct_lines_around_their_mean():
+    from marlow.report.results import CellRun
+
+    def run(vals):
+        records = [{"step": s, "val/all/accuracy": v} for s, v in enumerate(vals)]
+        return CellRun(None, None, records, {}, {}, {})
+
+    fig = _figure(4, 3)
+    ax = fig.subplots()
+    runs = [(0, run([0.2, 0.4])), (1, run([0.3, 0.5])), (2, run([0.4, 0.9]))]
+    assert _seed_lines(ax, runs, "val/all/accuracy", "C0", ".")
+    *each, mean = ax.lines
+    assert [line.get_linestyle() for line in each] == ["-", "--", ":"]  # one pattern per seed
+    assert mean.get_linewidth() > max(line.get_linewidth() for line in each)
+    assert list(mean.get_ydata()) == pytest.approx([0.3, 0.6])
+    band = ax.collections[0].get_paths()[0].vertices[:, 1]  # the 95 % band, clipped to [0, 1]
+    bounds = [report_stats.ci95([0.2, 0.3, 0.4]), report_stats.ci95([0.4, 0.5, 0.9])]
+    assert min(band) == pytest.approx(min(max(lo, 0.0) for lo, _ in bounds))
+    assert max(band) == pytest.approx(max(min(hi, 1.0) for _, hi in bounds))
+    assert min(band) == 0.0  # step 1's interval reaches below 0: clipped
+
+
+def test_ci95_is_the_t_interval_of_the_mean():
+    lo, hi = report_stats.ci95([1.0, 2.0, 3.0])  # mean 2, sd 1, t(0.975, 2) = 4.303
+    assert (lo, hi) == pytest.approx((2 - 4.303 / 3**0.5, 2 + 4.303 / 3**0.5))
+    assert report_stats.ci95([0.5]) is None
+    many = [float(i % 7) for i in range(40)]  # past the table: the normal's 1.96
+    mean, sd = sum(many) / 40, __import__("statistics").stdev(many)
+    assert report_stats.ci95(many)[1] == pytest.approx(mean + 1.96 * sd / 40**0.5)

@@ -520,7 +520,7 @@ def test_require_namespaces_names_what_failed_and_how_to_get_it(monkeypatch):
 
 def test_run_start_logs_and_records_the_isolation(tmp_path, monkeypatch):
     from marlow.config import ConfigError, resolve
-    from marlow.train.trainer import record_isolation, sandbox_isolation
+    from marlow.training.trainer import record_isolation, sandbox_isolation
 
     lines: list[str] = []
     assert sandbox_isolation(resolve({}), lines.append) is None  # math: no sandbox

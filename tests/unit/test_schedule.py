@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from marlow.train.optim import AdapterOptimizers, cosine_lr
+from marlow.training.optim import AdapterOptimizers, cosine_lr
 
 LR, WARMUP, TOTAL = 1e-3, 3, 10
 

@@ -7,8 +7,8 @@ import random
 import torch
 
 from marlow.algo.credit import CreditRows
-from marlow.train.batch import build_batches
-from marlow.train.scoring import micro_batches, score_rows
+from marlow.training.batch import build_batches
+from marlow.training.scoring import micro_batches, score_rows
 from marlow.types import Turn
 
 

@@ -52,7 +52,7 @@ def test_val_size_must_leave_training_problems():
 
 @needs_data
 def test_a_run_trains_on_a_dataset_file(small_config, tmp_path):
-    from marlow.train.trainer import Trainer, read_metrics
+    from marlow.training.trainer import Trainer, read_metrics
 
     cfg = small_config(task={"source": GSM8K, "dataset": "gsm8k", "val_size": 4}, steps=1)
     out = Trainer(cfg, tmp_path / "run").run()

@@ -70,8 +70,8 @@ def _train(
     """Run the cell's trainer (resuming its last checkpoint); a transfer cell first loads the
     SA-RL cell's generator adapter."""
     from marlow.policy.adapters import load_adapter_weights
-    from marlow.train import checkpoint
-    from marlow.train.trainer import Trainer
+    from marlow.training import checkpoint
+    from marlow.training.trainer import Trainer
 
     trainer = Trainer(config, run_dir, log=log)
     if kind == "transfer" and "generator" not in (config.policy.role_map or {}):

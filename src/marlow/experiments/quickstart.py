@@ -27,7 +27,7 @@ from marlow.diagnostics.runstats import run_statistics, series
 from marlow.experiments.grid import GridSpec, expand
 from marlow.experiments.runner import run_grid
 from marlow.fileio import write_json
-from marlow.train.trainer import read_metrics
+from marlow.training.trainer import read_metrics
 
 Log = Callable[[str], None]
 
@@ -117,29 +117,35 @@ def gains_over_base(cells: dict[str, dict]) -> dict[str, dict[str, float]]:
     }
 
 
+BASE_STYLES = {"Voting": ("k", ":"), "Single": ("#8c564b", "-.")}
+"""The untrained models' lines: each base its own colour and dashes (through Voting: black
+dotted; as a single agent: brown dash-dot), apart from the trained cells' colours (by policy)."""
+POLICY_COLORS = {"IP": "C0", "SP": "C1", "SA": "C2"}  # as in marlow report's figures
+
+
 def plot_curves(cells: dict[str, Path], path: Path, task: str = "math") -> None:
-    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig = Figure(figsize=(6.4, 4.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
     for name, run_dir in cells.items():
         curve = accuracy_curve(run_dir)
         steps, acc = zip(*curve, strict=True)
         if len(curve) == 1:
-            ax.axhline(acc[0], linestyle="--", color="gray", label=f"{name} (untrained)")
+            color, dashes = BASE_STYLES.get(name.split("-")[0], ("0.5", "--"))
+            ax.axhline(acc[0], ls=dashes, color=color, lw=1.4, label=f"{name} (untrained)")
         else:
-            ax.plot(steps, acc, marker="o", label=name)
+            policy = name.split("-tiny")[0].rsplit("-", 1)[-1]
+            ax.plot(steps, acc, marker="o", color=POLICY_COLORS.get(policy, "C4"), label=name)
     ax.set_xlabel("training step")
     ax.set_ylabel("validation accuracy")
     ax.set_title(f"marlow quickstart: tiny {task}")
-    ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
+    fig.legend(loc="outside lower center", ncols=2, fontsize=8)
     tmp = path.with_suffix(".tmp.png")
     fig.savefig(tmp, dpi=120)
-    plt.close(fig)
     os.replace(tmp, path)  # fileio writes text; a figure is saved by matplotlib itself
 
 
@@ -152,10 +158,11 @@ def quickstart(
     settings: dict | None = None,
     task: str = "math",
     log: Log | None = None,
-    on_progress: Callable[[str, int, int], None] | None = None,
+    on_progress: Callable[[str, str, int, int], None] | None = None,
 ) -> dict:
     """Run the comparison on the tiny ``task`` world (math or code); returns the summary
-    written to ``out/summary.json``."""
+    written to ``out/summary.json``. ``on_progress(cell, state, step, total)``: the grid
+    runner's progress callback."""
     log = log or (lambda _m: None)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -178,9 +185,7 @@ def quickstart(
         out,
         workers=workers or len(cells),
         log=log,
-        on_progress=(lambda name, _state, step, total: on_progress(name, step, total))
-        if on_progress is not None
-        else None,
+        on_progress=on_progress,
     )
     failed = [name for name, state in states.items() if state != "done"]
     if failed:

@@ -24,7 +24,7 @@ Departures from plain PEFT usage, and why:
   renamed in, in the standard PEFT layout (``adapter_config.json`` + ``adapter_model.safetensors``)
   that ``PeftModel.from_pretrained(base, out_dir/<name>)`` loads anywhere.
 * **Saved configs are portable** (:func:`save_adapters`): ``base_model_name_or_path`` is the name
-  the caller gives (the run's base as the user named it, :mod:`marlow.train.runbase`), not the
+  the caller gives (the run's base as the user named it, :mod:`marlow.training.runbase`), not the
   folder the base happened to load from; ``target_modules`` are the sorted short names
   (``q_proj``, ...) that PEFT matches by suffix, not the full module paths PEFT resolves
   ``all-linear`` to. Short names are written only when they select exactly the modules that carry

@@ -29,6 +29,7 @@ from marlow.report.figures import (
     delta_figure,
     dynamics_figures,
     instability_figure,
+    role_figures,
     scatter_figure,
 )
 from marlow.report.html import page, table_csv
@@ -44,6 +45,7 @@ from marlow.report.tables import (
     paired_table,
     table1,
 )
+from marlow.workflows.load import workflow_title
 
 
 @dataclass
@@ -54,12 +56,67 @@ class Report:
     sections: list[tuple[str, str, list[str]]]  # (anchor, heading, table and figure ids)
 
     @property
+    def headline(self) -> list[str]:
+        return headline(self.tables)
+
+    @property
     def summary(self) -> str:
         res = self.results
         return (
             f"{res.root}: {len(res.ids) + _unidentified(res)} cells, {len(res.runs)} done, "
             f"{len(res.missing)} missing; {len(matched_pairs(res))} matched IP/SP pairs"
         )
+
+
+def headline(tables: dict[str, Table]) -> list[str]:
+    """The page's opening sentences, written from the tables: which trained cells beat their
+    base (peak, mean over seeds), IP against SP with the paired test over every matched pair,
+    and which detectors fired where."""
+    out = []
+    means: dict[tuple, list[float]] = {}
+    for r in tables["table-delta"].rows:
+        if r["delta_peak"] is not None and r["policy"] in ("ip", "sp"):
+            key = (
+                workflow_title(r["workflow"]),
+                r["policy"].upper(),
+                r["scale"],
+                r["task"].title(),
+            )
+            means.setdefault(key, []).append(r["delta_peak"])
+    if means:
+        gains = {k: sum(v) / len(v) for k, v in means.items()}
+        up = [k for k, g in gains.items() if g > 0]
+        best = max(gains, key=gains.get)
+        out.append(
+            f"{len(up)} of {len(gains)} trained multi-agent cells beat the base model at their "
+            f"peak (mean over seeds); the largest gain is {' '.join(best)} "
+            f"({100 * gains[best]:+.1f} points)."
+        )
+    pooled = [r for r in tables["table-paired"].rows if r["workflow"] == "all"]
+    if pooled and pooled[0]["n"]:
+        r = pooled[0]
+        higher = "IP" if r["mean_diff"] > 0 else "SP" if r["mean_diff"] < 0 else "neither"
+        p = "" if r["p_value"] is None else f", paired sign-flip p = {r['p_value']:.3g}"
+        floor = f" (the smallest p possible with {r['n']} pairs is {r['min_p']:.3g})"
+        out.append(
+            f"IP vs SP over {r['n']} matched pairs: {higher} peaks higher on average, by "
+            f"{100 * abs(r['mean_diff']):.1f} points{p}{floor if r['min_p'] > 0.05 else ''}."
+        )
+    fired: dict[str, list[str]] = {}
+    for r in tables["table-detectors"].rows:
+        if r["fired"]:
+            fired.setdefault(r["detector"], []).append(r["cell"])
+    if tables["table-detectors"].rows:
+        if fired:
+            where = "; ".join(
+                f"{name} in {len(cells)} cell{'s' * (len(cells) > 1)} ({', '.join(cells[:3])}"
+                f"{', ...' if len(cells) > 3 else ''})"
+                for name, cells in fired.items()
+            )
+            out.append(f"Detectors fired: {where}.")
+        else:
+            out.append("No detector fired in any trained cell.")
+    return out
 
 
 def _unidentified(res: GridRuns) -> int:
@@ -83,8 +140,14 @@ def make_report(results_dir: str | Path) -> Report:
         signatures_table(res),
         detectors_table(res),
     ]
-    dynamics = dynamics_figures(res)
-    plots = [delta_figure(delta), scatter_figure(res), *dynamics, instability_figure(inst)]
+    dynamics, roles = dynamics_figures(res), role_figures(res)
+    plots = [
+        delta_figure(delta),
+        scatter_figure(res),
+        *dynamics,
+        instability_figure(inst),
+        *roles,
+    ]
     sections = [
         ("sec-cells", "Cells", ["table-cells", "table-missing"]),
         ("sec-table1", "Table 1: peak accuracy and residuals vs SA-RL", ["table1"]),
@@ -92,6 +155,7 @@ def make_report(results_dir: str | Path) -> Report:
         ("sec-ip-sp", "IP vs SP", ["fig-scatter", "table-paired"]),
         ("sec-dynamics", "Training dynamics", [p.id for p in dynamics]),
         ("sec-instability", "Instability amplitude", ["fig-instability", "table-instability"]),
+        ("sec-roles", "Per-role training series", [p.id for p in roles]),
         ("sec-table2", "Table 2: per-role peak-over-first ratios", ["table2"]),
         ("sec-signatures", "Trajectory signatures", ["table-signatures"]),
         ("sec-detectors", "Detector verdicts", ["table-detectors"]),
@@ -134,18 +198,25 @@ def build_report(results_dir: str | Path, out_html: str | Path | None = None) ->
     payload = {
         "results_dir": str(report.results.root),
         "summary": report.summary,
+        "headline": report.headline,
         "grid": report.results.grid,
         "tables": {
             t.id: {"title": t.title, "note": t.note, "columns": t.columns, "rows": t.rows}
             for t in report.tables.values()
         },
         "figures": [
-            {"id": p.id, "title": p.title, "caption": p.caption, "png": f"{folder.name}/{p.id}.png"}
+            {
+                "id": p.id,
+                "title": p.title,
+                "caption": p.caption,
+                "png": f"{folder.name}/{p.id}.png",
+                "layout_problems": list(p.problems),
+            }
             for p in report.plots.values()
         ],
     }
     write_json(out.with_suffix(".json"), _finite(payload))
     items = {**report.tables, **report.plots}
     sections = [(a, h, [items[i] for i in ids]) for a, h, ids in report.sections]
-    write_text(out, page("marlow report", report.summary, sections))
+    write_text(out, page("marlow report", report.summary, sections, report.headline))
     return out

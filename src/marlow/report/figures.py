@@ -6,12 +6,21 @@ Agg canvas: no pyplot, no global backend switch, nothing left open).
 * ``fig-scatter``: IP peak (x) against SP peak (y) of every matched (task, scale, workflow,
   seed), with the diagonal; colour = workflow, marker = task (Fig. 3).
 * ``fig-dynamics-{task}-{scale}``: one per (task, scale), one column per multi-agent workflow;
-  top row train success (``train/all/accuracy``), bottom row validation accuracy, IP, SP and
-  SA-RL, one line per seed; the base's validation accuracy (mean over seeds) dotted (Fig. 4).
+  top row train success (``train/all/accuracy``), bottom row validation accuracy; per policy
+  (IP, SP, SA-RL) each seed a thin line of its own dash pattern, the mean over seeds a thick
+  line with its 95 % confidence band (:func:`marlow.report.stats.ci95`, where two or more seeds
+  logged the step); the base model through the workflow (black) and as a single agent (brown),
+  dotted (Fig. 4).
 * ``fig-instability``: max chi2, max grad norm and entropy collapse depth of every matched cell,
-  IP and SP side by side; cells labelled by workflow code (E, V, O), scale, task, seed (Fig. 5).
+  IP and SP side by side, one row per cell (Fig. 5).
+* ``fig-roles-{cell}``: every trained cell's per-role time series over steps: reward, gradient
+  norm (each role's own share under SP), chi2_update, entropy and mean response length, one
+  line per role (or adapter).
 
-A figure without data is still drawn, saying so, so the page always has the same figures; a
+Every figure is laid out by matplotlib's constrained layout, its legend below the plots, and is
+checked before it is encoded (:func:`layout_problems`: no two texts overlap, none leaves the
+canvas); a problem found is kept in ``Plot.problems`` and printed in the page, never hidden. A
+figure without data is still drawn, saying so, so the page always has the same figures; a
 statistic that is None (a run that never logged it) is a gap, not a zero. PNGs at 96 dpi; ids
 are lower case with anything but letters, digits and dots turned into dashes (``1.7B`` ->
 ``1.7b``).
@@ -24,18 +33,27 @@ import re
 from dataclasses import dataclass
 
 import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.text import Text
+from matplotlib.ticker import MaxNLocator
 
 from marlow.diagnostics.runstats import series
-from marlow.report.results import GridRuns
+from marlow.report.results import CellRun, GridRuns
+from marlow.report.stats import ci95
 from marlow.report.tables import Table, groups, matched_pairs, seeds
 from marlow.titles import POLICY_LABELS
 from marlow.workflows.load import workflow_title
 
-COLORS = {"ip": "C0", "sp": "C1", "sa-rl": "0.35", "transfer": "C2", "base": "0.6"}
-STYLES = {"ip": "-", "sp": "-", "sa-rl": "--"}
+COLORS = {"ip": "C0", "sp": "C1", "sa-rl": "C2", "transfer": "C4", "base": "k"}
+BASE_SINGLE = "#8c564b"  # the single-agent base, distinct from the workflow's base (black)
+SEED_DASHES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)))  # seed i of a cell: its own dashes
 MARKERS = {"math": "o", "code": "s"}
 DPI = 96
+OVERLAP_PX = 1.0  # two texts whose boxes share more than this area (px^2) overlap
+BAND_SEEDS = 3
+"""Seeds a step needs for its 95 % band: with two, t(0.975, 1) = 12.7 makes the band +-9 sd wide
+and it covers the whole axis; the two seed lines themselves show the spread better."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +62,66 @@ class Plot:
     title: str
     caption: str
     png: bytes
+    problems: tuple[str, ...] = ()  # what layout_problems found
+
+    @property
+    def alt(self) -> str:
+        return f"{self.title}. {self.caption}"
+
+
+def _figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _texts(fig: Figure, renderer) -> list[tuple[str, object]]:
+    """(text, window extent) of every text the figure draws: titles, labels, tick labels of
+    ticks inside the view, legends, annotations."""
+    found: list[Text] = [t for t in (fig._suptitle,) if t is not None] + list(fig.texts)
+    for legend in fig.legends:
+        found += legend.get_texts()
+    for ax in fig.axes:
+        found += [ax.title, ax._left_title, ax._right_title, *ax.texts]
+        if ax.get_legend() is not None:
+            found += ax.get_legend().get_texts()
+        for axis, view in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
+            found.append(axis.label)
+            lo, hi = sorted(view)
+            pad = 1e-9 * max(1.0, abs(hi - lo))
+            for tick in axis.get_major_ticks():
+                if lo - pad <= tick.get_loc() <= hi + pad:
+                    found += [tick.label1, tick.label2]
+    return [
+        (t.get_text(), t.get_window_extent(renderer))
+        for t in dict.fromkeys(found)  # once each (the suptitle is also among fig.texts)
+        if t.get_visible() and t.get_text().strip() and (t.axes is None or t.axes.get_visible())
+    ]
+
+
+def layout_problems(fig: Figure) -> list[str]:
+    """Texts of ``fig`` that overlap another or leave the canvas, as drawn (one line each)."""
+    fig.canvas.draw()
+    boxes = _texts(fig, fig.canvas.get_renderer())
+    width, height = fig.bbox.width, fig.bbox.height
+    out = []
+    for text, bb in boxes:
+        if bb.x0 < -1 or bb.y0 < -1 or bb.x1 > width + 1 or bb.y1 > height + 1:
+            out.append(f"text {text!r} is clipped at the figure's edge")
+    for i, (a, ba) in enumerate(boxes):
+        for b, bb in boxes[i + 1 :]:
+            w = min(ba.x1, bb.x1) - max(ba.x0, bb.x0)
+            h = min(ba.y1, bb.y1) - max(ba.y0, bb.y0)
+            if w > 0 and h > 0 and w * h > OVERLAP_PX:
+                out.append(f"texts {a!r} and {b!r} overlap")
+    return out
+
+
+def _plot(id: str, title: str, caption: str, fig: Figure) -> Plot:
+    problems = tuple(layout_problems(fig))
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    return Plot(id, title, caption, buf.getvalue(), problems)
 
 
 def slug(text: str) -> str:
@@ -51,17 +129,11 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-")
 
 
-def _png(fig: Figure) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
-    return buf.getvalue()
-
-
-def _empty(fig: Figure, what: str) -> bytes:
+def _empty(fig: Figure, what: str) -> Figure:
     ax = fig.subplots()
     ax.axis("off")
     ax.text(0.5, 0.5, f"no data: {what}", ha="center", va="center", fontsize=12)
-    return _png(fig)
+    return fig
 
 
 def delta_figure(delta: Table) -> Plot:
@@ -71,10 +143,11 @@ def delta_figure(delta: Table) -> Plot:
             key = (r["task"], r["scale"], r["workflow"], r["policy"])
             bars.setdefault(key, []).append(r["delta_peak"])
     keys = sorted(bars, key=lambda k: (k[2], k[0], k[1], k[3]))
-    fig = Figure(figsize=(7.0, 1.2 + 0.32 * max(len(keys), 1)))
+    fig = _figure(7.0, 1.4 + 0.3 * max(len(keys), 1))
     caption = "Peak validation accuracy minus the base model's (bar: mean over seeds; dots: seeds)."
+    title = "Delta against the base"
     if not keys:
-        return Plot("fig-delta", "Delta against the base", caption, _empty(fig, "no deltas"))
+        return _plot("fig-delta", title, caption, _empty(fig, "no deltas"))
     ax = fig.subplots()
     y = np.arange(len(keys))
     ax.barh(y, [np.mean(bars[k]) for k in keys], color=[COLORS.get(k[3], "C4") for k in keys])
@@ -87,15 +160,15 @@ def delta_figure(delta: Table) -> Plot:
     ax.invert_yaxis()
     ax.axvline(0, color="k", lw=0.8)
     ax.set_xlabel("peak accuracy \u2212 base")
-    return Plot("fig-delta", "Delta against the base", caption, _png(fig))
+    return _plot("fig-delta", title, caption, fig)
 
 
 def scatter_figure(res: GridRuns) -> Plot:
     pairs = matched_pairs(res)
     caption = "IP vs SP peak validation accuracy on matched cells; above the diagonal SP is higher."
-    fig = Figure(figsize=(5.2, 5.0))
+    fig = _figure(5.2, 5.4)
     if not pairs:
-        return Plot("fig-scatter", "IP vs SP", caption, _empty(fig, "no matched IP/SP cells"))
+        return _plot("fig-scatter", "IP vs SP", caption, _empty(fig, "no matched IP/SP cells"))
     ax = fig.subplots()
     workflows = list(dict.fromkeys(key[2] for key, *_ in pairs))
     seen: set[str] = set()
@@ -117,8 +190,9 @@ def scatter_figure(res: GridRuns) -> Plot:
     ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="IP = SP")
     ax.set(xlim=(lo, hi), ylim=(lo, hi), xlabel="IP peak accuracy", ylabel="SP peak accuracy")
     ax.set_aspect("equal")
-    ax.legend(fontsize=8)
-    return Plot("fig-scatter", "IP vs SP", caption, _png(fig))
+    ax.tick_params(axis="x", labelrotation=45)
+    fig.legend(loc="outside lower center", ncols=min(len(seen) + 1, 3), fontsize=8)
+    return _plot("fig-scatter", "IP vs SP", caption, fig)
 
 
 def dynamics_figures(res: GridRuns) -> list[Plot]:
@@ -126,37 +200,77 @@ def dynamics_figures(res: GridRuns) -> list[Plot]:
     return [_dynamics(res, task, scale) for task, scale in points]
 
 
+def _seed_lines(ax, runs: list[tuple[int, CellRun]], key: str, color: str, marker: str) -> bool:
+    """Each seed's series thin, in its own dash pattern; the mean over seeds thick with its
+    95 % band where two or more seeds logged the step. False when no seed logged ``key``."""
+    by_step: dict[int, list[float]] = {}
+    drawn = False
+    for index, (_seed, run) in enumerate(runs):
+        pts = series(run.records, key)
+        if not pts:
+            continue
+        steps, vals = zip(*pts, strict=True)
+        dash = SEED_DASHES[index % len(SEED_DASHES)]
+        thin = {"lw": 0.8, "alpha": 0.6} if len(runs) > 1 else {"lw": 1.4}
+        ax.plot(steps, vals, color=color, ls=dash, marker=marker, ms=3, **thin)
+        for step, value in pts:
+            by_step.setdefault(step, []).append(value)
+        drawn = True
+    if len(runs) > 1 and by_step:
+        steps = sorted(by_step)
+        ax.plot(steps, [np.mean(by_step[s]) for s in steps], color=color, lw=2.0)
+        band = [(s, ci95(by_step[s])) for s in steps if len(by_step[s]) >= BAND_SEEDS]
+        band = [(s, (max(b[0], 0.0), min(b[1], 1.0))) for s, b in band if b is not None]
+        if band:
+            xs = [s for s, _ in band]
+            ax.fill_between(
+                xs, [b[0] for _, b in band], [b[1] for _, b in band], color=color, alpha=0.15, lw=0
+            )
+    return drawn
+
+
 def _dynamics(res: GridRuns, task: str, scale: str) -> Plot:
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
     workflows = [wf for t, s, wf in groups(res) if (t, s) == (task, scale)]
-    fig = Figure(figsize=(3.6 * len(workflows) + 0.6, 5.6))
-    axes = fig.subplots(2, len(workflows), squeeze=False, sharey="row")
+    fig = _figure(3.6 * len(workflows) + 0.8, 6.2)
+    axes = fig.subplots(2, len(workflows), squeeze=False, sharey="row", sharex="col")
     legend: dict[str, object] = {}
+    point_seeds = seeds(res, task, scale)
     for col, wf in enumerate(workflows):
         top, bottom = axes[0][col], axes[1][col]
         top.set_title(workflow_title(wf))
-        base_vals = []
-        for seed in seeds(res, task, scale):
-            point = (task, scale, seed)
-            for policy in ("ip", "sp", "sa-rl"):
-                run = res.find(policy, "single" if policy == "sa-rl" else wf, point)
-                if run is None:
-                    continue
-                style = {"color": COLORS[policy], "ls": STYLES[policy], "lw": 1.2}
-                for ax, key, marker in (
-                    (top, "train/all/accuracy", ""),
-                    (bottom, "val/all/accuracy", "."),
-                ):
-                    pts = series(run.records, key)
-                    if pts:
-                        steps, vals = zip(*pts, strict=True)
-                        (line,) = ax.plot(steps, vals, marker=marker, **style)
-                        legend.setdefault(POLICY_LABELS.get(policy, policy), line)
-            base = res.find("base", wf, point)
-            if base is not None:
-                base_vals.append(base.peak)
-        if base_vals:
-            line = bottom.axhline(np.mean(base_vals), color=COLORS["base"], ls=":", lw=1.2)
-            legend.setdefault("Base", line)
+        for policy in ("ip", "sp", "sa-rl"):
+            runs = [
+                (seed, run)
+                for seed in point_seeds
+                if (
+                    run := res.find(
+                        policy, "single" if policy == "sa-rl" else wf, (task, scale, seed)
+                    )
+                )
+                is not None
+            ]
+            color = COLORS[policy]
+            drawn = _seed_lines(top, runs, "train/all/accuracy", color, "")
+            drawn |= _seed_lines(bottom, runs, "val/all/accuracy", color, ".")
+            if drawn:
+                legend.setdefault(
+                    POLICY_LABELS.get(policy, policy), Line2D([], [], color=color, lw=2)
+                )
+        for name, workflow, color in (
+            ("Base", wf, COLORS["base"]),
+            ("Base (single agent)", "single", BASE_SINGLE),
+        ):
+            peaks = [
+                run.peak
+                for seed in point_seeds
+                if (run := res.find("base", workflow, (task, scale, seed))) is not None
+            ]
+            if peaks:
+                bottom.axhline(np.mean(peaks), color=color, ls=":", lw=1.4)
+                legend.setdefault(name, Line2D([], [], color=color, ls=":", lw=1.4))
         for ax in (top, bottom):
             if not ax.lines:
                 ax.text(
@@ -165,28 +279,45 @@ def _dynamics(res: GridRuns, task: str, scale: str) -> Plot:
         bottom.set_xlabel("step")
     axes[0][0].set_ylabel("train success")
     axes[1][0].set_ylabel("validation accuracy")
+    if len(point_seeds) >= BAND_SEEDS:
+        legend["mean, 95 % CI"] = Patch(color="0.5", alpha=0.3)
+    elif len(point_seeds) > 1:
+        legend["mean over seeds"] = Line2D([], [], color="0.4", lw=2)
+    if len(point_seeds) > 1:
+        for index, seed in enumerate(point_seeds[: len(SEED_DASHES)]):
+            legend[f"seed {seed}"] = Line2D([], [], color="0.4", lw=0.8, ls=SEED_DASHES[index])
     if legend:
-        fig.legend(list(legend.values()), list(legend), loc="upper right", fontsize=8)
-    fig.suptitle(f"{task.title()} {scale}: training dynamics per workflow (one line per seed)")
+        fig.legend(
+            list(legend.values()),
+            list(legend),
+            loc="outside lower center",
+            ncols=min(len(legend), 5),
+            fontsize=8,
+        )
+    fig.suptitle(f"{task.title()} {scale}: training dynamics per workflow")
     caption = (
-        f"{task.title()}, {scale}: train success (top) and validation accuracy (bottom) per step; "
-        "IP, SP and SA-RL, one line per seed; dotted: the base model."
+        f"{task.title()}, {scale}: train success (top) and validation accuracy (bottom) per step. "
+        "IP, SP and SA-RL: each seed a thin line (its own dash pattern), the mean over seeds "
+        f"thick with its 95 % confidence band (t-based, clipped to [0, 1], where {BAND_SEEDS} or "
+        "more seeds logged the step); dotted: the base model through the workflow (black) and "
+        "as a single agent (brown)."
     )
-    return Plot(f"fig-dynamics-{slug(task)}-{slug(scale)}", "Training dynamics", caption, _png(fig))
+    return _plot(f"fig-dynamics-{slug(task)}-{slug(scale)}", "Training dynamics", caption, fig)
 
 
 def instability_figure(inst: Table) -> Plot:
     caption = (
         "Training-side instability amplitude on matched cells: max chi2_update, max adapter "
-        "grad norm, entropy collapse depth; IP and SP side by side."
+        "grad norm, entropy collapse depth; IP and SP side by side, one row per cell."
     )
-    fig = Figure(figsize=(max(6.4, 0.55 * len(inst.rows) + 2.0), 7.5))
+    title = "Instability amplitude"
+    fig = _figure(9.0, 1.6 + 0.32 * max(len(inst.rows), 1))
     if not inst.rows:
-        return Plot("fig-instability", "Instability amplitude", caption, _empty(fig, "no pairs"))
-    axes = fig.subplots(3, 1, sharex=True)
-    x = np.arange(len(inst.rows))
+        return _plot("fig-instability", title, caption, _empty(fig, "no pairs"))
+    axes = fig.subplots(1, 3, sharey=True)
+    y = np.arange(len(inst.rows))
     labels = [
-        f"{workflow_title(r['workflow'])[0]} {r['scale']} {r['task'].title()} s{r['seed']}"
+        f"{workflow_title(r['workflow'])} {r['scale']} {r['task'].title()} s{r['seed']}"
         for r in inst.rows
     ]
     stats = (
@@ -199,8 +330,85 @@ def instability_figure(inst: Table) -> Plot:
             vals = [
                 np.nan if r[f"{policy}_{key}"] is None else r[f"{policy}_{key}"] for r in inst.rows
             ]
-            ax.bar(x + off, vals, 0.4, color=COLORS[policy], label=POLICY_LABELS[policy])
-        ax.set_ylabel(name)
-    axes[0].legend(fontsize=8)
-    axes[-1].set_xticks(x, labels, rotation=45, ha="right", fontsize=8)
-    return Plot("fig-instability", "Instability amplitude", caption, _png(fig))
+            ax.barh(y + off, vals, 0.4, color=COLORS[policy], label=POLICY_LABELS[policy])
+        ax.set_xlabel(name)
+        ax.xaxis.set_major_locator(MaxNLocator(3))
+    axes[0].set_yticks(y, labels, fontsize=8)
+    axes[0].invert_yaxis()
+    fig.legend(
+        *axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=2, fontsize=8
+    )
+    return _plot("fig-instability", title, caption, fig)
+
+
+ROLE_PANELS = (
+    ("reward", "reward"),
+    ("grad_norm", "grad norm"),
+    ("chi2_update", "chi2 update"),
+    ("entropy", "entropy"),
+    ("length_mean", "mean length"),
+)
+
+
+def _role_keys(run: CellRun) -> list[str]:
+    """The roles (or adapters) a run logged per-role training metrics for, in log order."""
+    roles: dict[str, None] = {}
+    for record in run.records:
+        for key in record:
+            parts = key.split("/")
+            if len(parts) == 3 and parts[0] == "train" and parts[1] != "all":
+                roles.setdefault(parts[1])
+    return list(roles)
+
+
+def role_figures(res: GridRuns) -> list[Plot]:
+    """Per-role time series of every trained cell (IP, SP, SA-RL), in index order."""
+    return [
+        _roles(run)
+        for i in res.ids
+        if (run := res.runs.get(i.name)) is not None
+        and i.kind in ("trained", "sa-rl")
+        and any(k.startswith("train/") for r in run.records for k in r)
+    ]
+
+
+def _roles(run: CellRun) -> Plot:
+    fig = _figure(12.0, 2.9)
+    axes = fig.subplots(1, len(ROLE_PANELS))
+    roles = _role_keys(run)
+    shown: dict[str, object] = {}
+    for ax, (metric, name) in zip(axes, ROLE_PANELS, strict=True):
+        for index, role in enumerate(roles):
+            key = f"train/{role}/{metric}"
+            if metric == "grad_norm" and any(
+                f"train/{role}/grad_norm_own" in r for r in run.records
+            ):
+                key = f"train/{role}/grad_norm_own"
+            pts = series(run.records, key)
+            if pts:
+                steps, vals = zip(*pts, strict=True)
+                (line,) = ax.plot(steps, vals, color=f"C{index % 10}", lw=1.2)
+                shown.setdefault(role, line)
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(4, integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(4))
+        ax.tick_params(labelsize=8)
+        if not ax.lines:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
+    if shown:
+        fig.legend(
+            list(shown.values()),
+            list(shown),
+            loc="outside lower center",
+            ncols=min(len(shown), 6),
+            fontsize=8,
+        )
+    fig.suptitle(run.id.name, fontsize=11)
+    caption = (
+        f"{run.id.name}: per-role training series over steps: reward, gradient norm (under a "
+        "shared adapter each role's own), chi2 of the update, entropy and mean response length."
+    )
+    return _plot(
+        f"fig-roles-{slug(run.id.name)}", f"Per-role series of {run.id.name}", caption, fig
+    )

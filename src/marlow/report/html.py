@@ -43,6 +43,9 @@ tr.none td { color: #888; text-align: center; }
 figure { margin: 1em 0; }
 figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { color: #555; font-size: 13px; }
+#headline ul { font-size: 15px; line-height: 1.5; padding-left: 1.2em; }
+p.summary { color: #555; }
+p.problem { color: #a00; font-size: 13px; }
 """
 WRAP_COLUMNS = {"evidence", "reason"}  # long free text; every other column stays on one line
 _NUMBER = re.compile(r"[-+\u2212]?\d|\u2013$")  # a number, or the en dash of a missing one
@@ -55,7 +58,7 @@ def _cell(column: str, text: str) -> str:
 
 
 def table_html(table: Table) -> str:
-    view = table.view or [(c, lambda row, c=c: fmt(row.get(c))) for c in table.columns]
+    view = table.view or [(c, lambda row, c=c: fmt(row.get(c), column=c)) for c in table.columns]
     head = "".join(f"<th>{escape(h)}</th>" for h, _ in view)
     body = []
     for row in table.rows:
@@ -73,20 +76,30 @@ def table_html(table: Table) -> str:
 
 def figure_html(plot: Plot) -> str:
     data = base64.b64encode(plot.png).decode("ascii")
+    problems = "".join(f'<p class="problem">layout problem: {escape(p)}</p>' for p in plot.problems)
     return (
-        f'<figure id="{escape(plot.id)}"><img alt="{escape(plot.title)}" '
+        f'<figure id="{escape(plot.id)}"><img alt="{escape(plot.alt)}" '
         f'src="data:image/png;base64,{data}"><figcaption>{escape(plot.caption)}</figcaption>'
-        "</figure>"
+        f"{problems}</figure>"
     )
 
 
-def page(title: str, summary: str, sections: Sequence[tuple[str, str, list[Table | Plot]]]) -> str:
-    """The whole page; ``sections`` are (anchor, heading, tables and figures in order)."""
+def page(
+    title: str,
+    summary: str,
+    sections: Sequence[tuple[str, str, list[Table | Plot]]],
+    headline: Sequence[str] = (),
+) -> str:
+    """The whole page; ``headline`` is the list of sentences at its top; ``sections`` are
+    (anchor, heading, tables and figures in order)."""
     nav = " ".join(f'<a href="#{escape(a)}">{escape(h.split(":")[0])}</a>' for a, h, _ in sections)
+    lines = "".join(f"<li>{escape(s)}</li>" for s in headline)
     parts = [
         f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{escape(title)}</title><style>{CSS}</style></head><body>",
-        f"<h1>{escape(title)}</h1><p>{escape(summary)}</p><nav>{nav}</nav>",
+        f"<h1>{escape(title)}</h1>",
+        f'<section id="headline"><ul>{lines}</ul></section>' if headline else "",
+        f'<p class="summary">{escape(summary)}</p><nav>{nav}</nav>',
     ]
     for anchor, heading, items in sections:
         parts.append(f'<section id="{escape(anchor)}"><h2>{escape(heading)}</h2>')

@@ -51,13 +51,28 @@ class Table:
     view: list[tuple[str, Formatter]] | None = field(default=None, repr=False)
 
 
-def fmt(value: object, digits: int = 3) -> str:
-    """A cell of the HTML view: numbers to ``digits`` decimals, None/NaN as an en dash."""
+COUNT_SUFFIXES = ("_n", "_step", "_turns", "_problems", "length_p50", "length_p95", "length_max")
+
+
+def is_count(column: str) -> bool:
+    """Whether a column holds counts (problems, turns, steps, token lengths): shown as integers."""
+    return (
+        column in ("n", "step", "steps")
+        or column.startswith("n_")
+        or column.endswith(COUNT_SUFFIXES)
+    )
+
+
+def fmt(value: object, digits: int = 3, column: str = "") -> str:
+    """A cell of the HTML view: numbers to ``digits`` decimals, counts (:func:`is_count`) as
+    integers, None/NaN as an en dash."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "\u2013"
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
+        if is_count(column) and value.is_integer():
+            return f"{int(value):,}"
         return f"{value:.{digits}f}" if abs(value) < 1e4 else f"{value:.3g}"
     return str(value)
 

@@ -28,7 +28,7 @@ class RolloutEngine(Protocol):
     completion tokens after the request's prompt (teacher-forced, same definition as
     ``logprobs``), from the weights it serves now. The trainer scores one turn per adapter this
     way after every update and stops when the engine disagrees with it
-    (:mod:`marlow.train.sync`): an engine holding its own copy of the weights (vLLM) must have
+    (:mod:`marlow.training.sync`): an engine holding its own copy of the weights (vLLM) must have
     loaded the new adapters by then. It may be slow per token: it sees one short turn per adapter.
     """
 

@@ -121,8 +121,8 @@ class HFEngine:
         """Teacher-forced log-probs of each completion after its prompt, under the request's
         adapter, as :meth:`generate` records them: log_softmax(logits / T) (raw logits at T == 0),
         in float32. One unpadded forward per request, with the attention mask and positions the
-        trainer's scoring uses for one row (``marlow.train.scoring``), so on the trainer's own
-        model the two agree bit for bit: the adapter-sync check (``marlow.train.sync``)."""
+        trainer's scoring uses for one row (``marlow.training.scoring``), so on the trainer's own
+        model the two agree bit for bit: the adapter-sync check (``marlow.training.sync``)."""
         if len(completions) != len(requests):
             raise ValueError(f"{len(requests)} requests but {len(completions)} completions")
         self._validate(requests, SamplingParams(temperature, 1, 0))

@@ -1,10 +1,10 @@
 """Checkpoints: adapters (standard PEFT folders), optimizers, schedule clock, RNG states, cursor.
 
 Layout: ``RUN/checkpoints/step_NNNNNN/{adapters/<name>/, trainer_state.pt, DONE}``. The data
-cursor is the step: batches are a pure function of (seed, step), see ``marlow.train.trainer``.
+cursor is the step: batches are a pure function of (seed, step), see ``marlow.training.trainer``.
 Each adapter folder names its base as the run recorded it (``RUN/base.json``,
-:mod:`marlow.train.runbase`): a hub id, a local folder's absolute path, or a tiny world's
-``base`` (``RUN/base/``, relative to the run folder); ``marlow export`` (:mod:`marlow.train.export`) makes a standalone copy.
+:mod:`marlow.training.runbase`): a hub id, a local folder's absolute path, or a tiny world's
+``base`` (``RUN/base/``, relative to the run folder); ``marlow export`` (:mod:`marlow.training.export`) makes a standalone copy.
 
 Writing one (:func:`save`) is a commit in four durable steps, so that a kill or a power loss at
 any instant leaves either the whole new checkpoint or none of it, and every older one whole:
@@ -53,8 +53,8 @@ from marlow.policy.adapters import (
     load_adapter_weights,
     save_adapters,
 )
-from marlow.train import runbase
-from marlow.train.optim import AdapterOptimizers
+from marlow.training import runbase
+from marlow.training.optim import AdapterOptimizers
 
 PREFIX = "step_"
 STATE = "trainer_state.pt"

@@ -1,7 +1,7 @@
 """The adapter-sync check: after each update the rollout engine must serve the new weights.
 
 Every step, once the update is done, the trainer already scores one *probe* turn per adapter
-under the updated policy (the shortest turn of its batch, :func:`marlow.train.grpo.probe_row`;
+under the updated policy (the shortest turn of its batch, :func:`marlow.training.grpo.probe_row`;
 on diagnostics steps every turn). :func:`engine_drift` asks the rollout engine to score that
 same turn (``RolloutEngine.score``, teacher-forced) and measures how far the two disagree;
 :func:`check_sync` stops the run with :class:`AdapterSyncError` when an adapter's drift passes
@@ -30,7 +30,7 @@ cannot catch: a staleness smaller than the tolerance, i.e. an update that moved 
 log-probs less than it (that stale copy exceeds bfloat16's 2e-2 only by a hair; small
 learning rates early in a run move less); the drift is logged per adapter as
 ``train/<adapter>/engine_drift`` so a trend shows. An adapter whose update left non-finite
-log-probs is not compared (that update is undone, :mod:`marlow.train.nonfinite`).
+log-probs is not compared (that update is undone, :mod:`marlow.training.nonfinite`).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from collections.abc import Sequence
 import torch
 
 from marlow.rollout.base import RolloutEngine
-from marlow.train.batch import AdapterBatch
-from marlow.train.grpo import probe_row
+from marlow.training.batch import AdapterBatch
+from marlow.training.grpo import probe_row
 from marlow.types import GenRequest
 
 TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 5e-3}

@@ -1,20 +1,20 @@
 """Non-finite updates never land (SPEC §9): undo, count, and stop after a streak.
 
 An adapter's update of a step is *skipped* when its loss or gradient is NaN/inf in any of its
-mini-batches (:class:`~marlow.train.grpo.NonFiniteLoss`), or when the updated adapter gives
+mini-batches (:class:`~marlow.training.grpo.NonFiniteLoss`), or when the updated adapter gives
 non-finite log-probabilities on the step's own turns (the post-update rescoring of a diagnostics
 step, else its shortest turn per adapter: a finite but exploded update such as ``optim.lr=1e30``
 gives NaN logits on any input). Skipped means undone: the adapter's
 weights and AdamW state go back to where the step found them, so the earlier mini-batches of the
 step are undone too. The price is one copy of each adapter's LoRA weights and AdamW moments per
-step, kept on their device (:meth:`~marlow.train.optim.AdapterOptimizers.snapshot`). The schedule clock
+step, kept on their device (:meth:`~marlow.training.optim.AdapterOptimizers.snapshot`). The schedule clock
 still advances: a skipped step uses up its schedule turn, so a resumed run stays in step.
 
 Counting: ``train/<adapter>/nonfinite_skips`` is 1 in a step where the adapter was skipped and 0
 otherwise; each skip is logged and written to ``events.jsonl`` (``action: nonfinite_skip``).
 After ``train.max_nonfinite`` consecutive skipped steps of one adapter the run stops with
 :class:`NonFiniteRun` and writes no checkpoint for that step; since skipped updates never land,
-the checkpoints written before hold good weights (``marlow.train.checkpoint`` also refuses to
+the checkpoints written before hold good weights (``marlow.training.checkpoint`` also refuses to
 write or load a non-finite one). The streak is not checkpointed: a resumed run counts from zero.
 """
 
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from marlow.train.grpo import NonFiniteLoss
-from marlow.train.optim import AdapterOptimizers
+from marlow.training.grpo import NonFiniteLoss
+from marlow.training.optim import AdapterOptimizers
 
 
 class NonFiniteRun(RuntimeError):

@@ -4,7 +4,7 @@ A run records which base its adapters belong to in ``RUN/base.json`` (:class:`Ba
 name the user gave (``model.name``), what kind of name it is, the folder it was loaded from and
 the sha256 of every weights file there. The record is written once, when a run starts in a
 folder that has none (:func:`record`), and checked on every resume (:func:`changed`, called by
-:func:`marlow.train.resume.preflight`): a base whose weights changed is refused.
+:func:`marlow.training.resume.preflight`): a base whose weights changed is refused.
 
 What the adapters' ``adapter_config.json`` calls the base (``base_model_name_or_path``,
 :attr:`BaseRecord.adapter_base`), by kind; choices of marlow, not fixed by the issue:

@@ -33,7 +33,7 @@ from pathlib import Path
 from marlow.config import ConfigError, load_config
 from marlow.fileio import write_json
 from marlow.policy.adapters import CONFIG_NAME, WEIGHTS_NAME
-from marlow.train import checkpoint, runbase
+from marlow.training import checkpoint, runbase
 
 
 class ExportError(ValueError):

@@ -50,11 +50,11 @@ from marlow.policy.routing import Routing, make_routing
 from marlow.rewards.sandbox import Isolation, SandboxUnavailable, isolation_in_force
 from marlow.rollout import make_engine
 from marlow.tasks import build_task
-from marlow.train import checkpoint, runbase
-from marlow.train import resume as resume_lib
-from marlow.train.batch import build_batches, credit_rows, empty_batch
-from marlow.train.distributed import bind_local_device, check_world, join_world
-from marlow.train.grpo import (
+from marlow.training import checkpoint, runbase
+from marlow.training import resume as resume_lib
+from marlow.training.batch import build_batches, credit_rows, empty_batch
+from marlow.training.distributed import bind_local_device, check_world, join_world
+from marlow.training.grpo import (
     finish_role_stats,
     fused_old_logp,
     kl_to_base_stats,
@@ -64,9 +64,9 @@ from marlow.train.grpo import (
     score_old,
     update_adapter,
 )
-from marlow.train.nonfinite import NonFiniteGuard
-from marlow.train.optim import AdapterOptimizers
-from marlow.train.sync import check_sync, engine_drift
+from marlow.training.nonfinite import NonFiniteGuard
+from marlow.training.optim import AdapterOptimizers
+from marlow.training.sync import check_sync, engine_drift
 from marlow.types import Episode, SamplingParams
 from marlow.workflows.check import check_run_config
 from marlow.workflows.engine import run_episodes
@@ -209,7 +209,7 @@ class Trainer:
     def learn(self, step: int, episodes: list[Episode]) -> dict[str, float]:
         """The GRPO update of step ``step`` on ``episodes``; returns the step's metrics.
 
-        batch -> advantages -> logp_old -> update -> metrics (``marlow.train.grpo`` says which
+        batch -> advantages -> logp_old -> update -> metrics (``marlow.training.grpo`` says which
         passes are fused or sampled)."""
         g, temperature = self.cfg.grpo, self.cfg.rollout.temperature
         diagnose = self.diagnostics_step(step)
@@ -232,7 +232,7 @@ class Trainer:
         # the mini-batch order: host indices, from a CPU generator (module docstring)
         gen = torch.Generator(device="cpu").manual_seed(step_seed(self.cfg.seed, step, salt=1))
         for adapter in self.adapters:
-            if trained[adapter]:  # undone if non-finite (marlow.train.nonfinite)
+            if trained[adapter]:  # undone if non-finite (marlow.training.nonfinite)
                 self.nonfinite.update(
                     adapter,
                     partial(
@@ -269,7 +269,7 @@ class Trainer:
             else:
                 new = probe_logp(self.model, batch, temperature)
             finite[batch.adapter] = bool(torch.isfinite(new).all())  # one read
-            if finite[batch.adapter]:  # the engine must serve the update (marlow.train.sync)
+            if finite[batch.adapter]:  # the engine must serve the update (marlow.training.sync)
                 drift[batch.adapter] = engine_drift(self.engine, batch, new, temperature, diagnose)
         for adapter in self.adapters:  # every rank undoes the same updates
             if trained[adapter]:
@@ -359,7 +359,7 @@ class Trainer:
         on_step: Callable[[int, dict], None] | None = None,
     ) -> Path:
         """Train to ``cfg.steps``. ``resume``: continue the run in the folder, if one was started
-        there (``marlow.train.resume`` says what is checked); ``resume_from``: from that
+        there (``marlow.training.resume`` says what is checked); ``resume_from``: from that
         checkpoint step instead of the latest."""
         done = self._begin(resume or resume_from is not None, resume_from)
         if not self.world.main:  # rank 0 writes the run; the others train beside it

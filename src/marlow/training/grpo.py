@@ -11,7 +11,7 @@
     logp_new <- rescore every turn after all updates           # chi2_update, sampled steps only
 
 A policy's loss sees only the tokens of turns routed to it: the per-adapter batches
-(:mod:`marlow.train.batch`) *are* the token masks. Turns on the frozen base (``__base__``) are
+(:mod:`marlow.training.batch`) *are* the token masks. Turns on the frozen base (``__base__``) are
 never trained.
 
 Fewer passes, same numbers (choices of marlow):
@@ -39,16 +39,16 @@ from marlow.algo.stats import chi2_token, kl_k3
 from marlow.config import GRPOConfig
 from marlow.diagnostics.metrics import Meter
 from marlow.policy.adapters import use_adapter
-from marlow.train.batch import AdapterBatch
-from marlow.train.distributed import SOLO, World
-from marlow.train.optim import AdapterOptimizers
-from marlow.train.scoring import score_rows
+from marlow.training.batch import AdapterBatch
+from marlow.training.distributed import SOLO, World
+from marlow.training.optim import AdapterOptimizers
+from marlow.training.scoring import score_rows
 from marlow.types import BASE
 
 
 class NonFiniteLoss(RuntimeError):
     """A loss or gradient went NaN/inf: the adapter's update of the step is undone
-    (``marlow.train.nonfinite``)."""
+    (``marlow.training.nonfinite``)."""
 
 
 def fused_old_logp(turns: int, cfg: GRPOConfig, dropout: float) -> bool:
@@ -130,7 +130,7 @@ def update_adapter(
 ) -> None:
     """All mini-batch updates of one adapter in one step.
 
-    ``world``: the data-parallel ranks (:mod:`marlow.train.distributed`). ``batch`` holds this
+    ``world``: the data-parallel ranks (:mod:`marlow.training.distributed`). ``batch`` holds this
     rank's rows (possibly none); the mini-batches are cut from every rank's rows in rank order
     with the same permutation, each row is weighed with its whole mini-batch's normaliser, and
     the gradients are summed across ranks before the clip and the step: one process with the

@@ -2,7 +2,7 @@
 
 ``marlow train --out RUN --resume`` reads ``RUN/config.yaml`` (:func:`resume_config`); a config
 file or ``key=value`` given with it is layered over that config, never over the preset. Before
-any model is loaded, and again in the trainer (:meth:`marlow.train.trainer.Trainer.run`, which
+any model is loaded, and again in the trainer (:meth:`marlow.training.trainer.Trainer.run`, which
 the grid and the Python API reach directly), :func:`preflight` checks:
 
 * the config against the stored one (:func:`resume_changes`): any difference outside
@@ -11,7 +11,7 @@ the grid and the Python API reach directly), :func:`preflight` checks:
 * the JSONL records (:func:`check_records`): a half-written *last* line is the mark of a killed
   run and is dropped with a log line; an unreadable line before it is an error naming file and
   line;
-* the base model (:func:`marlow.train.runbase.changed`): weights whose sha256 differs from the
+* the base model (:func:`marlow.training.runbase.changed`): weights whose sha256 differs from the
   one ``RUN/base.json`` recorded when the run started are refused. Before the model loads, a base
   not on disk yet (a tiny world whose cache was deleted, a hub id not downloaded) cannot be
   hashed; the trainer's own preflight, after loading, checks it;
@@ -39,7 +39,7 @@ from pathlib import Path
 from marlow.config import ConfigError, RunConfig, differences, load_config
 from marlow.diagnostics.sinks import read_jsonl
 from marlow.fileio import DamagedFileError, write_text
-from marlow.train import checkpoint, runbase
+from marlow.training import checkpoint, runbase
 from marlow.workflows.spec import is_workflow_file
 
 RESUME_SAFE = {

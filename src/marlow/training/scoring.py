@@ -1,7 +1,7 @@
 """Score turns under the current policy: per-token log-probs and entropies of the completions.
 
 Each turn is scored on exactly the token ids the sampler saw (prompt + completion), right-padded
-(the step's batch record, :mod:`marlow.train.batch`). Completion token j of a turn with prompt
+(the step's batch record, :mod:`marlow.training.batch`). Completion token j of a turn with prompt
 length P is predicted by the logits at position P + j - 1. Logits are divided by the sampling
 temperature, as verl does, so the ratio in the loss compares the same distribution the sampler
 drew from.
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from marlow.algo.stats import token_logprobs_and_entropy
-from marlow.train.batch import AdapterBatch, Chunk
+from marlow.training.batch import AdapterBatch, Chunk
 
 MAX_PAD_WASTE = 0.25  # at most this share of a micro-batch's padded tokens is padding
 

@@ -1,0 +1,208 @@
+"""marlow from Python: train a cell, load a run, evaluate a checkpoint.
+
+These are what ``import marlow`` exports (``marlow.train``, ``marlow.load_run``,
+``marlow.evaluate``); the CLI's ``train`` and ``eval`` run the same code.
+
+Settings: ``config`` is a YAML path, a nested dict, a :class:`marlow.config.RunConfig`, or None
+(the tiny preset's defaults); keyword settings go over it, by top-level field, a section as a
+dict merged into that section (``steps=50, optim={"lr": 5e-4}``). Library code prints nothing:
+``verbose=True`` sends marlow's log lines to stderr and lets third-party progress bars (Hugging
+Face's "Loading weights") show; by default both are silent. Choices of marlow, not fixed by the
+spec.
+
+The README's "From Python" section holds a runnable example (``tests/e2e/test_api.py`` runs it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from marlow.config import ConfigError, RunConfig, load_config, merge, resolve
+from marlow.diagnostics.sinks import read_jsonl
+
+ConfigLike = str | Path | dict | RunConfig | None
+
+
+def make_config(config: ConfigLike = None, **settings: Any) -> RunConfig:
+    """A run config from ``config`` (module docstring) with ``settings`` over it."""
+    if isinstance(config, RunConfig):
+        return resolve(merge(config.model_dump(mode="json"), settings))
+    if isinstance(config, dict):
+        return resolve(merge(config, settings))
+    if config is not None and not isinstance(config, str | Path):
+        raise ConfigError(
+            f"config is a {type(config).__name__}; give a YAML path, a dict, a RunConfig or None"
+        )
+    base = load_config(config)  # reads and checks the file
+    if not settings:
+        return base
+    data = yaml.safe_load(Path(config).read_text()) if config is not None else {}
+    return resolve(merge(data or {}, settings))
+
+
+def _dotted(settings: dict, prefix: str = "") -> list[str]:
+    """``{"optim": {"lr": 5e-4}}`` -> ``["optim.lr=0.0005"]`` (values as JSON, which YAML reads)."""
+    out: list[str] = []
+    for key, value in settings.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and key != "params":
+            out += _dotted(value, f"{name}.")
+        else:
+            out.append(f"{name}={json.dumps(value)}")
+    return out
+
+
+@contextlib.contextmanager
+def _quiet(verbose: bool) -> Iterator[Any]:
+    """The log function to hand down; third-party progress bars off unless ``verbose``."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    env = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS")
+    if not verbose:
+        hf_logging.disable_progress_bar()
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    try:
+        yield (lambda message: print(message, file=sys.stderr, flush=True)) if verbose else None
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+        if env is None:
+            os.environ.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
+        else:
+            os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = env
+
+
+def train(
+    config: ConfigLike = None,
+    *,
+    out: str | Path = "runs/run",
+    resume: bool = False,
+    verbose: bool = False,
+    **settings: Any,
+) -> Run:
+    """Train one cell and return it as a :class:`Run`. ``resume=True`` continues the run in
+    ``out`` under its own config (``settings`` may then only extend steps or change logging, as
+    with ``marlow train --resume``)."""
+    from marlow.training.resume import resume_config
+    from marlow.training.trainer import Trainer
+
+    out = Path(out)
+    if resume:
+        if config is not None and not isinstance(config, str | Path):
+            raise ConfigError("resume=True reads the run's own config; give settings, not config")
+        cfg = resume_config(out, None if config is None else Path(config), _dotted(settings), None)
+    else:
+        cfg = make_config(config, **settings)
+    with _quiet(verbose) as log:
+        Trainer(cfg, out, log=log).run(resume=resume)
+    return load_run(out)
+
+
+def evaluate(
+    target: str | Path | None = None,
+    *,
+    base: bool = False,
+    name: str | None = None,
+    out: str | Path | None = None,
+    overwrite: bool = False,
+    verbose: bool = False,
+    **settings: Any,
+) -> dict:
+    """Evaluate a run's latest checkpoint, one checkpoint, or a base model (``target``: a run
+    folder, a checkpoint folder, a config file or None) on the validation split, as ``marlow
+    eval`` does (:mod:`marlow.training.evaluate`: a run's evals go to ``RUN/evals/NAME/``, an
+    earlier one is kept unless ``overwrite``). Returns the record written to ``eval.json``."""
+    from marlow.training.evaluate import evaluate as run_eval
+
+    with _quiet(verbose) as log:
+        return run_eval(
+            None if target is None else Path(target),
+            _dotted(settings),
+            base=base,
+            name=name,
+            out=None if out is None else Path(out),
+            overwrite=overwrite,
+            log=log,
+        )
+
+
+class Metrics(Sequence[dict]):
+    """A run's ``metrics.jsonl`` as a table: one record (dict) per logged step, in file order.
+
+    ``metrics[i]`` is record i; ``metrics["val/all/accuracy"]`` is that column, None where a
+    record lacks it; :meth:`series` gives the (step, value) pairs where it is present;
+    :meth:`to_pandas` makes a DataFrame (pandas is not a marlow dependency)."""
+
+    def __init__(self, records: list[dict]) -> None:
+        self.records = records
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, key):  # type: ignore[override]
+        if isinstance(key, str):
+            if key not in self.columns:
+                raise KeyError(f"no metric {key!r}; e.g. {', '.join(self.columns[:5])}")
+            return [r.get(key) for r in self.records]
+        return self.records[key]
+
+    @property
+    def columns(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for record in self.records:
+            seen.update(dict.fromkeys(record))
+        return list(seen)
+
+    def series(self, key: str) -> list[tuple[int, float]]:
+        return [(int(r["step"]), r[key]) for r in self.records if key in r and "step" in r]
+
+    def to_pandas(self):
+        try:
+            import pandas
+        except ImportError:
+            raise ImportError("Metrics.to_pandas needs pandas: pip install pandas") from None
+        return pandas.DataFrame.from_records(self.records, columns=self.columns)
+
+
+@dataclass
+class Run:
+    """A run folder, read: its config, metrics, checkpoints, the latest checkpoint's adapters
+    (name -> PEFT folder) and its evals (name -> the ``eval.json`` record)."""
+
+    path: Path
+    config: RunConfig
+    metrics: Metrics
+    checkpoints: list[Path] = field(default_factory=list)
+    adapters: dict[str, Path] = field(default_factory=dict)
+    evals: dict[str, dict] = field(default_factory=dict)
+
+
+def load_run(path: str | Path) -> Run:
+    """Read the run folder ``path`` (``marlow train --out``); ConfigError when it is not one."""
+    from marlow.training import checkpoint as ckpt
+
+    path = Path(path)
+    if not (path / "config.yaml").is_file():
+        raise ConfigError(f"{path} is not a run folder (no config.yaml)")
+    config = load_config(path / "config.yaml")
+    metrics = path / "metrics.jsonl"
+    records = list(read_jsonl(metrics)) if metrics.exists() else []
+    checkpoints = ckpt.all_done(path)
+    adapters: dict[str, Path] = {}
+    if checkpoints:
+        root = checkpoints[-1] / "adapters"
+        adapters = {p.name: p for p in sorted(root.iterdir()) if p.is_dir()}
+    evals = {
+        f.parent.name: json.loads(f.read_text()) for f in sorted(path.glob("evals/*/eval.json"))
+    }
+    return Run(path, config, Metrics(records), checkpoints, adapters, evals)

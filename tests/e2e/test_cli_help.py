@@ -1,0 +1,79 @@
+"""``--help`` at every level (issue 18): every argument shows, the key=value overrides included,
+each command that takes settings gives three examples, and every example is valid."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from marlow.cli import app
+from marlow.config import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMAND = typer.main.get_command(app)
+SETTINGS = ("train", "eval", "plan", "quickstart")  # commands that take key=value settings
+
+
+def help_of(*path: str) -> str:
+    done = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "200"})
+    assert done.exit_code == 0, done.output
+    return done.output
+
+
+def commands() -> list[str]:
+    return sorted(COMMAND.commands)
+
+
+def test_the_top_level_help_is_a_users_map_of_the_commands():
+    text = help_of()
+    for name in commands():
+        assert name in text, name
+    assert "``" not in text and "rich markup" not in text  # not the developer docstring
+    for start in ("marlow quickstart", "marlow train", "marlow grid", "marlow report"):
+        assert start in text
+
+
+@pytest.mark.parametrize("name", commands())
+def test_every_argument_and_option_of_a_command_shows_in_its_help(name):
+    text = help_of(name)
+    command = COMMAND.commands[name]
+    for param in command.params:
+        if param.param_type_name == "option":
+            assert param.opts[0] in text, (name, param.opts)
+        else:
+            assert (param.name or "") in text, (name, param.name)
+    if name in SETTINGS:
+        assert "key=value ...]" in text, name  # the brackets survive the console markup
+
+
+def examples(name: str) -> list[list[str]]:
+    epilog = COMMAND.commands[name].epilog or ""
+    return [
+        shlex.split(line.split("(")[0])
+        for line in epilog.splitlines()
+        if line.strip().startswith("marlow ")
+    ]
+
+
+@pytest.mark.parametrize("name", [*SETTINGS, "grid", "inspect"])
+def test_three_examples_each_valid(name):
+    shown = help_of(name)
+    found = examples(name)
+    assert len(found) == 3, found
+    for words in found:
+        assert words[:2] == ["marlow", name]
+        assert " ".join(words[2:4]) in shown  # the examples are printed
+        args = [w for w in words[2:] if not w.startswith("--")]
+        flags = {w for w in words[2:] if w.startswith("--")}
+        options = {o for p in COMMAND.commands[name].params for o in getattr(p, "opts", [])}
+        assert flags <= options, (name, flags - options)
+        overrides = [a for a in args if "=" in a]
+        files = [a for a in args if "=" not in a and a.endswith((".yaml", ".yml"))]
+        for file in files:
+            assert (ROOT / file).exists(), file
+        if name in ("train", "plan", "quickstart") or (name == "eval" and files):
+            load_config(ROOT / files[0] if files else None, overrides)  # a valid config

@@ -149,9 +149,8 @@ def make_report(results_dir: str | Path) -> Report:
         *roles,
     ]
     sections = [
-        ("sec-cells", "Cells", ["table-cells", "table-missing"]),
         ("sec-table1", "Table 1: peak accuracy and residuals vs SA-RL", ["table1"]),
-        ("sec-delta", "Delta against the base", ["table-delta", "fig-delta"]),
+        ("sec-delta", "Delta against the base", ["fig-delta", "table-delta"]),
         ("sec-ip-sp", "IP vs SP", ["fig-scatter", "table-paired"]),
         ("sec-dynamics", "Training dynamics", [p.id for p in dynamics]),
         ("sec-instability", "Instability amplitude", ["fig-instability", "table-instability"]),
@@ -159,6 +158,7 @@ def make_report(results_dir: str | Path) -> Report:
         ("sec-table2", "Table 2: per-role peak-over-first ratios", ["table2"]),
         ("sec-signatures", "Trajectory signatures", ["table-signatures"]),
         ("sec-detectors", "Detector verdicts", ["table-detectors"]),
+        ("sec-cells", "Cells", ["table-cells", "table-missing"]),
     ]
     return Report(res, {t.id: t for t in tables}, {p.id: p for p in plots}, sections)
 

@@ -20,6 +20,7 @@ Choices the paper does not fix, made here and recorded in each run's config:
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -451,6 +452,41 @@ class TrainConfig(_Section):
     )
 
 
+class MitigateConfig(_Section):
+    """Mitigations of the study's failure modes, each off by default and recorded with the run
+    (docs/mitigations.md gives each one's reference). Agent-wise advantage normalisation (Dr. MAS,
+    Feng et al. 2026) is not here: it is ``grpo.advantage_scope=role`` (each agent's turns of a
+    problem normalised with their own mean and std) or ``slot``."""
+
+    role_balance: bool = Field(
+        False,
+        description="under a shared adapter, rescale each role's gradient in every update so "
+        "that the roles contribute equal gradient mass (their mean norm each); against role "
+        "capture",
+    )
+    kl_coef: dict[str, float] = Field(
+        default_factory=dict,
+        description="per role, the weight of a k3 KL(policy || base) penalty in its loss, e.g. "
+        "{aggregator: 0.05}; a role not named has none",
+    )
+    coherence_threshold: float | None = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        description="same-role parallel slots: when the mean pairwise cosine of their gradients "
+        "in an update passes this, each slot's gradient is scaled by 1 / (1 + (N - 1) c); "
+        "None: off",
+    )
+
+    @field_validator("kl_coef")
+    @classmethod
+    def _finite_coefs(cls, v: dict[str, float]) -> dict[str, float]:
+        for role, coef in v.items():
+            if not math.isfinite(coef) or coef < 0:
+                raise ValueError(f"mitigate.kl_coef.{role} is {coef}; valid: a finite number >= 0")
+        return v
+
+
 class SandboxConfig(_Section):
     require: Literal["none", "namespaces"] = Field(
         "none",
@@ -505,6 +541,7 @@ class RunConfig(_Section):
     sinks: SinksConfig = SinksConfig()
     rewards: RewardsConfig = RewardsConfig()
     train: TrainConfig = TrainConfig()
+    mitigate: MitigateConfig = MitigateConfig()
 
     @field_validator("device")
     @classmethod

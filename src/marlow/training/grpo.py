@@ -36,7 +36,7 @@ import torch
 
 from marlow.algo.losses import clipped_surrogate, token_weights
 from marlow.algo.stats import chi2_token, kl_k3
-from marlow.config import GRPOConfig
+from marlow.config import GRPOConfig, MitigateConfig
 from marlow.diagnostics.metrics import Meter
 from marlow.policy.adapters import use_adapter
 from marlow.training.batch import AdapterBatch
@@ -44,6 +44,8 @@ from marlow.training.distributed import SOLO, World
 from marlow.training.optim import AdapterOptimizers
 from marlow.training.scoring import score_rows
 from marlow.types import BASE
+
+NO_MITIGATION = MitigateConfig()
 
 
 class NonFiniteLoss(RuntimeError):
@@ -116,6 +118,12 @@ def kl_to_base_stats(
             meter.mean(role, "kl_to_base", float(kl) * n, n)
 
 
+def score_base(model, batch: AdapterBatch, temperature: float, micro_tokens: int) -> None:
+    """Fill ``batch.base_logp``: the base model's log-probs of the step's tokens (every adapter
+    disabled, no gradient), for the per-role KL penalty (``mitigate.kl_coef``)."""
+    batch.base_logp, _ = _score_all(model, batch, BASE, temperature, micro_tokens)
+
+
 def update_adapter(
     model,
     batch: AdapterBatch,
@@ -127,6 +135,7 @@ def update_adapter(
     meter: Meter,
     fused: bool = False,
     world: World = SOLO,
+    mitigate: MitigateConfig = NO_MITIGATION,
 ) -> None:
     """All mini-batch updates of one adapter in one step.
 
@@ -143,13 +152,33 @@ def update_adapter(
     When the adapter serves several roles (SP, or a shared entry of a role map), micro-batches
     are kept role-pure and consecutive per role, so each role's own gradient in an update is the
     change of the accumulated gradient across its micro-batches (no extra backward pass):
-    ``grad_mass_share`` of a role = |g_role| / sum over roles of |g_role'| (L2 norms, before clipping),
-    averaged over the step's updates; ``grad_norm_own`` = |g_role|.
+    ``grad_mass_share`` of a role = |g_role| / sum over roles of |g_role'| (L2 norms, before clipping
+    and before any mitigation), averaged over the step's updates; ``grad_norm_own`` = |g_role|.
+
+    ``mitigate`` (:class:`marlow.config.MitigateConfig`, docs/mitigations.md), applied to each
+    update's gradient before the clip:
+
+    * ``kl_coef``: a role's tokens add ``beta_role * k3`` to their loss, k3 = exp(d) - d - 1 with
+      d = base - new log-prob (``batch.base_logp``, :func:`score_base`), aggregated like the
+      surrogate;
+    * ``coherence_threshold`` tau: micro-batches are also slot-pure; for a role with N >= 2 slots
+      in the update, c = the mean pairwise cosine of the slots' gradients (``slot_coherence``);
+      when c > tau each slot's gradient is multiplied by 1 / (1 + (N - 1) c) (``slot_damping``):
+      N perfectly aligned slots then move the adapter as far as one;
+    * ``role_balance`` (a shared adapter): each role's gradient (after damping) is rescaled to
+      the mean of the roles' gradient norms, so every role contributes an equal mass.
     """
     adapter = batch.adapter
-    ranks = world.gather((sorted(set(batch.roles)), batch.completion_len))  # one message
-    roles = sorted({role for rank_roles, _ in ranks for role in rank_roles})
+    slotted = mitigate.coherence_threshold is not None
+    keys = [_part(batch, i, slotted) for i in range(len(batch))]
+    ranks = world.gather((sorted(set(keys)), batch.completion_len))  # one message
+    parts = sorted({key for rank_keys, _ in ranks for key in rank_keys})
+    roles = sorted({_role(key) for key in parts})
     shared = len(roles) > 1
+    parallel = slotted and len(parts) > len(roles)  # some role has two slots or more
+    beta = [mitigate.kl_coef.get(role, 0.0) for role in batch.roles]
+    if any(beta) and batch.base_logp is None:
+        raise RuntimeError("mitigate.kl_coef needs batch.base_logp (score_base) before the update")
     params = optim.params[adapter]
     lengths = [n for _, rank_lengths in ranks for n in rank_lengths]  # every rank's rows, in order
     offset = sum(len(rank_lengths) for _, rank_lengths in ranks[: world.rank])
@@ -167,7 +196,7 @@ def update_adapter(
             idx = [rows[j] - offset for j in local_pos]  # this rank's rows of the mini-batch
             weights = token_weights(mask, cfg.aggregation)[local_pos]  # (M_rank, L)
             total_loss = torch.zeros((), device=device)  # read once per update, after backwards
-            own = RoleGradients(params) if shared else None
+            own = GradientParts(params, world) if shared or parallel else None
             with use_adapter(model, adapter):
                 for local, s in score_rows(
                     model,
@@ -175,11 +204,11 @@ def update_adapter(
                     idx,
                     temperature=temperature,
                     micro_tokens=cfg.micro_tokens,
-                    by_role=True,
+                    keys=[keys[i] for i in idx],
                 ):
                     chunk_rows = [idx[j] for j in local]
                     if own is not None:
-                        own.enter(batch.roles[chunk_rows[0]])
+                        own.enter(keys[chunk_rows[0]])
                     w_chunk = s.mask.shape[1]
                     if fused:
                         old_lp = s.logp.detach()
@@ -194,32 +223,30 @@ def update_adapter(
                     out = clipped_surrogate(
                         s.logp, old_lp, adv, cfg.clip_low, cfg.clip_high, cfg.clip_ratio_c
                     )
+                    token_loss = out.loss
+                    b = torch.tensor([beta[i] for i in chunk_rows], device=device)
+                    if bool(any(beta[i] for i in chunk_rows)):
+                        d = batch.base_logp[chunk_rows, :w_chunk].to(s.logp.dtype) - s.logp
+                        token_loss = token_loss + b.to(s.logp.dtype)[:, None] * (d.exp() - d - 1)
                     w = weights[local, :w_chunk].to(s.logp.dtype)
-                    loss = (w * out.loss).sum()
+                    loss = (w * token_loss).sum()
                     loss.backward()
                     total_loss = total_loss + loss.detach()
                     _ratio_stats(meter, [batch.roles[i] for i in chunk_rows], out, s.mask)
-            norms = own.finish(roles, world) if own is not None else {}  # before the sum below
+            mitigated = False
+            if own is not None:  # each part's gradient, summed over the ranks
+                mitigated = _mitigate(own, parts, roles, shared, mitigate, meter)
             if world.size > 1:  # every rank's share of the mini-batch's loss and gradient
-                for p in params:
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p)
-                world.sum_([total_loss, *(p.grad for p in params)])
+                grads = []  # mitigated: .grad holds every rank's sum already
+                if not mitigated:
+                    for p in params:
+                        if p.grad is None:
+                            p.grad = torch.zeros_like(p)
+                    grads = [p.grad for p in params]
+                world.sum_([total_loss, *grads])
             loss_value = float(total_loss)
             if not math.isfinite(loss_value):  # its gradients are dropped when the step is undone
                 raise NonFiniteLoss(f"loss is {loss_value}")
-            if own is not None:  # a role absent from this mini-batch has share 0 in it
-                total = sum(norms.values())
-                for role in roles:
-                    norm = norms.get(role, 0.0)
-                    meter.mean(role, "grad_norm_own", norm, 1, also_all=False)
-                    meter.mean(
-                        role,
-                        "grad_mass_share",
-                        norm / total if total > 0 else 0.0,
-                        1,
-                        also_all=False,
-                    )
             norm = optim.update(adapter)
             if not math.isfinite(norm):
                 raise NonFiniteLoss(f"gradient norm is {norm}")
@@ -234,47 +261,137 @@ def update_adapter(
     optim.end_role_update(adapter)
 
 
-class RoleGradients:
-    """Each role's own gradient in one update, from snapshots of the accumulated gradient taken
-    where the (role-consecutive) micro-batches switch role. Snapshots and differences stay on
-    the gradients' device (float32, the LoRA weights' dtype); :meth:`finish` sums each role's
-    gradient over the data-parallel ranks and reads the norms once."""
+def _part(batch: AdapterBatch, i: int, slotted: bool) -> str | tuple[str, int]:
+    """The gradient part row ``i`` belongs to: its role, or (role, slot) for coherence damping."""
+    return (batch.roles[i], batch.turns[i].slot) if slotted else batch.roles[i]
 
-    def __init__(self, params: Sequence[torch.Tensor]) -> None:
+
+def _role(part: str | tuple[str, int]) -> str:
+    return part[0] if isinstance(part, tuple) else part
+
+
+def _mitigate(
+    own: GradientParts,
+    parts: list,
+    roles: list[str],
+    shared: bool,
+    mitigate: MitigateConfig,
+    meter: Meter,
+) -> bool:
+    """Measure the update's per-role gradients (``grad_norm_own``, ``grad_mass_share`` under a
+    shared adapter) and apply coherence damping and role balance (:func:`update_adapter`).
+    Returns whether ``.grad`` was rewritten (then it already holds every rank's sum)."""
+    vectors = own.finish(parts)
+    weight = dict.fromkeys(parts, 1.0)
+
+    def role_vectors() -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for part, vec in vectors.items():
+            out[_role(part)] = out.get(_role(part), 0) + weight[part] * vec
+        return out
+
+    if shared:  # a role absent from this mini-batch has share 0 in it
+        norms = dict(
+            zip(roles, torch.stack([role_vectors()[r].norm() for r in roles]).tolist(), strict=True)
+        )
+        total = sum(norms.values())
+        for role in roles:
+            meter.mean(role, "grad_norm_own", norms[role], 1, also_all=False)
+            meter.mean(
+                role,
+                "grad_mass_share",
+                norms[role] / total if total > 0 else 0.0,
+                1,
+                also_all=False,
+            )
+    threshold = mitigate.coherence_threshold
+    if threshold is not None:
+        for role in roles:
+            slots = [p for p in parts if _role(p) == role]
+            if len(slots) < 2:
+                continue
+            c = _mean_cosine([vectors[p] for p in slots])
+            factor = 1.0 / (1.0 + (len(slots) - 1) * c) if c > threshold else 1.0
+            for p in slots:
+                weight[p] *= factor
+            meter.mean(role, "slot_coherence", c, 1, also_all=False)
+            meter.mean(role, "slot_damping", factor, 1, also_all=False)
+    if mitigate.role_balance and shared:
+        by_role = role_vectors()
+        norms = {r: float(v.norm()) for r, v in by_role.items()}
+        live = [n for n in norms.values() if n > 0]
+        if live:
+            target = sum(live) / len(live)
+            for part in parts:
+                n = norms[_role(part)]
+                weight[part] *= target / n if n > 0 else 1.0
+    if all(w == 1.0 for w in weight.values()):
+        return False
+    own.write(weight)
+    return True
+
+
+def _mean_cosine(vectors: list[torch.Tensor]) -> float:
+    """Mean pairwise cosine similarity of the vectors (a zero vector counts as cosine 0)."""
+    unit = torch.stack([v / v.norm() if float(v.norm()) > 0 else v for v in vectors])
+    sims = unit @ unit.T  # (N, N)
+    n = len(vectors)
+    return float((sims.sum() - sims.diagonal().sum()) / (n * (n - 1)))
+
+
+class GradientParts:
+    """Each part's own gradient (a role, or a role's slot) in one update, from snapshots of the
+    accumulated gradient taken where the (part-consecutive) micro-batches switch part. Snapshots
+    and differences stay on the gradients' device (float32, the LoRA weights' dtype);
+    :meth:`finish` sums each part's gradient over the data-parallel ranks; :meth:`write` puts a
+    weighted sum of the parts back as the gradient."""
+
+    def __init__(self, params: Sequence[torch.Tensor], world: World = SOLO) -> None:
         self.params = list(params)
-        self.role: str | None = None
+        self.world = world
+        self.part: object = None
         self.before: list[torch.Tensor] = []
-        self.own: dict[str, torch.Tensor] = {}  # role -> its gradient, flattened
+        self.own: dict[object, torch.Tensor] = {}  # part -> its gradient, flattened
 
     def _grads(self) -> list[torch.Tensor]:
         return [
             torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for p in self.params
         ]
 
-    def enter(self, role: str) -> None:
-        if role == self.role:
+    def enter(self, part: object) -> None:
+        if part == self.part:
             return
-        if role in self.own:
-            raise RuntimeError(f"micro-batches of role {role!r} are not consecutive")
+        if part in self.own:
+            raise RuntimeError(f"micro-batches of {part!r} are not consecutive")
         now = self._grads()
         self._close(now)
-        self.role, self.before = role, now
+        self.part, self.before = part, now
 
     def _close(self, now: list[torch.Tensor]) -> None:
-        if self.role is not None:
+        if self.part is not None:
             diff = [(a - b).reshape(-1) for a, b in zip(now, self.before, strict=True)]
-            self.own[self.role] = torch.cat(diff)
+            self.own[self.part] = torch.cat(diff)
 
-    def finish(self, roles: Sequence[str], world: World = SOLO) -> dict[str, float]:
-        """The gradient norm of each of ``roles`` in this update (a role without rows here has a
-        zero gradient on this rank), summed over ``world``'s ranks first."""
+    def finish(self, parts: Sequence[object]) -> dict[object, torch.Tensor]:
+        """The gradient of each of ``parts`` in this update (a part without rows here has a
+        zero gradient on this rank), summed over the ranks."""
         self._close(self._grads())
-        self.role = None
+        self.part = None
         size = sum(p.numel() for p in self.params)
         device = self.params[0].device
-        own = [self.own[r] if r in self.own else torch.zeros(size, device=device) for r in roles]
-        world.sum_(own)
-        return dict(zip(roles, torch.stack([g.norm() for g in own]).tolist(), strict=True))
+        own = [self.own[k] if k in self.own else torch.zeros(size, device=device) for k in parts]
+        self.world.sum_(own)
+        self.own = dict(zip(parts, own, strict=True))
+        return self.own
+
+    def write(self, weights: dict[object, float]) -> None:
+        """``.grad`` = sum over parts of weight * gradient (every rank's, after :meth:`finish`)."""
+        total = sum(w * self.own[k] for k, w in weights.items())
+        start = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad = total[start : start + n].view_as(p).clone()
+            start += n
 
 
 def _ratio_stats(meter: Meter, roles: Sequence[str], out, mask: torch.Tensor) -> None:
@@ -345,6 +462,7 @@ __all__ = [
     "pre_update_stats",
     "probe_logp",
     "probe_row",
+    "score_base",
     "score_old",
     "update_adapter",
 ]

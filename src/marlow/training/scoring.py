@@ -92,14 +92,13 @@ def score_rows(
     *,
     temperature: float,
     micro_tokens: int,
-    by_role: bool = False,
+    keys: Sequence[Hashable] | None = None,
 ) -> Iterator[tuple[list[int], Scored]]:
     """Score ``rows`` of ``batch`` in micro-batches (see :func:`micro_batches`), lazily: yields
     (indices into ``rows``, Scored of those rows in that order). A caller that backpropagates can
-    free each chunk's graph before the next is built. ``by_role`` keeps micro-batches role-pure and
-    each role's consecutive."""
+    free each chunk's graph before the next is built. ``keys`` (one per row of ``rows``, e.g. its
+    role) keeps micro-batches key-pure and each key's consecutive."""
     rows = list(rows)
     lengths = [batch.seq_len[i] for i in rows]
-    keys = [batch.roles[i] for i in rows] if by_role else None
     for local in micro_batches(lengths, micro_tokens, keys=keys):
         yield local, score_chunk(model, batch.chunk([rows[j] for j in local]), temperature)

@@ -61,6 +61,7 @@ from marlow.training.grpo import (
     post_update_stats,
     pre_update_stats,
     probe_logp,
+    score_base,
     score_old,
     update_adapter,
 )
@@ -223,9 +224,12 @@ class Trainer:
         trained = {a: sum(c.get(a, 0) for c in counts) for a in self.adapters}  # every rank's
         dropout = self.cfg.policy.lora_dropout
         fused = {a: fused_old_logp(n, g, dropout) for a, n in trained.items()}
+        kl_coef = self.cfg.mitigate.kl_coef
         for adapter, batch in batches.items():
             if not fused[adapter]:
                 score_old(self.model, batch, temperature, g.micro_tokens)
+            if any(kl_coef.get(role, 0.0) > 0 for role in set(batch.roles)):
+                score_base(self.model, batch, temperature, g.micro_tokens)  # mitigate.kl_coef
         t2 = time.perf_counter()
         meter = Meter()
         self.model.train()
@@ -246,6 +250,7 @@ class Trainer:
                         meter=meter,
                         fused=fused[adapter],
                         world=self.world,
+                        mitigate=self.cfg.mitigate,
                     ),
                 )
             else:

@@ -31,7 +31,7 @@ def check_workflow(cfg: WorkflowConfig) -> WorkflowSpec:
 def check_run_config(cfg: RunConfig) -> WorkflowSpec:
     """The run's workflow, built; raises ConfigError naming the field a workflow- or role-level
     setting gets wrong (``workflow.name``, ``workflow.params``, ``policy.role_map``,
-    ``grpo.role_weights``, ``workflow.prompts``)."""
+    ``grpo.role_weights``, ``mitigate.kl_coef``, ``workflow.prompts``)."""
     workflow = check_workflow(cfg.workflow)
     try:
         prompts = prompt_set(cfg.workflow.prompts)
@@ -53,10 +53,14 @@ def check_run_config(cfg: RunConfig) -> WorkflowSpec:
         make_routing(cfg.policy.routing, roles, cfg.policy.role_map)
     except ValueError as err:
         raise ConfigError(f"config field 'policy.role_map': {err}") from None
-    unknown = sorted(set(cfg.grpo.role_weights) - set(roles))
-    if unknown:
-        raise ConfigError(
-            f"config field 'grpo.role_weights' names {', '.join(unknown)}, not a role of "
-            f"workflow {cfg.workflow.name}; valid: {', '.join(roles)}"
-        )
+    for field, named in (
+        ("grpo.role_weights", cfg.grpo.role_weights),
+        ("mitigate.kl_coef", cfg.mitigate.kl_coef),
+    ):
+        unknown = sorted(set(named) - set(roles))
+        if unknown:
+            raise ConfigError(
+                f"config field '{field}' names {', '.join(unknown)}, not a role of "
+                f"workflow {cfg.workflow.name}; valid: {', '.join(roles)}"
+            )
     return workflow

@@ -42,6 +42,8 @@ TABLES = (
     "table2",
     "table-signatures",
     "table-detectors",
+    "table-claims",
+    "table-detector-eval",
 )
 FIGURES = ("fig-delta", "fig-scatter", "fig-dynamics-math-tiny-s", "fig-instability")
 # and one per-role figure per trained cell that finished: Voting IP and SP, Eval-Opt IP (two seeds
@@ -158,6 +160,7 @@ def test_the_headline_opens_the_page(page):
     first = page.execute_script("return document.querySelector('h1').nextElementSibling.id;")
     assert first == "headline"
     items = [li.text for li in page.find_elements(By.CSS_SELECTOR, "#headline li")]
-    assert len(items) == 3, items
+    assert len(items) == 4, items
     assert "beat the base model" in items[0] and "matched pairs" in items[1]
-    assert items[2].startswith("Detectors fired:")
+    assert items[2].startswith("The study's claims here: C1 ")
+    assert items[3].startswith("Detectors fired:")

@@ -406,7 +406,11 @@ def test_cli_report(tmp_path):
 
 def test_the_headline_says_what_the_tables_say(built):
     page = json.loads(built.with_suffix(".json").read_text())
-    first, second, third = page["headline"]
+    first, second, claims, third = page["headline"]
+    verdicts = {r["claim"]: r["verdict"] for r in page["tables"]["table-claims"]["rows"]}
+    assert claims.startswith(
+        "The study's claims here: " + ", ".join(f"{c} {v}" for c, v in verdicts.items())
+    )
     # Voting IP (0.70, 0.60) vs base (0.35, 0.33): +31.0 points, the largest mean gain
     assert first.startswith("4 of 4 trained multi-agent cells beat the base model")
     assert "Voting IP tiny-s Math (+31.0 points)" in first

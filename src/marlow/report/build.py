@@ -24,6 +24,7 @@ from pathlib import Path
 
 from marlow.config import ConfigError
 from marlow.fileio import write_json, write_text
+from marlow.report.evidence import claims_table, detector_evaluation
 from marlow.report.figures import (
     Plot,
     delta_figure,
@@ -102,6 +103,12 @@ def headline(tables: dict[str, Table]) -> list[str]:
             f"IP vs SP over {r['n']} matched pairs: {higher} peaks higher on average, by "
             f"{100 * abs(r['mean_diff']):.1f} points{p}{floor if r['min_p'] > 0.05 else ''}."
         )
+    claims = tables["table-claims"].rows
+    out.append(
+        "The study's claims here: "
+        + ", ".join(f"{r['claim']} {r['verdict']}" for r in claims)
+        + " (the Claims section gives effects, intervals and tests)."
+    )
     fired: dict[str, list[str]] = {}
     for r in tables["table-detectors"].rows:
         if r["fired"]:
@@ -141,6 +148,11 @@ def make_report(results_dir: str | Path) -> Report:
         detectors_table(res),
     ]
     dynamics, roles = dynamics_figures(res), role_figures(res)
+    tables = [
+        claims_table(res, delta, [p.id for p in dynamics]),
+        *tables,
+        detector_evaluation(res),
+    ]
     plots = [
         delta_figure(delta),
         scatter_figure(res),
@@ -149,6 +161,7 @@ def make_report(results_dir: str | Path) -> Report:
         *roles,
     ]
     sections = [
+        ("sec-claims", "Claims C1-C4", ["table-claims"]),
         ("sec-table1", "Table 1: peak accuracy and residuals vs SA-RL", ["table1"]),
         ("sec-delta", "Delta against the base", ["fig-delta", "table-delta"]),
         ("sec-ip-sp", "IP vs SP", ["fig-scatter", "table-paired"]),
@@ -158,6 +171,7 @@ def make_report(results_dir: str | Path) -> Report:
         ("sec-table2", "Table 2: per-role peak-over-first ratios", ["table2"]),
         ("sec-signatures", "Trajectory signatures", ["table-signatures"]),
         ("sec-detectors", "Detector verdicts", ["table-detectors"]),
+        ("sec-detector-eval", "Detectors judged on evidence", ["table-detector-eval"]),
         ("sec-cells", "Cells", ["table-cells", "table-missing"]),
     ]
     return Report(res, {t.id: t for t in tables}, {p.id: p for p in plots}, sections)

@@ -1,0 +1,168 @@
+"""Detectors judged on evidence and the claims' verdicts (issue 19), on hand-made runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from marlow.diagnostics.runstats import run_statistics
+from marlow.report import evidence
+from marlow.report.evidence import (
+    _score,
+    _verdict,
+    label_amplification,
+    label_capture,
+    label_cliff,
+    tune,
+)
+from marlow.report.results import CellId, CellRun
+
+VOTING = {"generator": 3, "aggregator": 1}
+
+
+def cell(val, policy="ip", seed=0, train=None, name=None):
+    """A trained Voting cell with validation accuracies ``val`` (one every 2 steps from 0) and
+    per-step training metrics ``train`` (step -> {key: value})."""
+    records = {}
+    for i, acc in enumerate(val):
+        records.setdefault(2 * i, {"step": 2 * i})["val/all/accuracy"] = acc
+    for step, values in (train or {}).items():
+        records.setdefault(step, {"step": step}).update(values)
+    records = [records[s] for s in sorted(records)]
+    cid = CellId(
+        name or f"Voting-{policy.upper()}-s{seed}",
+        "trained",
+        "voting",
+        policy,
+        "tiny-s",
+        "math",
+        seed,
+    )
+    return CellRun(cid, None, records, run_statistics(records), {}, dict(VOTING))
+
+
+def test_a_cliff_is_a_final_well_under_a_peak_before_the_end():
+    run = cell([0.4, 0.6, 0.58, 0.52, 0.45])
+    label = label_cliff(run)
+    assert label.positive and label.began == 6  # 0.52 is the first under 0.6 - 0.05
+    assert not label_cliff(cell([0.4, 0.6, 0.55, 0.52])).positive  # 0.08 under: not 0.10
+    assert not label_cliff(cell([0.4, 0.5, 0.6])).positive  # the peak is the last validation
+
+
+def amplified(ratio_gen, ratio_agg, policy="ip"):
+    key = "grad_norm_own" if policy == "sp" else "grad_norm"
+    train = {}
+    for step in range(1, 11):
+        grow = 1 + (ratio_gen - 1) * (step - 1) / 9
+        train[step] = {
+            "train/all/reward": 0.5,
+            f"train/generator/{key}": 0.1 * grow,
+            f"train/aggregator/{key}": 0.1 * (1 + (ratio_agg - 1) * (step - 1) / 9),
+            "train/generator/lr": 1e-3,
+            "train/generator/chi2_update": 0.01,  # runstats finds a run's roles by this key
+            "train/aggregator/chi2_update": 0.01,
+        }
+    return train
+
+
+def test_amplification_is_a_multi_slot_role_rising_far_beyond_the_single_slot_ones():
+    run = cell([0.5, 0.5], train=amplified(4.0, 1.2))
+    label = label_amplification(run)
+    assert label.positive and label.evidence["role"] == "generator"
+    assert label.began == 7  # 0.1 * (1 + 3 (s - 1) / 9) reaches 0.3 = 3 x 0.1 at step 7
+    assert not label_amplification(cell([0.5, 0.5], train=amplified(2.5, 1.0))).positive
+    assert not label_amplification(cell([0.5, 0.5], train=amplified(4.0, 3.0))).positive
+
+
+def captured(share, gen_len, agg_len):
+    train = {}
+    for step in range(1, 13):
+        late = step > 6
+        train[step] = {
+            "train/all/reward": 0.5,
+            "train/generator/grad_mass_share": share if late else 0.5,
+            "train/aggregator/grad_mass_share": 1 - share if late else 0.5,
+            "train/generator/length_mean": 40.0,
+            "train/aggregator/length_mean": agg_len[1] if late else agg_len[0],
+        }
+    return train
+
+
+def test_capture_is_a_dominant_share_while_another_role_takes_its_length():
+    run = cell([0.5, 0.5], policy="sp", train=captured(0.8, 40.0, (10.0, 30.0)))
+    label = label_capture(run)
+    assert label.positive and label.evidence["dominant"] == "generator"
+    assert label.evidence["captured"] == "aggregator" and label.began == 10  # the last quarter
+    assert not label_capture(
+        cell([0.5, 0.5], policy="sp", train=captured(0.55, 40.0, (10.0, 30.0)))
+    ).positive
+    assert not label_capture(
+        cell([0.5, 0.5], policy="sp", train=captured(0.8, 40.0, (10.0, 15.0)))
+    ).positive
+    assert not label_capture(
+        cell([0.5, 0.5], policy="ip", train=captured(0.8, 40.0, (10.0, 30.0)))
+    ).positive
+
+
+def test_precision_recall_and_lead_against_the_labels():
+    runs = [
+        cell([0.4, 0.6, 0.58, 0.52, 0.45], seed=0),  # cliff; the detector fires at step 6
+        cell([0.4, 0.6, 0.6, 0.6, 0.54], seed=0),  # a 0.06 dip at the end: no cliff label
+        cell([0.4, 0.5, 0.55, 0.6, 0.62], seed=0),  # rising: neither
+    ]
+    score = _score(runs, "terminal_cliff", {"cliff_drop": 0.05, "cliff_patience": 1})
+    assert (score["tp"], score["fp"], score["fn"]) == (1, 1, 0)
+    assert score["precision"] == 0.5 and score["recall"] == 1.0
+    assert score["median_lead"] == 6 - 6  # fired at the first validation under the line
+    strict = _score(runs, "terminal_cliff", {"cliff_drop": 0.08, "cliff_patience": 1})
+    assert (strict["tp"], strict["fp"], strict["fn"]) == (1, 0, 0)
+
+
+def test_tuning_picks_the_thresholds_with_the_best_f1_on_its_seeds():
+    runs = [
+        cell([0.4, 0.6, 0.58, 0.52, 0.45]),
+        cell([0.4, 0.6, 0.6, 0.54, 0.54]),  # two validations 0.06 under: no cliff label
+        cell([0.4, 0.6, 0.6, 0.6, 0.53]),
+    ]
+    assert _score(runs, "terminal_cliff", {})["fp"] == 1  # the defaults (0.05, 2) fire on it
+    best = tune(runs, "terminal_cliff")
+    score = _score(runs, "terminal_cliff", best)
+    assert score["f1"] == 1.0 and best["cliff_drop"] >= 0.08
+    # nothing labelled nor fired: the defaults stay
+    flat = [cell([0.5, 0.5, 0.5, 0.5])]
+    assert tune(flat, "terminal_cliff") == {"cliff_drop": 0.05, "cliff_patience": 2}
+
+
+@pytest.mark.parametrize(
+    ("values", "verdict"),
+    [
+        ([0.1, 0.2, 0.1, 0.05, 0.1, 0.3], "holds"),  # p = 2 / 64
+        ([-0.1, -0.2, -0.1, -0.05, -0.1, -0.3], "refuted"),
+        ([0.1, -0.2, 0.1, 0.05, -0.1, 0.3], "not shown"),
+        ([0.1, 0.2, 0.1], "not shown"),  # three pairs: p >= 0.25, never below 0.05
+        ([], "not shown"),
+    ],
+)
+def test_a_claim_holds_only_in_its_direction_with_p_under_005(values, verdict):
+    out = _verdict(values)
+    assert out["verdict"] == verdict
+    if values:
+        assert out["n"] == len(values) and out["min_p"] == pytest.approx(2 / 2 ** len(values))
+
+
+def test_c4_needs_a_captured_sp_cell_besides_the_cliffs(monkeypatch):
+    from marlow.report.tables import Table
+
+    pairs = []
+    for seed in range(6):
+        ip = cell([0.4, 0.6, 0.45], "ip", seed)  # falls 0.15
+        sp = cell([0.4, 0.6, 0.6], "sp", seed)  # holds
+        pairs.append((("math", "tiny-s", "voting"), seed, ip, sp))
+    monkeypatch.setattr(evidence, "matched_pairs", lambda res: pairs)
+    delta = Table("table-delta", "", [], [], "")
+    claims = {r["claim"]: r for r in evidence.claims_table(None, delta, ["fig-x"]).rows}
+    assert claims["C4"]["effect"] == pytest.approx(0.15) and claims["C4"]["p_value"] < 0.05
+    assert claims["C4"]["verdict"] == "not shown"  # no SP cell shows role capture
+    monkeypatch.setattr(evidence, "label_capture", lambda run: evidence.Label(True, 1))
+    claims = {r["claim"]: r for r in evidence.claims_table(None, delta, ["fig-x"]).rows}
+    assert claims["C4"]["verdict"] == "holds" and claims["C4"]["figure"] == "fig-x"
+    assert claims["C2"]["verdict"] == "not shown"  # equal peaks

@@ -234,3 +234,34 @@ def test_a_grid_refuses_a_folder_whose_cells_ran_under_other_settings(tmp_path):
     (folder / "config.yaml").write_text(dump_config(cell.config))
     with pytest.raises(ConfigError, match="lr: 0.001 -> 0.0005"):
         run_grid(parse_grid({**grid, "settings": {"steps": 8, "optim": {"lr": 5e-4}}}), tmp_path)
+
+
+def test_each_variant_is_the_whole_grid_under_its_settings():
+    grid = parse_grid(
+        {
+            "workflows": ["voting"],
+            "seeds": [0, 1],
+            "controls": ["base", "sa-rl"],
+            "settings": {"steps": 4, "optim": {"lr": 1e-3}},
+            "variants": {
+                "lr3e-3": {"optim": {"lr": 3e-3}},
+                "kl": {"mitigate": {"kl_coef": {"generator": 0.1}}},
+            },
+        }
+    )
+    cells = {c.name: c for c in expand(grid)}
+    assert len(cells) == 2 * 2 * (2 + 1 + 2)  # variants x seeds x (IP, SP, SA-RL, 2 bases)
+    fast = cells["Voting-IP-tiny-s-Math-lr3e-3-s1"]
+    assert fast.variant == "lr3e-3" and fast.config.optim.lr == 3e-3 and fast.config.steps == 4
+    kl = cells["Single-SA-tiny-s-Math-kl-s0"]
+    assert kl.config.optim.lr == 1e-3 and kl.config.mitigate.kl_coef == {"generator": 0.1}
+    assert cells["Voting-Base-tiny-s-Math-kl-s0"].describe()["variant"] == "kl"
+    plain = expand(parse_grid({"workflows": ["voting"]}))
+    assert "variant" not in plain[0].describe() and plain[0].name == "Voting-IP-tiny-s-Math"
+
+
+def test_a_variant_name_must_fit_in_a_cell_name():
+    with pytest.raises(ConfigError, match="variant name 'lr 3e-3'"):
+        parse_grid({"variants": {"lr 3e-3": {}}})
+    with pytest.raises(ConfigError, match="optim.lrr"):
+        expand(parse_grid({"variants": {"bad": {"optim": {"lrr": 1}}}}))

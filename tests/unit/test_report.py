@@ -477,3 +477,46 @@ def test_ci95_is_the_t_interval_of_the_mean():
     many = [float(i % 7) for i in range(40)]  # past the table: the normal's 1.96
     mean, sd = sum(many) / 40, __import__("statistics").stdev(many)
     assert report_stats.ci95(many)[1] == pytest.approx(mean + 1.96 * sd / 40**0.5)
+
+
+def test_variants_are_matched_and_compared_within_themselves(tmp_path):
+    from marlow.report.results import load_results
+    from marlow.report.tables import matched_pairs
+
+    grid = {
+        "workflows": ["voting"],
+        "seeds": [0],
+        "controls": ["base"],
+        "settings": {"steps": 2},
+        "variants": {"slow": {"optim": {"lr": 1e-4}}, "fast": {"optim": {"lr": 3e-3}}},
+    }
+    peaks = {
+        "IP-tiny-s-Math-slow": 0.5,
+        "SP-tiny-s-Math-slow": 0.4,
+        "IP-tiny-s-Math-fast": 0.7,
+        "SP-tiny-s-Math-fast": 0.6,
+        "Base-tiny-s-Math-slow": 0.3,
+        "Base-tiny-s-Math-fast": 0.2,
+    }
+    index = {}
+    for cell in expand(parse_grid(grid)):
+        folder = tmp_path / "cells" / cell.name
+        index[cell.name] = {
+            **cell.describe(),
+            "state": "done",
+            "error": None,
+            "path": f"cells/{cell.name}",
+        }
+        write_json(folder / "cell.json", cell.describe())
+        write_text(folder / "config.yaml", dump_config(cell.config))
+        peak = peaks[cell.name.removeprefix("Voting-")]
+        write_text(
+            folder / "metrics.jsonl", json.dumps({"step": 0, "val/all/accuracy": peak}) + "\n"
+        )
+    write_json(tmp_path / "index.json", {"grid": grid, "cells": index})
+    res = load_results(tmp_path)
+    assert sorted({i.scale for i in res.ids}) == ["tiny-s fast", "tiny-s slow"]
+    pairs = {key[1]: (ip.peak, sp.peak) for key, _, ip, sp in matched_pairs(res)}
+    assert pairs == {"tiny-s slow": (0.5, 0.4), "tiny-s fast": (0.7, 0.6)}
+    delta = {r["cell"]: r["delta_peak"] for r in make_report(tmp_path).tables["table-delta"].rows}
+    assert delta["Voting-IP-tiny-s-Math-fast"] == pytest.approx(0.5)  # 0.7 - its own base (0.2)

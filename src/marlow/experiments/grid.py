@@ -9,6 +9,9 @@ A grid file::
     seeds: [0, 1]
     controls: [base, sa-rl, transfer]              # any of these; default: base and sa-rl
     settings: {steps: 24, optim: {lr: 1e-3}}       # config for every cell (preset default: tiny)
+    variants:                                      # optional: named settings, each a copy of
+      lr3e-3: {optim: {lr: 3e-3}}                  # the whole grid over those settings
+      kl: {optim: {lr: 3e-3}, mitigate: {kl_coef: {generator: 0.1}}}
 
 expands to, for every (task, scale, seed):
 
@@ -23,8 +26,12 @@ expands to, for every (task, scale, seed):
   model"), its transfer cell runs every role on the base and needs no SA-RL cell: it must equal
   its base cell, a check on the pair.
 
-Names follow SPEC §1, ``{Workflow}-{Policy}-{Scale}-{Task}[-s{seed}]``; the seed suffix is
-written when the grid has more than one seed. Choices of marlow: ``single`` in ``workflows``
+Names follow SPEC §1, ``{Workflow}-{Policy}-{Scale}-{Task}[-{variant}][-s{seed}]``; the seed
+suffix is written when the grid has more than one seed. **Variants** (a choice of marlow): each
+named variant is the whole grid again, controls included, under its settings merged over
+``settings``; its cells carry the variant's name, and the report keeps variants apart by showing
+the scale as ``tiny-s lr3e-3`` (so an IP cell is matched with the SP cell of its own variant, and
+compared with its own variant's base and SA-RL). Choices of marlow: ``single`` in ``workflows``
 adds no trained cells of its own (under one role, SP and IP are the same run: it *is* the SA-RL
 control, which it switches on); a Hugging Face scale is named by its last path part without a
 ``Qwen3-`` prefix (``Qwen/Qwen3-1.7B`` -> ``1.7B``). Settings are layered preset -> ``settings``
@@ -34,6 +41,7 @@ fails before anything runs.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -48,6 +56,7 @@ from marlow.workflows.load import workflow_title
 from marlow.workflows.spec import is_workflow_file, workflow_names
 
 CONTROLS = ("base", "sa-rl", "transfer")
+VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 Kind = Literal["trained", "base", "sa-rl", "transfer"]
 
 
@@ -76,7 +85,19 @@ class GridSpec(BaseModel):
         default_factory=lambda: ["base", "sa-rl"]
     )
     settings: dict[str, Any] = Field(default_factory=dict)
+    variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
     resources: CellResources = Field(default_factory=CellResources)
+
+    @field_validator("variants")
+    @classmethod
+    def _variant_names(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for name in v:
+            if not VARIANT_NAME.fullmatch(name):
+                raise ValueError(
+                    f"variant name {name!r} must be letters, digits, '.', '_' or '-' (it goes "
+                    "into cell names)"
+                )
+        return v
 
     @field_validator("workflows")
     @classmethod
@@ -103,6 +124,7 @@ class Cell:
     seed: int
     config: RunConfig = field(repr=False, compare=False)
     needs: tuple[str, ...] = ()  # cells that must finish first (a transfer needs its SA-RL)
+    variant: str | None = None  # the grid variant it belongs to, if the grid has variants
 
     def describe(self) -> dict[str, Any]:
         """The cell's identity as stored in ``cell.json`` (everything but the config)."""
@@ -115,11 +137,15 @@ class Cell:
             "task": self.task,
             "seed": self.seed,
             "needs": list(self.needs),
+            **({"variant": self.variant} if self.variant is not None else {}),
         }
 
 
-def cell_name(workflow: str, policy: str, scale: str, task: str, seed: int | None) -> str:
+def cell_name(
+    workflow: str, policy: str, scale: str, task: str, seed: int | None, variant: str | None = None
+) -> str:
     parts = [workflow_title(workflow), POLICY_TITLES[policy], scale_title(scale), task.title()]
+    parts += [variant] if variant is not None else []
     return "-".join(parts) + (f"-s{seed}" if seed is not None else "")
 
 
@@ -156,12 +182,13 @@ def expand(grid: GridSpec) -> list[Cell]:
     partial grid has the comparisons before the controls)."""
     trained: list[Cell] = []
     controls: list[Cell] = []
-    for task in grid.tasks:
-        for scale in grid.scales:
-            for seed in grid.seeds:
-                point = _Point(grid, task, scale, seed)
-                trained += point.trained()
-                controls += point.controls()
+    for variant in list(grid.variants) or [None]:
+        for task in grid.tasks:
+            for scale in grid.scales:
+                for seed in grid.seeds:
+                    point = _Point(grid, task, scale, seed, variant)
+                    trained += point.trained()
+                    controls += point.controls()
     cells = trained + controls
     seen: set[str] = set()
     for c in cells:
@@ -173,12 +200,13 @@ def expand(grid: GridSpec) -> list[Cell]:
 
 @dataclass(frozen=True)
 class _Point:
-    """One (task, scale, seed) of a grid: its trained cells and its controls."""
+    """One (task, scale, seed[, variant]) of a grid: its trained cells and its controls."""
 
     grid: GridSpec
     task: str
     scale: str
     seed: int
+    variant: str | None = None
 
     @property
     def multi(self) -> list[str]:
@@ -191,12 +219,12 @@ class _Point:
 
     def name(self, workflow: str, policy: str) -> str:
         suffix = self.seed if len(self.grid.seeds) > 1 else None
-        return cell_name(workflow, policy, self.scale, self.task, suffix)
+        return cell_name(workflow, policy, self.scale, self.task, suffix, self.variant)
 
     def cell(self, kind: Kind, workflow: str, title: str, needs=(), **over: Any) -> Cell:
         """A cell named ``{workflow}-{title}-...``; ``over`` are its own config settings."""
         name = self.name(workflow, title)
-        settings = self.grid.settings
+        settings = merge(self.grid.settings, self.grid.variants.get(self.variant or "", {}))
         config = merge(
             merge({} if "preset" in settings else {"preset": "tiny"}, settings),
             {
@@ -213,7 +241,16 @@ class _Point:
         except ConfigError as err:
             raise ConfigError(f"cell {name}: {err}") from None
         return Cell(
-            name, kind, workflow, title, self.scale, self.task, self.seed, resolved, tuple(needs)
+            name,
+            kind,
+            workflow,
+            title,
+            self.scale,
+            self.task,
+            self.seed,
+            resolved,
+            tuple(needs),
+            self.variant,
         )
 
     def trained(self) -> list[Cell]:

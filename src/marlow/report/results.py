@@ -129,7 +129,13 @@ def load_results(results_dir: str | Path) -> GridRuns:
             entry["kind"],
             entry["workflow"],
             entry["policy"],
-            scale_title(str(entry["scale"])),
+            # a variant's cells are shown (and matched) as a scale of their own: "tiny-s lr3e-3"
+            " ".join(
+                [
+                    scale_title(str(entry["scale"])),
+                    *([entry["variant"]] if entry.get("variant") else []),
+                ]
+            ),
             entry["task"],
             int(entry["seed"]),
         )

@@ -467,8 +467,13 @@ class MitigateConfig(_Section):
     kl_coef: dict[str, float] = Field(
         default_factory=dict,
         description="per role, the weight of a k3 KL(policy || base) penalty in its loss, e.g. "
-        "{aggregator: 0.05}; a role not named has none",
+        "{aggregator: 0.05}; '*' stands for every role not named; a role not named has none",
     )
+
+    def kl_weight(self, role: str) -> float:
+        """The KL penalty's weight for ``role`` (its own entry, else ``*``, else 0)."""
+        return self.kl_coef.get(role, self.kl_coef.get("*", 0.0))
+
     coherence_threshold: float | None = Field(
         None,
         gt=0.0,

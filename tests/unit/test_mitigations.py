@@ -107,6 +107,11 @@ def test_without_mitigation_the_gradient_is_the_sum_and_only_measured():
 
 def test_kl_coef_names_roles_of_the_workflow_and_finite_weights():
     check_run_config(resolve({"mitigate": {"kl_coef": {"aggregator": 0.05}}}))
+    every = resolve({"mitigate": {"kl_coef": {"*": 0.1, "aggregator": 0.05}}})
+    check_run_config(every)  # '*': every role not named, in any workflow
+    assert every.mitigate.kl_weight("generator") == 0.1
+    assert every.mitigate.kl_weight("aggregator") == 0.05
+    assert resolve({}).mitigate.kl_weight("generator") == 0.0
     with pytest.raises(
         ConfigError, match="mitigate.kl_coef.*evaluator.*valid: generator, aggregator"
     ):

@@ -176,7 +176,7 @@ def update_adapter(
     roles = sorted({_role(key) for key in parts})
     shared = len(roles) > 1
     parallel = slotted and len(parts) > len(roles)  # some role has two slots or more
-    beta = [mitigate.kl_coef.get(role, 0.0) for role in batch.roles]
+    beta = [mitigate.kl_weight(role) for role in batch.roles]
     if any(beta) and batch.base_logp is None:
         raise RuntimeError("mitigate.kl_coef needs batch.base_logp (score_base) before the update")
     params = optim.params[adapter]

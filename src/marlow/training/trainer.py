@@ -224,11 +224,11 @@ class Trainer:
         trained = {a: sum(c.get(a, 0) for c in counts) for a in self.adapters}  # every rank's
         dropout = self.cfg.policy.lora_dropout
         fused = {a: fused_old_logp(n, g, dropout) for a, n in trained.items()}
-        kl_coef = self.cfg.mitigate.kl_coef
+        mitigate = self.cfg.mitigate
         for adapter, batch in batches.items():
             if not fused[adapter]:
                 score_old(self.model, batch, temperature, g.micro_tokens)
-            if any(kl_coef.get(role, 0.0) > 0 for role in set(batch.roles)):
+            if any(mitigate.kl_weight(role) > 0 for role in set(batch.roles)):
                 score_base(self.model, batch, temperature, g.micro_tokens)  # mitigate.kl_coef
         t2 = time.perf_counter()
         meter = Meter()

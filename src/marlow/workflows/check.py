@@ -57,7 +57,9 @@ def check_run_config(cfg: RunConfig) -> WorkflowSpec:
         ("grpo.role_weights", cfg.grpo.role_weights),
         ("mitigate.kl_coef", cfg.mitigate.kl_coef),
     ):
-        unknown = sorted(set(named) - set(roles))
+        unknown = sorted(
+            set(named) - set(roles) - ({"*"} if field == "mitigate.kl_coef" else set())
+        )
         if unknown:
             raise ConfigError(
                 f"config field '{field}' names {', '.join(unknown)}, not a role of "

@@ -730,6 +730,11 @@ def _clock(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+def _bars(*columns) -> Progress:
+    """Rich progress bars with the elapsed time, drawn only on a terminal."""
+    return Progress(*columns, TimeElapsedColumn(), console=console, disable=not sys.stderr.isatty())
+
+
 class _StepProgress:
     """A training run's progress. On a terminal: a rich bar. Elsewhere (a file, a pipe, CI): one
     plain line at every validation and at most every 30 s, with step, reward, validation
@@ -738,14 +743,8 @@ class _StepProgress:
     def __init__(self, total: int) -> None:
         self.total = total
         self.tty = sys.stderr.isatty()
-        self.bar = Progress(
-            TextColumn("step"),
-            MofNCompleteColumn(),
-            BarColumn(),
-            TextColumn("{task.description}"),
-            TimeElapsedColumn(),
-            console=console,
-            disable=not self.tty,
+        self.bar = _bars(
+            TextColumn("step"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.description}")
         )
         self.task = self.bar.add_task("", total=total)
         self.start = self.last = self.said = time.monotonic()
@@ -786,14 +785,11 @@ class _CellProgress:
 
     def __init__(self, width: int) -> None:
         self.tty = sys.stderr.isatty()
-        self.bars = Progress(
+        self.bars = _bars(
             TextColumn(f"{{task.description:<{width}}}"),
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("{task.fields[state]}"),
-            TimeElapsedColumn(),
-            console=console,
-            disable=not self.tty,
         )
         self.tasks: dict[str, int] = {}
         self.cells: dict[str, tuple[str, int, int]] = {}  # name -> (state, step, total)

@@ -129,6 +129,19 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-")
 
 
+def _legend_below(fig: Figure, entries: dict[str, object], most: int = 5) -> None:
+    """The figure's legend (label -> handle) under its plots, in rows of at most ``most``: never
+    over a title or a curve."""
+    if entries:
+        fig.legend(
+            list(entries.values()),
+            list(entries),
+            loc="outside lower center",
+            ncols=min(len(entries), most),
+            fontsize=8,
+        )
+
+
 def _empty(fig: Figure, what: str) -> Figure:
     ax = fig.subplots()
     ax.axis("off")
@@ -191,7 +204,8 @@ def scatter_figure(res: GridRuns) -> Plot:
     ax.set(xlim=(lo, hi), ylim=(lo, hi), xlabel="IP peak accuracy", ylabel="SP peak accuracy")
     ax.set_aspect("equal")
     ax.tick_params(axis="x", labelrotation=45)
-    fig.legend(loc="outside lower center", ncols=min(len(seen) + 1, 3), fontsize=8)
+    handles, labels = ax.get_legend_handles_labels()
+    _legend_below(fig, dict(zip(labels, handles, strict=True)), most=3)
     return _plot("fig-scatter", "IP vs SP", caption, fig)
 
 
@@ -286,14 +300,7 @@ def _dynamics(res: GridRuns, task: str, scale: str) -> Plot:
     if len(point_seeds) > 1:
         for index, seed in enumerate(point_seeds[: len(SEED_DASHES)]):
             legend[f"seed {seed}"] = Line2D([], [], color="0.4", lw=0.8, ls=SEED_DASHES[index])
-    if legend:
-        fig.legend(
-            list(legend.values()),
-            list(legend),
-            loc="outside lower center",
-            ncols=min(len(legend), 5),
-            fontsize=8,
-        )
+    _legend_below(fig, legend)
     fig.suptitle(f"{task.title()} {scale}: training dynamics per workflow")
     caption = (
         f"{task.title()}, {scale}: train success (top) and validation accuracy (bottom) per step. "
@@ -335,9 +342,8 @@ def instability_figure(inst: Table) -> Plot:
         ax.xaxis.set_major_locator(MaxNLocator(3))
     axes[0].set_yticks(y, labels, fontsize=8)
     axes[0].invert_yaxis()
-    fig.legend(
-        *axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=2, fontsize=8
-    )
+    handles, labels = axes[0].get_legend_handles_labels()
+    _legend_below(fig, dict(zip(labels, handles, strict=True)))
     return _plot("fig-instability", title, caption, fig)
 
 
@@ -396,14 +402,7 @@ def _roles(run: CellRun) -> Plot:
         ax.tick_params(labelsize=8)
         if not ax.lines:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
-    if shown:
-        fig.legend(
-            list(shown.values()),
-            list(shown),
-            loc="outside lower center",
-            ncols=min(len(shown), 6),
-            fontsize=8,
-        )
+    _legend_below(fig, shown, most=6)
     fig.suptitle(run.id.name, fontsize=11)
     caption = (
         f"{run.id.name}: per-role training series over steps: reward, gradient norm (under a "

@@ -132,3 +132,26 @@ def test_values_that_break_the_trusted_side_are_wrong_answers_not_sandbox_errors
             assert (name, score.reward, score.sandbox_error) == (name, 0.0, None)
     honest = "def f(x):\n    return 0.5 if x == 1 else {1: 2}"
     assert score_code_batch([(f"```python\n{honest}\n```", tests)])[0].reward == 1.0
+
+
+def test_every_ast_parse_of_the_harness_holds_its_lock(monkeypatch):
+    """CPython 3.11's AST conversion is not safe in concurrent threads (gh-106905: a spurious
+    "AST constructor recursion depth mismatch" once failed a canonical HumanEval solution): the
+    harness, which grades in threads, parses under one lock."""
+    import ast
+
+    from marlow.rewards import harness
+
+    seen = []
+    for name in ("parse", "literal_eval"):
+        real = getattr(ast, name)
+
+        def checked(*args, _real=real, **kwargs):
+            seen.append(harness._AST.locked())
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(ast, name, checked)
+    harness._literal_calls.cache_clear()
+    harness._literal_calls("def check(f):\n    assert f(1, [2]) == 3\n", "f")
+    harness.from_literal("[1, (2, 'x')]")
+    assert seen and all(seen)

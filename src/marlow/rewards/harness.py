@@ -32,6 +32,7 @@ import builtins
 import functools
 import inspect
 import random
+import threading
 import time
 import types
 from collections.abc import Sequence
@@ -41,6 +42,13 @@ from marlow.rewards import _serve
 from marlow.rewards.sandbox import TIMEOUT, Channel
 
 _PLAIN_TYPES = (type(None), bool, int, float, str, bytes)
+_AST = threading.Lock()
+"""Held around every ``ast`` parse and ``compile`` here. The check harness grades programs in
+threads (``sandbox.run_many``), and CPython 3.11's AST-to-object conversion keeps one recursion
+counter per interpreter: two threads converting at once can leave it off, and a later parse fails
+with "SystemError: AST constructor recursion depth mismatch" (CPython gh-106905), which graded a
+canonical HumanEval solution as a wrong answer once in several full test runs. The parses are
+small and cached, so serialising them costs nothing measurable."""
 
 
 @functools.cache
@@ -56,7 +64,8 @@ def serve_source(program: str, prelude: str, cap: int) -> str:
 def from_literal(text: str) -> Any:
     """Plain data from an answer: ``ast.literal_eval``, then only exact plain types (None, bool,
     int, float, str, bytes; list, tuple, dict, set) at most ``_serve.MAX_DEPTH`` deep."""
-    value = ast.literal_eval(text)
+    with _AST:
+        value = ast.literal_eval(text)
 
     def walk(x: Any, depth: int) -> None:
         if depth > _serve.MAX_DEPTH:
@@ -168,7 +177,8 @@ class Candidate:
 def _literal_calls(test: str, entry_point: str) -> tuple[list, ...]:
     """The argument lists of the calls of the candidate (``check``'s parameter, or the entry
     point by name) whose arguments are all literals, in source order."""
-    tree = ast.parse(test)
+    with _AST:
+        tree = ast.parse(test)
     names = {entry_point}
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name == "check" and node.args.args:
@@ -182,7 +192,8 @@ def _literal_calls(test: str, entry_point: str) -> tuple[list, ...]:
             and not node.keywords
         ):
             try:
-                args = [ast.literal_eval(a) for a in node.args]
+                with _AST:
+                    args = [ast.literal_eval(a) for a in node.args]
                 _serve.to_literal(args)
             except (ValueError, TypeError, SyntaxError, RecursionError):
                 continue
@@ -192,7 +203,8 @@ def _literal_calls(test: str, entry_point: str) -> tuple[list, ...]:
 
 @functools.lru_cache(maxsize=512)
 def _compiled(source: str, name: str) -> types.CodeType:
-    return compile(source, name, "exec")
+    with _AST:
+        return compile(source, name, "exec")
 
 
 def _private_random() -> types.ModuleType:

@@ -127,6 +127,12 @@ CASES: list[Case] = [
         ["nowhere"],
     ),
     Case(
+        "completion-longer-than-the-model",
+        train("rollout.max_new_tokens=600", TINY),
+        ["rollout.max_new_tokens", "512 positions"],
+        model=True,
+    ),
+    Case(
         "resume-truncated-trainer-state",
         ["train", "--out", "r", "--resume"],
         ["trainer_state.pt"],

@@ -537,3 +537,24 @@ def test_each_switch_field_takes_exactly_its_modules_choices():
     assert choices(TaskConfig, "code_block") == BLOCK_RULES
     assert choices(TaskConfig, "code_reward") == CODE_REWARDS
     assert choices(GRPOConfig, "advantage_scope") == SCOPES
+
+
+def test_the_prompt_cap_keeps_every_call_inside_the_models_positions():
+    """A shared conversation grows every turn; a run caps prompts at the model's positions minus
+    the completion's room, so no call runs the model past them (the tiny model has 512)."""
+    from marlow.config import ConfigError
+
+    rules = EpisodeRules(context="conversation")
+    assert rules.within_context(512, 96).max_prompt_tokens == 416
+    assert EpisodeRules(max_prompt_tokens=100).within_context(512, 96).max_prompt_tokens == 100
+    assert rules.within_context(None, 96) == rules
+    with pytest.raises(ConfigError, match="rollout.max_new_tokens"):
+        rules.within_context(64, 64)
+    wf = build_workflow("eval_opt", rounds=3)
+    long = "\\boxed{6} " + "x" * 60  # a long wrong answer; the critique says Incorrect
+    script = lambda p, i, c: long if c % 2 == 0 else "\\boxed{Incorrect}"  # noqa: E731
+    free = episodes(wf, script, context="conversation")[0]
+    assert max(len(t.prompt_ids) for t in free.turns) > 200 - 16  # past the room uncapped
+    (ep,) = episodes(wf, script, **vars(rules.within_context(200, 16)))
+    assert ep.turns and all(len(t.prompt_ids) <= 200 - 16 for t in ep.turns)
+    assert ep.counters.get("prompt_cap") == 1  # it ended where the next prompt would pass

@@ -110,6 +110,8 @@ class Trainer:
             dtype=config.dtype,
             device=self.device,
         )
+        positions = getattr(self.base.config, "max_position_embeddings", None)
+        self.rules = self.rules.within_context(positions, config.rollout.max_new_tokens)
         self.style = prompt_style(config.model.name)
         self.grade = self.task.grader()
         pol = config.policy

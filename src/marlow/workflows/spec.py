@@ -14,10 +14,10 @@ by their file's stem; anywhere a workflow name is accepted, a path to a workflow
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from marlow.config import RunConfig
+from marlow.config import ConfigError, RunConfig
 from marlow.types import Episode, Problem, Turn
 
 BUILTIN_DIR = Path(__file__).with_name("files")
@@ -93,7 +93,8 @@ class EpisodeRules:
     * ``context``: ``latest`` sends each call its prompt alone, ``conversation`` after the
       episode's chat so far, in a workflow whose file allows it (``engine.conversation``);
     * ``max_prompt_tokens``: an episode whose next call's prompt is longer ends before that
-      stage (counted ``prompt_cap``); None: no cap;
+      stage (counted ``prompt_cap``); None: no cap. A run also caps it so that a prompt and its
+      completion fit in the model's context (:meth:`within_context`);
     * ``prompts``: the chat prompt set library templates come from (``marlow.prompts``; a tiny
       model always reads the ``tiny`` set).
     """
@@ -117,6 +118,22 @@ class EpisodeRules:
             max_prompt_tokens=config.rollout.max_prompt_tokens,
             prompts=config.workflow.prompts,
         )
+
+    def within_context(self, positions: int | None, new_tokens: int) -> EpisodeRules:
+        """These rules with the prompt cap lowered to ``positions - new_tokens``, so that no call
+        runs a model past the positions it has (``max_position_embeddings``; a shared
+        conversation grows with every turn: the tiny model's 512 were passed by Eval-Opt's third
+        round). ``positions`` None: unchanged."""
+        if positions is None:
+            return self
+        room = positions - new_tokens
+        if room < 1:
+            raise ConfigError(
+                f"config field 'rollout.max_new_tokens' is {new_tokens} but the model has "
+                f"{positions} positions; leave room for a prompt"
+            )
+        cap = room if self.max_prompt_tokens is None else min(room, self.max_prompt_tokens)
+        return replace(self, max_prompt_tokens=cap)
 
 
 @dataclass(frozen=True)

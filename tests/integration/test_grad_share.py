@@ -51,7 +51,7 @@ def test_sp_grad_mass_shares_match_separate_backward_passes(small_config, tmp_pa
         for k, v in named.items():
             v.copy_(start[k])
     turns, rows = credit_rows(episodes)
-    values, _ = turn_advantages(rows, "problem", eps=cfg.grpo.eps)
+    values, _, _ = turn_advantages(rows, "problem", eps=cfg.grpo.eps)
     adv = {id(t): a for t, a in zip(turns, values.tolist(), strict=True)}
     norms = {}
     with use_adapter(trainer.model, "shared"):

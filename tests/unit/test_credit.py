@@ -17,7 +17,7 @@ KIND = {r: k for w in workflow_names() for r, k in build_workflow(w).kinds.items
 def advantages(episodes, scope, eps):
     """{id(turn): advantage} and frac_reward_zero_std, through the batch record's columns."""
     turns, rows = credit_rows(episodes)
-    adv, frac = turn_advantages(rows, scope, eps)
+    adv, frac, _ = turn_advantages(rows, scope, eps)
     return {id(t): a for t, a in zip(turns, adv.tolist(), strict=True)}, frac
 
 
@@ -171,12 +171,41 @@ def test_credit_is_a_pure_function_of_its_columns():
         own_reward=[None] * 7,
     )
     a = 0.5 / ((0.5**0.5) + 1e-6)  # (1 - 1/2) / (Bessel std of (1, 0) + eps)
-    adv, frac = turn_advantages(rows, "problem", 1e-6)
+    adv, frac, _ = turn_advantages(rows, "problem", 1e-6)
     assert adv.tolist() == pytest.approx([a, a, a, -a, -a, -a, 0.5 / (1 + 1e-6)], abs=1e-12)
     assert frac == 0.0
-    weighted, _ = turn_advantages(
+    weighted, _, _ = turn_advantages(
         rows, "problem", 1e-6, same_role_weighting=True, role_weights={"aggregator": 2.0}
     )
     assert weighted.tolist()[:3] == pytest.approx([a / 2, a / 2, 2 * a], abs=1e-12)
     with pytest.raises(ValueError, match="valid: problem, role, slot"):
         turn_advantages(rows, "episode", 1e-6)
+
+
+def test_zero_std_fractions_of_shards_merge_weighted_by_their_groups():
+    """Data-parallel ranks hold whole problems; under the slot scope a problem's groups vary
+    (Eval-Opt: a revision round some episodes reach). Weighted by groups, the ranks' fractions
+    give the whole batch's; weighted by problems they would not."""
+
+    def rows_of(problems):
+        cols = {
+            k: []
+            for k in ("episode", "group", "role", "slot", "round", "episode_reward", "own_reward")
+        }
+        for g, rounds, rewards in problems:
+            for e, (r, reach) in enumerate(zip(rewards, rounds, strict=True)):
+                for rnd in range(reach + 1):
+                    for col, v in zip(
+                        cols, (g * 10 + e, g, "generator", 0, rnd, r, None), strict=True
+                    ):
+                        cols[col].append(v)
+        return CreditRows(**cols)
+
+    flat = (0, [0, 0], [1.0, 1.0])  # one round, equal rewards: 1 group, flat
+    deep = (1, [2, 2], [0.0, 1.0])  # three rounds each: 3 groups, none flat
+    _, whole, groups = turn_advantages(rows_of([flat, deep]), "slot", 1e-6)
+    assert (whole, groups) == (1 / 4, 4)
+    parts = [turn_advantages(rows_of([p]), "slot", 1e-6) for p in (flat, deep)]
+    merged = sum(f * n for _, f, n in parts) / sum(n for _, _, n in parts)
+    assert merged == pytest.approx(whole)
+    assert sum(f for _, f, _ in parts) / 2 != pytest.approx(whole)  # per problem: 0.5

@@ -145,12 +145,12 @@ def test_agent_wise_normalisation_is_the_role_scope_under_role_credit():
             strict=True,
         ):
             getattr(rows, col).append(v)
-    adv, _ = turn_advantages(rows, "role", eps=1e-6)
+    adv, _, _ = turn_advantages(rows, "role", eps=1e-6)
     mu, sd = statistics.fmean(gen.values()), statistics.stdev(gen.values())
     want_gen = [(r - mu) / (sd + 1e-6) for r in gen.values()]
     mu_a, sd_a = statistics.fmean(agg.values()), statistics.stdev(agg.values())
     want_agg = [(r - mu_a) / (sd_a + 1e-6) for r in agg.values()]
     assert adv.tolist() == pytest.approx(want_gen + want_agg)
     # scope=problem under role credit is per slot (each slot its own two turns): not agent-wise
-    pooled, _ = turn_advantages(rows, "problem", eps=1e-6)
+    pooled, _, _ = turn_advantages(rows, "problem", eps=1e-6)
     assert pooled.tolist() != pytest.approx(adv.tolist())

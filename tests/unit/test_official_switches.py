@@ -205,12 +205,12 @@ def test_trajectory_groups_reproduce_the_official_eval_opt_advantages():
         own_reward=[None] * n,
         trajectory=["generator"] * n,
     )
-    official, _ = turn_advantages(rows, "trajectory", eps=0.0)
+    official, _, _ = turn_advantages(rows, "trajectory", eps=0.0)
     std = math.sqrt((4 * 0.75**2 + 12 * 0.25**2) / 15)
     assert official[:4].tolist() == pytest.approx([0.75 / std] * 4, abs=1e-12)
     assert official[4:].tolist() == pytest.approx([-0.25 / std] * 12, abs=1e-12)
     assert round(0.75 / std, 2) == 1.68 and round(-0.25 / std, 2) == -0.56
-    marlow, _ = turn_advantages(rows, "problem", eps=0.0)
+    marlow, _, _ = turn_advantages(rows, "problem", eps=0.0)
     assert marlow[:4].tolist() == pytest.approx([0.935414] * 4, abs=1e-6)
     assert marlow[4:].tolist() == pytest.approx([-0.935414] * 12, abs=1e-6)
 
@@ -236,7 +236,7 @@ def test_trajectory_names_keep_voters_apart_and_pool_workers_and_rounds():
         "generator2",
         "aggregator",
     ]
-    adv, zero_std = turn_advantages(rows, "trajectory", eps=1e-6)
+    adv, zero_std, _ = turn_advantages(rows, "trajectory", eps=1e-6)
     assert len(adv) == len(turns) == 2 * 2 * 4
     # rewards: episode reward broadcast to every turn; problem 0's episodes differ (1 and 0)
     assert zero_std == pytest.approx(4 / 8)  # problem 1: both episodes wrong, 4 flat groups

@@ -69,8 +69,10 @@ def turn_advantages(
     eps: float,
     same_role_weighting: bool = False,
     role_weights: Mapping[str, float] | None = None,
-) -> tuple[Tensor, float]:
-    """((T,) float64 advantages in row order, frac_reward_zero_std); see the module docstring."""
+) -> tuple[Tensor, float, int]:
+    """((T,) float64 advantages in row order, frac_reward_zero_std, the number of groups it is a
+    fraction of); see the module docstring. Data-parallel ranks merge the fraction weighted by
+    their groups (a problem's groups vary with the scope: Eval-Opt's revision rounds)."""
     if scope not in SCOPES:
         raise ValueError(f"unknown advantage scope {scope!r}; valid: {', '.join(SCOPES)}")
     n = len(rows.role)
@@ -111,4 +113,4 @@ def turn_advantages(
         key = list(zip(rows.episode, rows.role, rows.round, strict=True))
         count = Counter(key)
         adv = adv / torch.tensor([count[k] for k in key], dtype=adv.dtype)
-    return adv, zero_std_fraction(rewards, index)
+    return adv, zero_std_fraction(rewards, index), int(index.unique().numel())

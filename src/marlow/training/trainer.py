@@ -218,7 +218,7 @@ class Trainer:
         diagnose = self.diagnostics_step(step)
         t1 = time.perf_counter()
         turns, rows = credit_rows(episodes)
-        adv, frac_zero = turn_advantages(
+        adv, frac_zero, n_groups = turn_advantages(
             rows, g.advantage_scope, g.eps, g.same_role_weighting, g.role_weights
         )
         batches = build_batches(turns, rows, adv, self.pad_id, self.device)
@@ -281,8 +281,8 @@ class Trainer:
         for adapter in self.adapters:  # every rank undoes the same updates
             if trained[adapter]:
                 self.nonfinite.check_policy(adapter, self.world.all_(finite.get(adapter, True)))
-        problems = len(set(rows.group))  # zero-std groups are counted per problem's groups
-        meter.mean("all", "frac_reward_zero_std", frac_zero * problems, problems)
+        # a fraction of this rank's groups: the ranks' fractions merge weighted by their groups
+        meter.mean("all", "frac_reward_zero_std", frac_zero * n_groups, n_groups)
         meter = Meter.merge(self.world.gather(meter))  # sums over ranks; a world of one: itself
         # lengths have percentiles, which do not merge: every rank's episodes, in problem order
         episode_metrics(meter, [e for rank in self.world.gather(episodes) for e in rank])

@@ -67,7 +67,9 @@ def records(run) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def run_rank(rank: int, size: int, port: int, cache: str, out: str, routing: str) -> None:
+def run_rank(
+    rank: int, size: int, port: int, cache: str, out: str, routing: str, extra: tuple = ()
+) -> None:
     """One process of the run (rank ``rank`` of ``size``), as torchrun would start it, with
     rewards that vary by sample (the barely pre-trained test world almost never answers)."""
     os.environ.update(
@@ -82,28 +84,41 @@ def run_rank(rank: int, size: int, port: int, cache: str, out: str, routing: str
     from marlow.training.trainer import Trainer
     from tests.integration.reference import vary_rewards
 
-    cfg = load_config(None, [*SETTINGS, f"policy.routing={routing}"])
+    cfg = load_config(None, [*SETTINGS, f"policy.routing={routing}", *extra])
     vary_rewards(Trainer(cfg, out)).run()
 
 
-@pytest.mark.parametrize("routing", ["ip", "sp"])
-def test_two_gloo_ranks_train_what_one_process_trains(tiny_cache, tmp_path, routing):
+@pytest.mark.parametrize(
+    ("routing", "extra"),
+    [
+        ("ip", ()),
+        ("sp", ()),
+        # the mitigations rewrite each update's gradient from every rank's per-role parts
+        ("sp", ("mitigate.role_balance=true", "mitigate.kl_coef={'*': 0.5}")),
+        ("ip", ("mitigate.coherence_threshold=0.01",)),
+    ],
+)
+def test_two_gloo_ranks_train_what_one_process_trains(tiny_cache, tmp_path, routing, extra):
     from marlow.config import load_config
     from marlow.training.trainer import Trainer
     from tests.integration.reference import vary_rewards
 
     one, two = tmp_path / "one", tmp_path / "two"
-    cfg = load_config(None, [*SETTINGS, f"policy.routing={routing}"])
+    cfg = load_config(None, [*SETTINGS, f"policy.routing={routing}", *extra])
     vary_rewards(Trainer(cfg, one)).run()
     torch.multiprocessing.spawn(
-        run_rank, args=(2, free_port(), tiny_cache, str(two), routing), nprocs=2, join=True
+        run_rank, args=(2, free_port(), tiny_cache, str(two), routing, extra), nprocs=2, join=True
     )
     a, b = adapters(one), adapters(two)
     assert a.keys() == b.keys() and len(a) > 0
     moved = max(float(v.abs().max()) for k, v in a.items() if "lora_B" in k)
     assert moved > 1e-4  # training moved the adapters: the comparison means something
+    # With a mitigation, 1 to 3 of 6144 weights land up to 3.3e-5 apart (measured): the KL term
+    # and the rebuilt gradients add round-off from other micro-batch shapes, and Adam turns a
+    # near-zero gradient's relative noise into a step of up to the learning rate.
+    atol = 5e-5 if extra else 1e-5
     for key in a:
-        torch.testing.assert_close(b[key], a[key], atol=1e-5, rtol=0)
+        torch.testing.assert_close(b[key], a[key], atol=atol, rtol=0)
     ra, rb = records(one), records(two)
     assert [r["step"] for r in ra] == [r["step"] for r in rb]
     for x, y in zip(ra, rb, strict=True):

@@ -256,16 +256,9 @@ def _dynamics(res: GridRuns, task: str, scale: str) -> Plot:
         top, bottom = axes[0][col], axes[1][col]
         top.set_title(workflow_title(wf))
         for policy in ("ip", "sp", "sa-rl"):
-            runs = [
-                (seed, run)
-                for seed in point_seeds
-                if (
-                    run := res.find(
-                        policy, "single" if policy == "sa-rl" else wf, (task, scale, seed)
-                    )
-                )
-                is not None
-            ]
+            source = "single" if policy == "sa-rl" else wf
+            found = [(seed, res.find(policy, source, (task, scale, seed))) for seed in point_seeds]
+            runs = [(seed, run) for seed, run in found if run is not None]
             color = COLORS[policy]
             drawn = _seed_lines(top, runs, "train/all/accuracy", color, "")
             drawn |= _seed_lines(bottom, runs, "val/all/accuracy", color, ".")
@@ -369,12 +362,11 @@ def _role_keys(run: CellRun) -> list[str]:
 
 def role_figures(res: GridRuns) -> list[Plot]:
     """Per-role time series of every trained cell (IP, SP, SA-RL), in index order."""
+    runs = [
+        res.runs[i.name] for i in res.ids if i.name in res.runs and i.kind in ("trained", "sa-rl")
+    ]
     return [
-        _roles(run)
-        for i in res.ids
-        if (run := res.runs.get(i.name)) is not None
-        and i.kind in ("trained", "sa-rl")
-        and any(k.startswith("train/") for r in run.records for k in r)
+        _roles(run) for run in runs if any(k.startswith("train/") for r in run.records for k in r)
     ]
 
 

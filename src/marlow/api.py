@@ -5,7 +5,8 @@ These are what ``import marlow`` exports (``marlow.train``, ``marlow.load_run``,
 
 Settings: ``config`` is a YAML path, a nested dict, a :class:`marlow.config.RunConfig`, or None
 (the tiny preset's defaults); keyword settings go over it, by top-level field, a section as a
-dict merged into that section (``steps=50, optim={"lr": 5e-4}``). Library code prints nothing:
+dict merged into that section (``steps=50, optim={"lr": 5e-4}``), or a dotted key as on the
+command line (``**{"optim.lr": 5e-4}``). Library code prints nothing:
 ``verbose=True`` sends marlow's log lines to stderr and lets third-party progress bars (Hugging
 Face's "Loading weights") show; by default both are silent. Choices of marlow, not fixed by the
 spec.
@@ -32,8 +33,28 @@ from marlow.diagnostics.sinks import read_jsonl
 ConfigLike = str | Path | dict | RunConfig | None
 
 
+def _nested(settings: dict[str, Any]) -> dict[str, Any]:
+    """Settings by field, a dotted key standing for its section's field (``"optim.lr": 5e-4``
+    is ``optim={"lr": 5e-4}``), as on the command line."""
+    out: dict[str, Any] = {}
+    for key, value in settings.items():
+        *sections, name = key.split(".")
+        node = out
+        for part in sections:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"setting {key!r}: {part} is also given a value of its own")
+        node[name] = (
+            merge(node[name], value)
+            if isinstance(node.get(name), dict) and isinstance(value, dict)
+            else value
+        )
+    return out
+
+
 def make_config(config: ConfigLike = None, **settings: Any) -> RunConfig:
     """A run config from ``config`` (module docstring) with ``settings`` over it."""
+    settings = _nested(settings)
     if isinstance(config, RunConfig):
         return resolve(merge(config.model_dump(mode="json"), settings))
     if isinstance(config, dict):
@@ -100,7 +121,8 @@ def train(
     if resume:
         if config is not None and not isinstance(config, str | Path):
             raise ConfigError("resume=True reads the run's own config; give settings, not config")
-        cfg = resume_config(out, None if config is None else Path(config), _dotted(settings), None)
+        overrides = _dotted(_nested(settings))
+        cfg = resume_config(out, None if config is None else Path(config), overrides, None)
     else:
         cfg = make_config(config, **settings)
     with _quiet(verbose) as log:
@@ -127,7 +149,7 @@ def evaluate(
     with _quiet(verbose) as log:
         return run_eval(
             None if target is None else Path(target),
-            _dotted(settings),
+            _dotted(_nested(settings)),
             base=base,
             name=name,
             out=None if out is None else Path(out),

@@ -73,3 +73,5 @@ def test_settings_go_over_the_config_by_section():
     assert cfg.optim.warmup_steps == 3  # the rest of the section is the preset's
     with pytest.raises(ConfigError, match="optim.lrr"):
         marlow.make_config(None, optim={"lrr": 1})
+    dotted = marlow.make_config(None, **{"optim.lr": 5e-4, "optim": {"warmup_steps": 1}})
+    assert (dotted.optim.lr, dotted.optim.warmup_steps) == (5e-4, 1)  # as on the command line

@@ -164,3 +164,13 @@ def test_the_headline_opens_the_page(page):
     assert "beat the base model" in items[0] and "matched pairs" in items[1]
     assert items[2].startswith("The study's claims here: C1 ")
     assert items[3].startswith("Detectors fired:")
+
+
+def test_each_claim_links_to_the_figure_that_shows_it(page):
+    from selenium.webdriver.common.by import By
+
+    links = page.find_elements(By.CSS_SELECTOR, "#table-claims a[href^='#fig-']")
+    assert len(links) == 4
+    for link in links:
+        target = link.get_attribute("href").split("#", 1)[1]
+        assert page.find_elements(By.ID, target), target  # the figure is on the page

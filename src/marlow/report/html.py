@@ -47,12 +47,20 @@ figcaption { color: #555; font-size: 13px; }
 p.summary { color: #555; }
 p.problem { color: #a00; font-size: 13px; }
 """
-WRAP_COLUMNS = {"evidence", "reason"}  # long free text; every other column stays on one line
+WRAP_COLUMNS = {
+    "evidence",
+    "reason",
+    "statement",
+    "measure",
+}  # long free text; every other column stays on one line
 _NUMBER = re.compile(r"[-+\u2212]?\d|\u2013$")  # a number, or the en dash of a missing one
 
 
 def _cell(column: str, text: str) -> str:
-    """Numbers right-aligned, text left-aligned, free text wrapped."""
+    """Numbers right-aligned, text left-aligned, free text wrapped; a figure's id (the claims'
+    ``figure`` column) links to the figure on the page."""
+    if column == "figure" and text.startswith("fig-"):
+        return f'<td><a href="#{escape(text)}">{escape(text)}</a></td>'
     cls = "wrap" if column in WRAP_COLUMNS else ("num" if _NUMBER.match(text) else "")
     return f'<td class="{cls}">{escape(text)}</td>' if cls else f"<td>{escape(text)}</td>"
 

@@ -44,6 +44,7 @@ TABLES = (
     "table-detectors",
     "table-claims",
     "table-detector-eval",
+    "table-mitigations",
 )
 FIGURES = ("fig-delta", "fig-scatter", "fig-dynamics-math-tiny-s", "fig-instability")
 # and one per-role figure per trained cell that finished: Voting IP and SP, Eval-Opt IP (two seeds

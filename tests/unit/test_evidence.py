@@ -166,3 +166,54 @@ def test_c4_needs_a_captured_sp_cell_besides_the_cliffs(monkeypatch):
     claims = {r["claim"]: r for r in evidence.claims_table(None, delta, ["fig-x"]).rows}
     assert claims["C4"]["verdict"] == "holds" and claims["C4"]["figure"] == "fig-x"
     assert claims["C2"]["verdict"] == "not shown"  # equal peaks
+
+
+def test_a_mitigation_is_judged_on_its_baselines_unstable_cells(tmp_path):
+    import json
+
+    from marlow.config import dump_config
+    from marlow.experiments.grid import expand, parse_grid
+    from marlow.fileio import write_json, write_text
+    from marlow.report.evidence import mitigation_table
+    from marlow.report.results import load_results
+
+    grid = {
+        "workflows": ["voting"],
+        "seeds": [0, 1],
+        "controls": [],
+        "settings": {"steps": 4},
+        "variants": {
+            "fast": {"optim": {"lr": 3e-3}},
+            "fast-kl": {"optim": {"lr": 3e-3}, "mitigate": {"kl_coef": {"*": 0.1}}},
+        },
+    }
+    curves = {  # (variant, policy, seed) -> validation accuracies at steps 0, 2, 4
+        ("fast", "IP", 0): [0.4, 0.70, 0.45],
+        ("fast", "IP", 1): [0.4, 0.74, 0.50],
+        ("fast", "SP", 0): [0.4, 0.66, 0.62],  # drops 0.04: not a cliff, not counted
+        ("fast", "SP", 1): [0.4, 0.72, 0.48],
+        ("fast-kl", "IP", 0): [0.4, 0.69, 0.62],
+        ("fast-kl", "IP", 1): [0.4, 0.71, 0.66],
+        ("fast-kl", "SP", 0): [0.4, 0.60, 0.30],
+        ("fast-kl", "SP", 1): [0.4, 0.70, 0.64],
+    }
+    index = {}
+    for c in expand(parse_grid(grid)):
+        folder = tmp_path / "cells" / c.name
+        index[c.name] = {**c.describe(), "state": "done", "error": None, "path": f"cells/{c.name}"}
+        write_json(folder / "cell.json", c.describe())
+        write_text(folder / "config.yaml", dump_config(c.config))
+        val = curves[(c.variant, c.policy.upper(), c.seed)]
+        lines = [json.dumps({"step": 2 * i, "val/all/accuracy": a}) for i, a in enumerate(val)]
+        write_text(folder / "metrics.jsonl", "\n".join(lines) + "\n")
+    write_json(tmp_path / "index.json", {"grid": grid, "cells": index})
+    (row,) = mitigation_table(load_results(tmp_path)).rows
+    assert (row["mitigation"], row["baseline"], row["unstable_cells"]) == ("fast-kl", "fast", 3)
+    # baseline cliffs: drops 0.25, 0.24, 0.24; their mitigated twins: 0.07, 0.05, 0.06
+    assert row["drop_baseline"] == pytest.approx(0.73 / 3)
+    assert row["drop_mitigated"] == pytest.approx(0.18 / 3)
+    assert row["peak_baseline"] == pytest.approx(0.72) and row["peak_mitigated"] == pytest.approx(
+        0.70
+    )
+    assert row["meets"]  # a quarter of the drop; the peak 0.02 lower, within the CI (+-0.05)
+    assert row["peak_ci_half"] == pytest.approx(4.303 * 0.02 / 3**0.5)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from marlow.config import ConfigError
 from marlow.fileio import write_json, write_text
-from marlow.report.evidence import claims_table, detector_evaluation
+from marlow.report.evidence import claims_table, detector_evaluation, mitigation_table
 from marlow.report.figures import (
     Plot,
     delta_figure,
@@ -152,6 +152,7 @@ def make_report(results_dir: str | Path) -> Report:
         claims_table(res, delta, [p.id for p in dynamics]),
         *tables,
         detector_evaluation(res),
+        mitigation_table(res),
     ]
     plots = [
         delta_figure(delta),
@@ -172,6 +173,7 @@ def make_report(results_dir: str | Path) -> Report:
         ("sec-signatures", "Trajectory signatures", ["table-signatures"]),
         ("sec-detectors", "Detector verdicts", ["table-detectors"]),
         ("sec-detector-eval", "Detectors judged on evidence", ["table-detector-eval"]),
+        ("sec-mitigations", "Mitigations on the unstable cells", ["table-mitigations"]),
         ("sec-cells", "Cells", ["table-cells", "table-missing"]),
     ]
     return Report(res, {t.id: t for t in tables}, {p.id: p for p in plots}, sections)

@@ -24,6 +24,10 @@ event began (negative: the alarm came first). Thresholds are **tuned on all seed
 (the :data:`TUNE_GRID` point with the best F1, ties to the defaults) and **reported on the last
 seed**; with one seed the defaults are reported on it, and the page says so.
 
+**Mitigations** (:func:`mitigation_table`): a grid variant that sets ``mitigate`` is measured
+against the variant with the same settings and no mitigation, on that variant's cells labelled
+``terminal_cliff`` (issue 19's criterion: half the terminal drop, the peak within its CI).
+
 **Claims** (the study's C1-C4), each with an effect over matched cells and seeds, its 95 %
 t-interval (:func:`marlow.report.stats.ci95`), the paired sign-flip test (``stats``), and a
 verdict: *holds* (the effect is in the claimed direction and p < 0.05), *refuted* (the opposite
@@ -372,3 +376,82 @@ def claims_table(res: GridRuns, delta: Table, dynamics: Sequence[str]) -> Table:
         "the opposite with p < 0.05; not shown: neither (min_p: the smallest p possible with n)."
     )
     return Table("table-claims", "The study's claims at this scale", cols, rows, note)
+
+
+def _baseline_of(variants: dict[str, dict], name: str) -> str | None:
+    """The variant a mitigation variant is measured against: the one whose settings are its own
+    without ``mitigate`` (None when ``name`` sets no mitigation or no such variant exists)."""
+    own = variants.get(name, {})
+    if "mitigate" not in own:
+        return None
+    rest = {k: v for k, v in own.items() if k != "mitigate"}
+    return next((v for v, s in variants.items() if v != name and s == rest), None)
+
+
+def mitigation_table(res: GridRuns) -> Table:
+    """Each mitigation variant against its baseline variant (the same settings without
+    ``mitigate``), on the baseline's unstable cells: the trained cells whose run is labelled
+    ``terminal_cliff``, each matched with the mitigated cell of the same workflow, policy, scale,
+    task and seed. The criterion (issue 19): the mean terminal drop (peak - final) at most half
+    the baseline's, and the mean peak not lower than the baseline's by more than the half-width
+    of its 95 % interval."""
+    variants = (res.grid or {}).get("variants") or {}
+    runs = {
+        (
+            r.id.variant,
+            r.id.workflow,
+            r.id.policy,
+            r.id.scale.removesuffix(f" {r.id.variant}"),
+            r.id.task,
+            r.id.seed,
+        ): r
+        for r in _trained(res)
+    }
+    rows = []
+    for name in variants:
+        base = _baseline_of(variants, name)
+        if base is None:
+            continue
+        pairs = [
+            (run, runs.get((name, *key[1:])))
+            for key, run in runs.items()
+            if key[0] == base and label_cliff(run).positive
+        ]
+        pairs = [(b, m) for b, m in pairs if m is not None]
+        row = {"mitigation": name, "baseline": base, "unstable_cells": len(pairs)}
+        if pairs:
+            drop_b = statistics.fmean(b.stats["val"]["terminal_drop"] for b, _ in pairs)
+            drop_m = statistics.fmean(m.stats["val"]["terminal_drop"] for _, m in pairs)
+            peaks_b = [b.peak for b, _ in pairs]
+            peak_b, peak_m = statistics.fmean(peaks_b), statistics.fmean(m.peak for _, m in pairs)
+            band = ci95(peaks_b)
+            half = (band[1] - band[0]) / 2 if band else None
+            halved = drop_m <= drop_b / 2
+            kept = half is not None and peak_m >= peak_b - half
+            row.update(
+                drop_baseline=drop_b,
+                drop_mitigated=drop_m,
+                peak_baseline=peak_b,
+                peak_mitigated=peak_m,
+                peak_ci_half=half,
+                meets=halved and kept,
+            )
+        rows.append(row)
+    cols = [
+        "mitigation",
+        "baseline",
+        "unstable_cells",
+        "drop_baseline",
+        "drop_mitigated",
+        "peak_baseline",
+        "peak_mitigated",
+        "peak_ci_half",
+        "meets",
+    ]
+    note = (
+        "Each mitigation variant against the variant with its settings but no mitigation, on "
+        "that variant's cells labelled terminal_cliff and their mitigated twins. meets: the "
+        "mean terminal drop at most half the baseline's and the mean peak within the "
+        "half-width of the baseline peak's 95 % interval (needs two or more unstable cells)."
+    )
+    return Table("table-mitigations", "Mitigations on the unstable cells", cols, rows, note)

@@ -50,6 +50,7 @@ class CellId:
     scale: str
     task: str
     seed: int
+    variant: str = ""  # the grid variant ("" without variants); ``scale`` then ends with it
 
     @property
     def point(self) -> tuple[str, str, int]:
@@ -138,6 +139,7 @@ def load_results(results_dir: str | Path) -> GridRuns:
             ),
             entry["task"],
             int(entry["seed"]),
+            str(entry.get("variant") or ""),
         )
         ids.append(cid)
         state = entry.get("state")

@@ -520,3 +520,11 @@ def test_variants_are_matched_and_compared_within_themselves(tmp_path):
     assert pairs == {"tiny-s slow": (0.5, 0.4), "tiny-s fast": (0.7, 0.6)}
     delta = {r["cell"]: r["delta_peak"] for r in make_report(tmp_path).tables["table-delta"].rows}
     assert delta["Voting-IP-tiny-s-Math-fast"] == pytest.approx(0.5)  # 0.7 - its own base (0.2)
+
+
+def test_long_noisy_series_are_drawn_as_trailing_means():
+    from marlow.report.figures import smoothed
+
+    pts = [(s, float(s % 2)) for s in range(1, 7)]  # 1, 0, 1, 0, 1, 0
+    assert smoothed(pts, 1) == pts
+    assert smoothed(pts, 2) == [(1, 1.0), (2, 0.5), (3, 0.5), (4, 0.5), (5, 0.5), (6, 0.5)]

@@ -214,13 +214,32 @@ def dynamics_figures(res: GridRuns) -> list[Plot]:
     return [_dynamics(res, task, scale) for task, scale in points]
 
 
-def _seed_lines(ax, runs: list[tuple[int, CellRun]], key: str, color: str, marker: str) -> bool:
+def smoothed(points: list[tuple[int, float]], window: int) -> list[tuple[int, float]]:
+    """(step, mean of the last ``window`` values up to it): a trailing moving average."""
+    vals = [v for _, v in points]
+    return [
+        (step, float(np.mean(vals[max(0, i - window + 1) : i + 1])))
+        for i, (step, _) in enumerate(points)
+    ]
+
+
+def smoothing_window(runs: list[tuple[int, CellRun]], key: str) -> int:
+    """A trailing window of about a fifteenth of the longest series (1: none), so that a
+    per-step metric of a long run reads as a curve rather than noise."""
+    longest = max((len(series(run.records, key)) for _, run in runs), default=0)
+    return max(1, longest // 15)
+
+
+def _seed_lines(
+    ax, runs: list[tuple[int, CellRun]], key: str, color: str, marker: str, window: int = 1
+) -> bool:
     """Each seed's series thin, in its own dash pattern; the mean over seeds thick with its
-    95 % band where two or more seeds logged the step. False when no seed logged ``key``."""
+    95 % band where two or more seeds logged the step. ``window`` > 1: every series is first
+    :func:`smoothed`. False when no seed logged ``key``."""
     by_step: dict[int, list[float]] = {}
     drawn = False
     for index, (_seed, run) in enumerate(runs):
-        pts = series(run.records, key)
+        pts = smoothed(series(run.records, key), window)
         if not pts:
             continue
         steps, vals = zip(*pts, strict=True)
@@ -251,6 +270,7 @@ def _dynamics(res: GridRuns, task: str, scale: str) -> Plot:
     fig = _figure(3.6 * len(workflows) + 0.8, 6.2)
     axes = fig.subplots(2, len(workflows), squeeze=False, sharey="row", sharex="col")
     legend: dict[str, object] = {}
+    windows: set[int] = set()  # the train row's smoothing, per policy
     point_seeds = seeds(res, task, scale)
     for col, wf in enumerate(workflows):
         top, bottom = axes[0][col], axes[1][col]
@@ -260,7 +280,9 @@ def _dynamics(res: GridRuns, task: str, scale: str) -> Plot:
             found = [(seed, res.find(policy, source, (task, scale, seed))) for seed in point_seeds]
             runs = [(seed, run) for seed, run in found if run is not None]
             color = COLORS[policy]
-            drawn = _seed_lines(top, runs, "train/all/accuracy", color, "")
+            window = smoothing_window(runs, "train/all/accuracy")
+            windows.add(window)
+            drawn = _seed_lines(top, runs, "train/all/accuracy", color, "", window)
             drawn |= _seed_lines(bottom, runs, "val/all/accuracy", color, ".")
             if drawn:
                 legend.setdefault(
@@ -295,9 +317,11 @@ def _dynamics(res: GridRuns, task: str, scale: str) -> Plot:
             legend[f"seed {seed}"] = Line2D([], [], color="0.4", lw=0.8, ls=SEED_DASHES[index])
     _legend_below(fig, legend)
     fig.suptitle(f"{task.title()} {scale}: training dynamics per workflow")
+    window = max(windows, default=1)
+    smooth = f" (a trailing mean over {window} steps)" if window > 1 else ""
     caption = (
-        f"{task.title()}, {scale}: train success (top) and validation accuracy (bottom) per step. "
-        "IP, SP and SA-RL: each seed a thin line (its own dash pattern), the mean over seeds "
+        f"{task.title()}, {scale}: train success{smooth} (top) and validation accuracy (bottom) "
+        "per step. IP, SP and SA-RL: each seed a thin line (its own dash pattern), the mean over seeds "
         f"thick with its 95 % confidence band (t-based, clipped to [0, 1], where {BAND_SEEDS} or "
         "more seeds logged the step); dotted: the base model through the workflow (black) and "
         "as a single agent (brown)."
@@ -384,7 +408,7 @@ def _roles(run: CellRun) -> Plot:
                 key = f"train/{role}/grad_norm_own"
             pts = series(run.records, key)
             if pts:
-                steps, vals = zip(*pts, strict=True)
+                steps, vals = zip(*smoothed(pts, max(1, len(pts) // 15)), strict=True)
                 (line,) = ax.plot(steps, vals, color=f"C{index % 10}", lw=1.2)
                 shown.setdefault(role, line)
         ax.set_title(name, fontsize=10)
@@ -398,7 +422,8 @@ def _roles(run: CellRun) -> Plot:
     fig.suptitle(run.id.name, fontsize=11)
     caption = (
         f"{run.id.name}: per-role training series over steps: reward, gradient norm (under a "
-        "shared adapter each role's own), chi2 of the update, entropy and mean response length."
+        "shared adapter each role's own), chi2 of the update, entropy and mean response length; "
+        "each a trailing mean over a fifteenth of its points when it has 30 or more."
     )
     return _plot(
         f"fig-roles-{slug(run.id.name)}", f"Per-role series of {run.id.name}", caption, fig

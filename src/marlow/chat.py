@@ -28,6 +28,8 @@ def chat_prompt_text(tokenizer: Any, user_text: str, history: Sequence[Message] 
 
 def chat_prompt_ids(tokenizer: Any, user_text: str, history: Sequence[Message] = ()) -> list[int]:
     """Token ids of the chat prompt for one user message after ``history`` (no extra BOS: the
-    template has it)."""
+    template has it). A prompt longer than the model's positions is returned whole, without
+    the tokenizer's warning: the workflow engine ends such an episode itself, counted
+    (``rollout.max_prompt_tokens``, ``EpisodeRules.within_context``)."""
     text = chat_prompt_text(tokenizer, user_text, history)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return list(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])

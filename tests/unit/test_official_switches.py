@@ -558,3 +558,24 @@ def test_the_prompt_cap_keeps_every_call_inside_the_models_positions():
     (ep,) = episodes(wf, script, **vars(rules.within_context(200, 16)))
     assert ep.turns and all(len(t.prompt_ids) <= 200 - 16 for t in ep.turns)
     assert ep.counters.get("prompt_cap") == 1  # it ended where the next prompt would pass
+
+
+def test_a_prompt_past_the_positions_is_tokenized_without_a_warning():
+    """The engine caps such a prompt itself (counted); the tokenizer's "longer than the
+    specified maximum sequence length" warning was noise in marlow's output."""
+    import io
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    from marlow.chat import chat_prompt_ids
+
+    seen = io.StringIO()
+    handler = logging.StreamHandler(seen)
+    hf_logging.get_logger().addHandler(handler)
+    try:
+        assert TOK.model_max_length == 512  # the tiny tokenizer knows its model's positions
+        ids = chat_prompt_ids(TOK, "Q: " + "1+1 " * 200)
+    finally:
+        hf_logging.get_logger().removeHandler(handler)
+    assert len(ids) > 512 and seen.getvalue() == ""

@@ -130,6 +130,13 @@ def test_a_set_name_or_context_that_cannot_work_is_refused():
         check_run_config(resolve({"workflow": {"prompts": "offical"}}))
     with pytest.raises(ConfigError, match="tiny set"):
         check_run_config(resolve({"workflow": {"prompts": "tiny"}}))
+    chat_model = {"name": "Qwen/Qwen3-0.6B"}
     with pytest.raises(ConfigError, match="workflow.context=conversation"):
-        check_run_config(resolve({"workflow": {"prompts": "official"}}))
+        check_run_config(resolve({"model": chat_model, "workflow": {"prompts": "official"}}))
+    # a tiny model never reads a chat set: an ablation of the context on it is allowed
+    check_run_config(
+        resolve(
+            {"preset": "official", "model": {"name": "tiny-s"}, "workflow": {"context": "latest"}}
+        )
+    )
     check_run_config(resolve({"preset": "official"}))  # the preset pairs them

@@ -42,7 +42,10 @@ def check_run_config(cfg: RunConfig) -> WorkflowSpec:
             f"config field 'workflow.prompts': {prompts.name} is a {prompts.style} set; it must "
             "be a chat set (a tiny model reads the tiny set by itself)"
         )
-    if prompts.context == "conversation" and cfg.workflow.context != "conversation":
+    from marlow.tiny.model import SCALES  # a tiny model reads the tiny set: no chat set runs
+
+    chat = cfg.model.name not in SCALES
+    if chat and prompts.context == "conversation" and cfg.workflow.context != "conversation":
         raise ConfigError(
             f"config field 'workflow.prompts': set {prompts.name} relies on the shared "
             "conversation (its reviewer sees 'the solution above'); set "

@@ -32,4 +32,6 @@ def chat_prompt_ids(tokenizer: Any, user_text: str, history: Sequence[Message] =
     the tokenizer's warning: the workflow engine ends such an episode itself, counted
     (``rollout.max_prompt_tokens``, ``EpisodeRules.within_context``)."""
     text = chat_prompt_text(tokenizer, user_text, history)
-    return list(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+    # a Hugging Face tokenizer (it knows a model_max_length) takes the flag; stand-ins need not
+    quiet = {"verbose": False} if hasattr(tokenizer, "model_max_length") else {}
+    return list(tokenizer(text, add_special_tokens=False, **quiet)["input_ids"])

@@ -326,7 +326,8 @@ def evaluate(
         str | None, typer.Option(help="the eval's folder name (default: step-N or base)")
     ] = None,
     out: Annotated[
-        Path | None, typer.Option(help="folder of a base eval without a run (default: runs/eval)")
+        Path | None,
+        typer.Option(help="write the eval here instead (default: RUN/evals/NAME, or runs/eval)"),
     ] = None,
     overwrite: Annotated[bool, typer.Option(help="replace an earlier eval of that name")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,

@@ -49,6 +49,9 @@ def test_train_on_a_tiny_config_then_eval(tiny_cache, tmp_path: Path):
     again = run(["eval", "run"], tiny_cache, tmp_path)  # never clobbers the earlier eval
     assert again.returncode == 2 and "--overwrite" in again.stderr
     assert json.loads((tmp_path / "run" / "evals" / "step-2" / "eval.json").read_text()) == result
+    elsewhere = run(["eval", "run", "--out", "ev", "--json"], tiny_cache, tmp_path)  # by choice
+    assert elsewhere.returncode == 0, elsewhere.stderr
+    assert json.loads((tmp_path / "ev" / "eval.json").read_text())["step"] == 2
     done = run(["eval", "run", "--base", "--json"], tiny_cache, tmp_path)
     assert done.returncode == 0, done.stderr
     base = json.loads(done.stdout)

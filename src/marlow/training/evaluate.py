@@ -10,8 +10,8 @@ What is evaluated (:func:`eval_target`), from the one path given:
 
 Where it goes: an eval of a run writes into that run's own folder, ``RUN/evals/NAME/`` (NAME:
 ``step-N``, ``base``, or the ``name`` given), holding ``eval.json`` with the validation samples
-and signatures beside it; the run's own files are never touched. A base eval without a run goes
-to ``out`` (default ``runs/eval``). An existing eval folder is never overwritten silently: the
+and signatures beside it; the run's own files are never touched. ``out`` puts it elsewhere (a base
+eval without a run: default ``runs/eval``). An existing eval folder is never overwritten silently: the
 call refuses, naming the folder, unless ``overwrite=True`` (then the old folder is removed first).
 Choices of marlow, not fixed by the spec.
 """
@@ -79,10 +79,9 @@ def eval_target(
         )
     if not (run / "config.yaml").exists():
         raise ConfigError(f"{checkpoint} is not inside a run folder (no {run / 'config.yaml'})")
-    if out is not None:
-        raise ConfigError("--out is for a base eval without a run; a run's evals go in RUN/evals")
     tag = name or ("base" if checkpoint is None else f"step-{ckpt.step_of(checkpoint)}")
-    return EvalTarget(run / "config.yaml", checkpoint, run, run / "evals" / tag)
+    folder = run / "evals" / tag if out is None else (out / name if name else out)
+    return EvalTarget(run / "config.yaml", checkpoint, run, folder)
 
 
 def evaluate(
@@ -105,7 +104,7 @@ def evaluate(
         overrides.append("policy.routing=base")
     cfg = load_config(target.config, overrides)  # bad settings fail before anything is written
     if (target.folder / "eval.json").exists() or (
-        target.run is not None and target.folder.exists()
+        target.run is not None and target.folder.exists() and out is None
     ):
         if not overwrite:
             raise FileExistsError(

@@ -25,8 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from marlow.config import ConfigError, RunConfig, load_config, merge, resolve
 from marlow.diagnostics.sinks import read_jsonl
 
@@ -63,11 +61,7 @@ def make_config(config: ConfigLike = None, **settings: Any) -> RunConfig:
         raise ConfigError(
             f"config is a {type(config).__name__}; give a YAML path, a dict, a RunConfig or None"
         )
-    base = load_config(config)  # reads and checks the file
-    if not settings:
-        return base
-    data = yaml.safe_load(Path(config).read_text()) if config is not None else {}
-    return resolve(merge(data or {}, settings))
+    return load_config(config, _dotted(settings))  # the file read once, settings as overrides
 
 
 def _dotted(settings: dict, prefix: str = "") -> list[str]:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "chi2_token",
     "clip_fractions",
+    "k3_tokens",
     "kl_k3",
     "masked_mean",
     "max_ratio",
@@ -114,15 +115,19 @@ def chi2_token(log_ratio: Tensor, mask: Tensor) -> Tensor:
     return masked_mean(rho_sq, m) - non_empty
 
 
-def kl_k3(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
-    """k3 estimate of KL(pi || ref) on tokens sampled from pi: mean of exp(d) - d - 1, d = ref - pi.
-
-    Returns 0 for an empty mask.
-    """
+def k3_tokens(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """Per token, exp(d) - d - 1 with d = ref - pi: Schulman's k3 term of KL(pi || ref) on tokens
+    sampled from pi (non-negative; its gradient flows through ``logp``)."""
     if logp.shape != ref_logp.shape:
         raise ValueError(f"logp {tuple(logp.shape)} and ref_logp {tuple(ref_logp.shape)} differ")
     d = ref_logp - logp
-    return masked_mean(torch.exp(d) - d - 1.0, mask)
+    return torch.exp(d) - d - 1.0
+
+
+def kl_k3(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
+    """k3 estimate of KL(pi || ref): the masked mean of :func:`k3_tokens`. Returns 0 for an
+    empty mask."""
+    return masked_mean(k3_tokens(logp, ref_logp), mask)
 
 
 def perplexity(logp: Tensor, mask: Tensor) -> Tensor:

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 import torch
 
 from marlow.algo.losses import clipped_surrogate, token_weights
-from marlow.algo.stats import chi2_token, kl_k3
+from marlow.algo.stats import chi2_token, k3_tokens, kl_k3
 from marlow.config import GRPOConfig, MitigateConfig
 from marlow.diagnostics.metrics import Meter
 from marlow.policy.adapters import use_adapter
@@ -224,10 +224,12 @@ def update_adapter(
                         s.logp, old_lp, adv, cfg.clip_low, cfg.clip_high, cfg.clip_ratio_c
                     )
                     token_loss = out.loss
-                    b = torch.tensor([beta[i] for i in chunk_rows], device=device)
-                    if bool(any(beta[i] for i in chunk_rows)):
-                        d = batch.base_logp[chunk_rows, :w_chunk].to(s.logp.dtype) - s.logp
-                        token_loss = token_loss + b.to(s.logp.dtype)[:, None] * (d.exp() - d - 1)
+                    if any(beta[i] for i in chunk_rows):  # mitigate.kl_coef
+                        b = torch.tensor(
+                            [beta[i] for i in chunk_rows], dtype=s.logp.dtype, device=device
+                        )
+                        base = batch.base_logp[chunk_rows, :w_chunk].to(s.logp.dtype)
+                        token_loss = token_loss + b[:, None] * k3_tokens(s.logp, base)
                     w = weights[local, :w_chunk].to(s.logp.dtype)
                     loss = (w * token_loss).sum()
                     loss.backward()

@@ -54,7 +54,7 @@ from marlow.config import DetectConfig
 from marlow.diagnostics.detectors import run_detectors
 from marlow.diagnostics.runstats import series, warmup_end
 from marlow.report.results import CellRun, GridRuns
-from marlow.report.stats import ci95, sign_flip_p
+from marlow.report.stats import ci95, min_p, sign_flip_p
 from marlow.report.tables import Table, matched_pairs
 
 CLIFF_DROP = 0.10
@@ -291,7 +291,7 @@ def _verdict(values: Sequence[float]) -> dict:
         "ci_low": band[0] if band else None,
         "ci_high": band[1] if band else None,
         "p_value": p,
-        "min_p": 2 / 2**n if n <= 16 else None,
+        "min_p": min_p(n),
         "verdict": verdict,
     }
 

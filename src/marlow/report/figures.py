@@ -39,7 +39,7 @@ from matplotlib.text import Text
 from matplotlib.ticker import MaxNLocator
 
 from marlow.diagnostics.runstats import series
-from marlow.report.results import CellRun, GridRuns
+from marlow.report.results import TRAINED_KINDS, CellRun, GridRuns
 from marlow.report.stats import ci95
 from marlow.report.tables import Table, groups, matched_pairs, seeds
 from marlow.titles import POLICY_LABELS
@@ -386,9 +386,7 @@ def _role_keys(run: CellRun) -> list[str]:
 
 def role_figures(res: GridRuns) -> list[Plot]:
     """Per-role time series of every trained cell (IP, SP, SA-RL), in index order."""
-    runs = [
-        res.runs[i.name] for i in res.ids if i.name in res.runs and i.kind in ("trained", "sa-rl")
-    ]
+    runs = [res.runs[i.name] for i in res.ids if i.name in res.runs and i.kind in TRAINED_KINDS]
     return [
         _roles(run) for run in runs if any(k.startswith("train/") for r in run.records for k in r)
     ]

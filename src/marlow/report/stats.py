@@ -76,6 +76,13 @@ def sign_flip_p(diffs: Sequence[float], *, seed: int = 0, draws: int = MC_DRAWS)
     return (hits + 1) / (draws + 1)
 
 
+def min_p(n: int) -> float | None:
+    """The smallest p-value :func:`sign_flip_p` can give with ``n`` values (None for none)."""
+    if not n:
+        return None
+    return 2 / 2**n if n <= EXACT_MAX_N else 1 / (MC_DRAWS + 1)
+
+
 def paired_test(ip: Sequence[float], sp: Sequence[float], *, seed: int = 0) -> dict:
     """IP - SP over matched pairs: mean difference, its sd, n, the sign-flip p-value and how it
     was computed; ``min_p`` is the smallest p the test can give with this n."""
@@ -90,7 +97,7 @@ def paired_test(ip: Sequence[float], sp: Sequence[float], *, seed: int = 0) -> d
         "n": n,
         "p_value": sign_flip_p(diffs, seed=seed),
         "method": "exact" if n <= EXACT_MAX_N else f"monte-carlo ({MC_DRAWS} draws, seed {seed})",
-        "min_p": (2 / 2**n if n <= EXACT_MAX_N else 1 / (MC_DRAWS + 1)) if n else None,
+        "min_p": min_p(n),
     }
 
 

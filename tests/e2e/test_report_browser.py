@@ -44,6 +44,7 @@ TABLES = (
     "table-detectors",
     "table-claims",
     "table-detector-eval",
+    "table-detector-events",
     "table-mitigations",
 )
 FIGURES = ("fig-delta", "fig-scatter", "fig-dynamics-math-tiny-s", "fig-instability")

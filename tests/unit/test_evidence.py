@@ -217,3 +217,24 @@ def test_a_mitigation_is_judged_on_its_baselines_unstable_cells(tmp_path):
     )
     assert row["meets"]  # a quarter of the drop; the peak 0.02 lower, within the CI (+-0.05)
     assert row["peak_ci_half"] == pytest.approx(4.303 * 0.02 / 3**0.5)
+
+
+def test_each_alarm_and_labelled_event_is_listed_with_its_steps(monkeypatch):
+    runs = [
+        cell([0.4, 0.6, 0.58, 0.52, 0.45], seed=0, name="cliff-s0"),
+        cell([0.4, 0.5, 0.55, 0.6, 0.62], seed=0, name="rising-s0"),
+        cell([0.4, 0.6, 0.58, 0.52, 0.45], seed=1, name="cliff-s1"),
+        cell([0.4, 0.62, 0.6, 0.5, 0.4], seed=1, name="cliff-late-s1"),
+        cell([0.4, 0.5, 0.55, 0.6, 0.62], seed=1, name="rising-s1"),
+    ]
+    monkeypatch.setattr(evidence, "_trained", lambda res: runs)
+    summary, events = evidence.detector_evaluation(None)
+    (cliff,) = [r for r in summary.rows if r["detector"] == "terminal_cliff"]
+    assert cliff["tuned_on_seeds"] == "0" and cliff["reported_on_seed"] == 1
+    assert (cliff["tp"], cliff["fp"], cliff["fn"]) == (2, 0, 0)
+    listed = {r["cell"]: r for r in events.rows if r["detector"] == "terminal_cliff"}
+    assert set(listed) == {"cliff-s0", "cliff-s1", "cliff-late-s1"}  # the rising cells: neither
+    late = listed["cliff-late-s1"]
+    assert late["set"] == "reported" and listed["cliff-s0"]["set"] == "tuning"
+    assert late["labelled"] and late["began"] == 6  # 0.5 is the first 0.05 under 0.62
+    assert late["fired"] and late["lead"] == late["fired_step"] - 6

@@ -151,7 +151,7 @@ def make_report(results_dir: str | Path) -> Report:
     tables = [
         claims_table(res, delta, [p.id for p in dynamics]),
         *tables,
-        detector_evaluation(res),
+        *detector_evaluation(res),
         mitigation_table(res),
     ]
     plots = [
@@ -172,7 +172,11 @@ def make_report(results_dir: str | Path) -> Report:
         ("sec-table2", "Table 2: per-role peak-over-first ratios", ["table2"]),
         ("sec-signatures", "Trajectory signatures", ["table-signatures"]),
         ("sec-detectors", "Detector verdicts", ["table-detectors"]),
-        ("sec-detector-eval", "Detectors judged on evidence", ["table-detector-eval"]),
+        (
+            "sec-detector-eval",
+            "Detectors judged on evidence",
+            ["table-detector-eval", "table-detector-events"],
+        ),
         ("sec-mitigations", "Mitigations on the unstable cells", ["table-mitigations"]),
         ("sec-cells", "Cells", ["table-cells", "table-missing"]),
     ]

@@ -165,22 +165,34 @@ LABELS = {
 }
 
 
-def _score(runs: Sequence[CellRun], detector: str, thresholds: dict) -> dict:
-    """TP/FP/FN, precision, recall, F1 and the median lead of ``detector`` over ``runs``."""
+def _outcomes(runs: Sequence[CellRun], detector: str, thresholds: dict):
+    """Each run with its label and the verdict of ``detector`` under ``thresholds``."""
     cfg = DetectConfig(**thresholds)
-    tp = fp = fn = 0
-    leads = []
     for run in runs:
-        label = LABELS[detector](run)
         verdict = next(
             v
             for v in run_detectors(run.records, run.signatures, run.slots, cfg)
             if v.name == detector
         )
+        yield run, LABELS[detector](run), verdict
+
+
+def _lead(label: Label, verdict) -> int | None:
+    """The step the alarm fired minus the step the labelled event began (both needed)."""
+    if verdict.fired and label.positive and verdict.step is not None and label.began is not None:
+        return verdict.step - label.began
+    return None
+
+
+def _score(runs: Sequence[CellRun], detector: str, thresholds: dict) -> dict:
+    """TP/FP/FN, precision, recall, F1 and the median lead of ``detector`` over ``runs``."""
+    tp = fp = fn = 0
+    leads = []
+    for _, label, verdict in _outcomes(runs, detector, thresholds):
         if verdict.fired and label.positive:
             tp += 1
-            if verdict.step is not None and label.began is not None:
-                leads.append(verdict.step - label.began)
+            if (lead := _lead(label, verdict)) is not None:
+                leads.append(lead)
         elif verdict.fired:
             fp += 1
         elif label.positive:
@@ -217,12 +229,15 @@ def tune(runs: Sequence[CellRun], detector: str) -> dict:
     return best
 
 
-def detector_evaluation(res: GridRuns) -> Table:
+def detector_evaluation(res: GridRuns) -> tuple[Table, Table]:
+    """The detectors' precision and recall on the held-out seed (thresholds tuned on the other
+    seeds), and, per cell, each labelled event or alarm: the step the event began, the step
+    the alarm fired (under the same thresholds) and the lead between them."""
     runs = _trained(res)
     seeds = sorted({r.id.seed for r in runs})
     held = [r for r in runs if r.id.seed == seeds[-1]] if seeds else []
     tuning = [r for r in runs if r.id.seed != seeds[-1]] if len(seeds) > 1 else []
-    rows = []
+    rows, events = [], []
     for detector in DETECTORS:
         thresholds = (
             tune(tuning, detector)
@@ -238,6 +253,21 @@ def detector_evaluation(res: GridRuns) -> Table:
                 **_score(held, detector, thresholds),
             }
         )
+        for run, label, verdict in _outcomes(runs, detector, thresholds):
+            if label.positive or verdict.fired:
+                events.append(
+                    {
+                        "cell": run.id.name,
+                        "seed": run.id.seed,
+                        "set": "tuning" if run in tuning else "reported",
+                        "detector": detector,
+                        "labelled": label.positive,
+                        "began": label.began,
+                        "fired": verdict.fired,
+                        "fired_step": verdict.step if verdict.fired else None,
+                        "lead": _lead(label, verdict),
+                    }
+                )
     cols = [
         "detector",
         "tuned_on_seeds",
@@ -263,7 +293,33 @@ def detector_evaluation(res: GridRuns) -> Table:
         "precision and recall on the last seed. median_lead: fired step minus the step the "
         "labelled event began (negative: the alarm came first)."
     )
-    return Table("table-detector-eval", "Detectors judged on evidence", cols, rows, note)
+    event_cols = [
+        "cell",
+        "seed",
+        "set",
+        "detector",
+        "labelled",
+        "began",
+        "fired",
+        "fired_step",
+        "lead",
+    ]
+    event_note = (
+        "Every cell a rule labelled or a detector fired on, under the tuned thresholds above: "
+        "began is the step the labelled event began, fired_step the step the alarm fired, lead "
+        "their difference (negative: the alarm came first). set: whether the cell's seed tuned "
+        "the thresholds or is the reported one."
+    )
+    return (
+        Table("table-detector-eval", "Detectors judged on evidence", cols, rows, note),
+        Table(
+            "table-detector-events",
+            "Alarms against labelled events",
+            event_cols,
+            events,
+            event_note,
+        ),
+    )
 
 
 def _verdict(values: Sequence[float]) -> dict:

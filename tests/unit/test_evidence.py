@@ -238,3 +238,29 @@ def test_each_alarm_and_labelled_event_is_listed_with_its_steps(monkeypatch):
     assert late["set"] == "reported" and listed["cliff-s0"]["set"] == "tuning"
     assert late["labelled"] and late["began"] == 6  # 0.5 is the first 0.05 under 0.62
     assert late["fired"] and late["lead"] == late["fired_step"] - 6
+
+
+def test_each_variant_has_its_own_verdicts(monkeypatch):
+    from dataclasses import replace
+
+    from marlow.report.tables import Table
+
+    def in_variant(run, variant):
+        return replace(run, id=replace(run.id, variant=variant, name=f"{run.id.name}-{variant}"))
+
+    pairs = []
+    for seed in range(6):
+        for variant, (ip_peak, sp_peak) in {"slow": (0.6, 0.5), "fast": (0.4, 0.5)}.items():
+            ip = in_variant(cell([0.3, ip_peak], "ip", seed), variant)
+            sp = in_variant(cell([0.3, sp_peak], "sp", seed), variant)
+            pairs.append((("math", f"tiny-s {variant}", "voting"), seed, ip, sp))
+    monkeypatch.setattr(evidence, "matched_pairs", lambda res: pairs)
+    delta = Table("table-delta", "", [], [], "")
+    dynamics = ["fig-dynamics-math-tiny-s-fast", "fig-dynamics-math-tiny-s-slow"]
+    table = evidence.claims_table(None, delta, dynamics)
+    assert table.columns[0] == "variant"
+    c2 = {r["variant"]: r for r in table.rows if r["claim"] == "C2"}
+    assert c2["slow"]["verdict"] == "holds" and c2["slow"]["effect"] == pytest.approx(0.1)
+    assert c2["fast"]["verdict"] == "refuted" and c2["fast"]["n"] == 6  # not pooled with slow
+    c4 = {r["variant"]: r["figure"] for r in table.rows if r["claim"] == "C4"}
+    assert c4 == {"fast": dynamics[0], "slow": dynamics[1]}

@@ -103,10 +103,15 @@ def headline(tables: dict[str, Table]) -> list[str]:
             f"IP vs SP over {r['n']} matched pairs: {higher} peaks higher on average, by "
             f"{100 * abs(r['mean_diff']):.1f} points{p}{floor if r['min_p'] > 0.05 else ''}."
         )
-    claims = tables["table-claims"].rows
+    by_variant: dict[str | None, list[str]] = {}
+    for r in tables["table-claims"].rows:
+        by_variant.setdefault(r.get("variant"), []).append(f"{r['claim']} {r['verdict']}")
     out.append(
         "The study's claims here: "
-        + ", ".join(f"{r['claim']} {r['verdict']}" for r in claims)
+        + "; ".join(
+            (f"{variant}: " if variant else "") + ", ".join(verdicts)
+            for variant, verdicts in by_variant.items()
+        )
         + " (the Claims section gives effects, intervals and tests)."
     )
     fired: dict[str, list[str]] = {}

@@ -362,10 +362,57 @@ def _amplitude(run: CellRun) -> float | None:
 
 
 def claims_table(res: GridRuns, delta: Table, dynamics: Sequence[str]) -> Table:
+    """C1-C4 with their verdicts; a grid with variants gets them per variant (an unstable
+    learning rate and its mitigation are other experiments than the preset's rate: pooling
+    them would mix effects of opposite sign), its variant named in the ``variant`` column."""
     pairs = matched_pairs(res)
+    variant_of = {
+        r["cell"]: res.runs[r["cell"]].id.variant if res and r["cell"] in res.runs else ""
+        for r in delta.rows
+    }
+    variants = sorted(
+        {ip.id.variant for _, _, ip, _ in pairs} | set(variant_of.values()),
+    )
+    rows = []
+    for variant in variants or [""]:
+        suffix = f"-{variant}" if variant else ""
+        figures = [f for f in dynamics if not variant or f.endswith(suffix)]
+        rows += _claims(
+            [p for p in pairs if p[2].id.variant == variant],
+            [r for r in delta.rows if variant_of.get(r["cell"]) == variant],
+            figures[0] if figures else "",
+            variant or None,
+        )
+    cols = [
+        "variant",
+        "claim",
+        "statement",
+        "measure",
+        "n",
+        "effect",
+        "ci_low",
+        "ci_high",
+        "p_value",
+        "min_p",
+        "verdict",
+        "figure",
+    ]
+    if not any(r["variant"] for r in rows):
+        cols.remove("variant")
+    note = (
+        "Effect: the mean over matched cells and seeds; ci: its 95 % t-interval; p: the paired "
+        f"sign-flip test against 0. holds: the claimed direction with p < {ALPHA}; refuted: "
+        "the opposite with p < 0.05; not shown: neither (min_p: the smallest p possible with n)."
+        " A grid's variants are judged apart."
+    )
+    return Table("table-claims", "The study's claims at this scale", cols, rows, note)
+
+
+def _claims(pairs: list, delta_rows: list[dict], figure: str, variant: str | None) -> list[dict]:
+    """The four claims' rows over one variant's matched pairs and base deltas."""
     c1 = [
         r["delta_peak"]
-        for r in delta.rows
+        for r in delta_rows
         if r["delta_peak"] is not None and r["policy"] in ("ip", "sp")
     ]
     c2 = [ip.peak - sp.peak for _, _, ip, sp in pairs]
@@ -381,6 +428,7 @@ def claims_table(res: GridRuns, delta: Table, dynamics: Sequence[str]) -> Table:
     captured = [sp.id.name for _, sp in parallel if label_capture(sp).positive]
     rows = [
         {
+            "variant": variant,
             "claim": "C1",
             "statement": "multi-agent RL beats the base model",
             "measure": "peak - base, per trained multi-agent cell and seed",
@@ -388,6 +436,7 @@ def claims_table(res: GridRuns, delta: Table, dynamics: Sequence[str]) -> Table:
             "figure": "fig-delta",
         },
         {
+            "variant": variant,
             "claim": "C2",
             "statement": "IP reaches higher peaks than SP",
             "measure": "IP - SP peak, per matched cell and seed",
@@ -395,6 +444,7 @@ def claims_table(res: GridRuns, delta: Table, dynamics: Sequence[str]) -> Table:
             "figure": "fig-scatter",
         },
         {
+            "variant": variant,
             "claim": "C3",
             "statement": "IP shows larger per-role gradient amplitude",
             "measure": "IP - SP largest per-role grad-norm peak over first",
@@ -402,36 +452,19 @@ def claims_table(res: GridRuns, delta: Table, dynamics: Sequence[str]) -> Table:
             "figure": "fig-instability",
         },
         {
+            "variant": variant,
             "claim": "C4",
             "statement": "IP with same-role parallel slots falls off terminal cliffs; "
             "SP redistributes failure (role capture)",
             "measure": "IP - SP terminal drop on workflows with parallel slots; SP cells labelled "
             f"capture: {len(captured)}",
             **_verdict(c4),
-            "figure": dynamics[0] if dynamics else "",
+            "figure": figure,
         },
     ]
     if rows[3]["verdict"] == "holds" and not captured:
         rows[3]["verdict"] = "not shown"  # the cliffs without the capture are half the claim
-    cols = [
-        "claim",
-        "statement",
-        "measure",
-        "n",
-        "effect",
-        "ci_low",
-        "ci_high",
-        "p_value",
-        "min_p",
-        "verdict",
-        "figure",
-    ]
-    note = (
-        "Effect: the mean over matched cells and seeds; ci: its 95 % t-interval; p: the paired "
-        f"sign-flip test against 0. holds: the claimed direction with p < {ALPHA}; refuted: "
-        "the opposite with p < 0.05; not shown: neither (min_p: the smallest p possible with n)."
-    )
-    return Table("table-claims", "The study's claims at this scale", cols, rows, note)
+    return rows
 
 
 def _baseline_of(variants: dict[str, dict], name: str) -> str | None:

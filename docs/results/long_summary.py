@@ -6,7 +6,7 @@
 
 Reads ``report.json`` (every table of ``marlow report``) and ``index.json`` (each cell's wall
 seconds, as the grid runner recorded them) from the folder, so the page is regenerated from
-committed files alone. Per variant, scale and workflow: the mean peak and final validation
+committed files alone. Per task, variant, scale and workflow: the mean peak and final validation
 accuracy of IP and SP over seeds and the base; then the claims, the mitigation criterion, the
 detectors against the labels and the cell time.
 """
@@ -45,11 +45,13 @@ def _mean_sd(values: list[float]) -> str:
 
 
 def accuracy_rows(tables: dict) -> list[dict]:
-    """Per (scale with variant, workflow): IP and SP peak / final over seeds, and the base."""
+    """Per (task, scale with variant, workflow): IP and SP peak / final over seeds, and the base."""
     cells = tables["table-delta"]["rows"]
-    groups: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    groups: dict[tuple[str, str, str], dict[str, list[float]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
     for r in cells:
-        g = groups[(r["scale"], r["workflow"])]
+        g = groups[(r["task"], r["scale"], r["workflow"])]
         if r["policy"] in ("ip", "sp") and r["peak"] is not None:
             g[f"{r['policy']}_peak"].append(r["peak"])
             g[f"{r['policy']}_final"].append(r["final"])
@@ -57,6 +59,7 @@ def accuracy_rows(tables: dict) -> list[dict]:
             g["base"].append(r["base_accuracy"])
     return [
         {
+            "task": task,
             "scale": scale,
             "workflow": wf,
             "base": _mean_sd(g["base"]),
@@ -66,17 +69,18 @@ def accuracy_rows(tables: dict) -> list[dict]:
             "SP final": _mean_sd(g["sp_final"]),
             "seeds": len(g["ip_peak"]),
         }
-        for (scale, wf), g in groups.items()
+        for (task, scale, wf), g in groups.items()
     ]
 
 
 def timing_lines(index: dict) -> list[str]:
-    seconds: dict[tuple[str, str], list[float]] = defaultdict(list)
+    seconds: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     for cell in index["cells"].values():
         if cell["state"] == "done" and cell.get("seconds") is not None:
-            seconds[(cell["scale"], cell["kind"])].append(cell["seconds"])
+            seconds[(cell["task"], cell["scale"], cell["kind"])].append(cell["seconds"])
     rows = [
         {
+            "task": task,
             "scale": scale,
             "kind": kind,
             "cells": len(v),
@@ -84,11 +88,11 @@ def timing_lines(index: dict) -> list[str]:
             "median (s)": statistics.median(v),
             "max (s)": max(v),
         }
-        for (scale, kind), v in sorted(seconds.items())
+        for (task, scale, kind), v in sorted(seconds.items())
     ]
     total = sum(sum(v) for v in seconds.values())
     return [
-        *_table(rows, ["scale", "kind", "cells", "sum (min)", "median (s)", "max (s)"]),
+        *_table(rows, ["task", "scale", "kind", "cells", "sum (min)", "median (s)", "max (s)"]),
         "",
         f"Cell time summed over every cell: {total / 60:.1f} min (the runner ran two at a time).",
     ]

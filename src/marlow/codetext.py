@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import re
+import warnings
 
 _FENCE = re.compile(r"^[ \t]*```[ \t]*([^\n`]*)\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE)
 _PY_TAGS = {"python", "py", "python3", "py3"}
@@ -58,9 +59,12 @@ def code_key(completion: str) -> str | None:
 
 
 def parses_as_python(code: str) -> bool:
-    """Whether ``code`` is syntactically valid Python (it is not run)."""
+    """Whether ``code`` is syntactically valid Python (it is not run). A model's code may draw
+    a SyntaxWarning (``1if x``); it is not the user's to see, so it is silenced here."""
     try:
-        ast.parse(code)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SyntaxWarning)
+            ast.parse(code)
     except (SyntaxError, ValueError):
         return False
     return True

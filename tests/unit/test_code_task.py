@@ -220,3 +220,14 @@ def test_eval_opt_and_orch_workers_on_code():
     ep = run("orch_workers", orch, [problem])[0]
     assert ep.counters["strategy_missing"] == 1
     assert ep.final_answer.endswith(right) and ep.reward == 1.0
+
+
+def test_a_models_code_draws_no_syntax_warning_onto_the_users_terminal():
+    import warnings
+
+    from marlow.codetext import parses_as_python
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning that escapes fails the test
+        assert parses_as_python("x = 1if True else 2\n")
+        assert not parses_as_python("def f(:\n")

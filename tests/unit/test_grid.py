@@ -265,3 +265,54 @@ def test_a_variant_name_must_fit_in_a_cell_name():
         parse_grid({"variants": {"lr 3e-3": {}}})
     with pytest.raises(ConfigError, match="optim.lrr"):
         expand(parse_grid({"variants": {"bad": {"optim": {"lrr": 1}}}}))
+
+
+def test_exclude_drops_every_cell_matching_all_of_an_entrys_values():
+    grid = {
+        "workflows": ["voting", "eval_opt"],
+        "scales": ["tiny-s", "tiny-m"],
+        "tasks": ["math", "code"],
+        "seeds": [0, 1],
+        "controls": ["base"],
+        "variants": {"a": {}, "b": {}},
+    }
+    full = set(names(grid))
+    kept = set(
+        names(
+            {
+                **grid,
+                "exclude": [
+                    {"scale": "tiny-m", "task": "code"},
+                    {"workflow": "eval_opt", "task": "code", "variant": "b"},
+                ],
+            }
+        )
+    )
+    dropped = full - kept
+    assert kept < full
+    # tiny-m code goes whole (trained and base cells, both variants); Eval-Opt code only in b
+    assert {n for n in dropped if "tiny-m-Code" in n} == {n for n in full if "tiny-m-Code" in n}
+    assert {n for n in dropped if "tiny-m-Code" not in n} == {
+        f"Eval-Opt-{p}-tiny-s-Code-b-s{s}" for p in ("IP", "SP", "Base") for s in (0, 1)
+    }
+    assert "Eval-Opt-IP-tiny-s-Code-a-s1" in kept and "Voting-Base-tiny-s-Code-b-s0" in kept
+    one = names({**grid, "exclude": [{"policy": "base"}, {"seed": 1}, {"variant": "b"}]})
+    assert len(one) == 2 * 2 * 2 * 2 and not any("Base" in n or n.endswith("-s1") for n in one)
+
+
+@pytest.mark.parametrize(
+    ("exclude", "needle"),
+    [
+        ([{"scale": "tiny-x"}], "exclude[0].scale = 'tiny-x' is not on the grid; valid: tiny-s"),
+        ([{"seed": "0"}], "exclude[0].seed = '0' is not on the grid; valid: 0"),
+        ([{"variant": "lr"}], "valid: none (the grid has no such axis)"),
+        ([{"scal": "tiny-s"}], "grid key 'exclude.0': Input should be 'workflow'"),
+        ([{}], "exclude[0] is empty"),
+        ([{"policy": "sa-rl"}], "exclude drops Single-SA-tiny-s-Math, which Voting-Transfer"),
+    ],
+)
+def test_an_exclusion_off_the_grid_fails_in_one_line(exclude, needle):
+    grid = {"workflows": ["voting"], "controls": ["transfer"], "exclude": exclude}
+    with pytest.raises(ConfigError) as err:
+        expand(parse_grid(grid))
+    assert needle in str(err.value) and "\n" not in str(err.value)

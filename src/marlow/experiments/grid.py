@@ -12,6 +12,8 @@ A grid file::
     variants:                                      # optional: named settings, each a copy of
       lr3e-3: {optim: {lr: 3e-3}}                  # the whole grid over those settings
       kl: {optim: {lr: 3e-3}, mitigate: {kl_coef: {generator: 0.1}}}
+    exclude:                                       # optional: combinations not to run
+      - {scale: tiny-m, task: code}
 
 expands to, for every (task, scale, seed):
 
@@ -37,6 +39,13 @@ control, which it switches on); a Hugging Face scale is named by its last path p
 ``Qwen3-`` prefix (``Qwen/Qwen3-1.7B`` -> ``1.7B``). Settings are layered preset -> ``settings``
 -> the cell's own axes, and every cell is validated when the grid is loaded, so a bad grid
 fails before anything runs.
+
+**Exclude** (as in a CI build matrix): each entry names axis values (``workflow``, ``policy``,
+``scale``, ``task``, ``seed``, ``variant``); every cell that matches all of an entry's values is
+dropped, controls included (a control's ``policy`` is its kind: ``base``, ``sa-rl``,
+``transfer``; the SA-RL control's workflow is ``single``). A value that is not on its axis is an
+error, as is an exclusion that leaves a transfer cell without its SA-RL cell, so a typo cannot
+silently keep or drop cells.
 """
 
 from __future__ import annotations
@@ -47,7 +56,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from marlow.config import ConfigError, RunConfig, merge, resolve
 from marlow.titles import POLICY_TITLES, scale_title
@@ -86,6 +102,9 @@ class GridSpec(BaseModel):
     )
     settings: dict[str, Any] = Field(default_factory=dict)
     variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    exclude: list[dict[Literal["workflow", "policy", "scale", "task", "seed", "variant"], Any]] = (
+        Field(default_factory=list)
+    )
     resources: CellResources = Field(default_factory=CellResources)
 
     @field_validator("variants")
@@ -110,6 +129,29 @@ class GridSpec(BaseModel):
             )
         return v
 
+    @model_validator(mode="after")
+    def _exclusions_name_axis_values(self) -> GridSpec:
+        axes = {
+            "workflow": [*self.workflows, "single"],
+            "policy": [*self.policies, *CONTROLS],
+            "scale": self.scales,
+            "task": self.tasks,
+            "seed": self.seeds,
+            "variant": list(self.variants),
+        }
+        for i, entry in enumerate(self.exclude):
+            if not entry:
+                raise ValueError(f"exclude[{i}] is empty; name at least one axis value")
+            for axis, value in entry.items():
+                if value not in axes[axis]:
+                    valid = (
+                        ", ".join(str(v) for v in axes[axis]) or "none (the grid has no such axis)"
+                    )
+                    raise ValueError(
+                        f"exclude[{i}].{axis} = {value!r} is not on the grid; valid: {valid}"
+                    )
+        return self
+
 
 @dataclass(frozen=True)
 class Cell:
@@ -125,6 +167,10 @@ class Cell:
     config: RunConfig = field(repr=False, compare=False)
     needs: tuple[str, ...] = ()  # cells that must finish first (a transfer needs its SA-RL)
     variant: str | None = None  # the grid variant it belongs to, if the grid has variants
+
+    def matches(self, entry: dict[str, Any]) -> bool:
+        """Whether every axis value of an ``exclude`` entry is this cell's."""
+        return all(getattr(self, axis) == value for axis, value in entry.items())
 
     def describe(self) -> dict[str, Any]:
         """The cell's identity as stored in ``cell.json`` (everything but the config)."""
@@ -167,10 +213,15 @@ def parse_grid(data: dict[str, Any], where: str = "grid") -> GridSpec:
         return GridSpec.model_validate(data)
     except ValidationError as err:
         first = err.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
+        path, msg = list(first["loc"]), first["msg"].removeprefix("Value error, ")
+        if not path:  # a check across keys (exclude against the axes): the message names them
+            raise ConfigError(f"{where}: {msg}") from None
+        if path[-1] == "[key]":  # a mapping key that is not allowed, e.g. an exclude axis
+            path, msg = path[:-2], f"{msg}, not {path[-2]!r}"
+        loc = ".".join(str(p) for p in path)
         if first["type"] == "extra_forbidden":
             raise ConfigError(f"{where}: grid key {loc!r} is unknown; valid: {_keys()}") from None
-        raise ConfigError(f"{where}: grid key {loc!r}: {first['msg']}") from None
+        raise ConfigError(f"{where}: grid key {loc!r}: {msg}") from None
 
 
 def _keys() -> str:
@@ -189,12 +240,18 @@ def expand(grid: GridSpec) -> list[Cell]:
                     point = _Point(grid, task, scale, seed, variant)
                     trained += point.trained()
                     controls += point.controls()
-    cells = trained + controls
+    cells = [c for c in trained + controls if not any(c.matches(e) for e in grid.exclude)]
     seen: set[str] = set()
     for c in cells:
         if c.name in seen:
             raise ConfigError(f"two cells are both named {c.name}; make the axes distinct")
         seen.add(c.name)
+    for c in cells:
+        lost = [n for n in c.needs if n not in seen]
+        if lost:
+            raise ConfigError(
+                f"exclude drops {lost[0]}, which {c.name} needs; exclude both or neither"
+            )
     return cells
 
 

@@ -164,6 +164,7 @@ def main() -> None:
     )
     ap.add_argument("--scale", default="tiny-s", choices=list(SCALES))
     ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--batch", type=int, default=None, help="examples per step (default 64)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cache-dir", default=None)
     ap.add_argument("--n-val", type=int, default=500)
@@ -212,6 +213,7 @@ def main() -> None:
         args.scale,
         cache_dir=args.cache_dir,
         steps=args.steps,
+        batch=args.batch,
         seed=args.seed,
         log=log,
         corpus=corpus,
@@ -223,6 +225,7 @@ def main() -> None:
         "path": str(path),
         "scale": args.scale,
         "steps": meta["steps"],
+        "batch_examples": meta["batch_examples"],
         "corpus_overrides": overrides,
         "pretrain_seconds": round(meta["seconds"], 1),
         "pretrain_peak_rss_mb": peak_rss_mb,

@@ -372,6 +372,9 @@ def pretrain_tiny_cmd(
     steps: Annotated[
         int | None, typer.Option(help="override the scale's pretraining steps")
     ] = None,
+    batch: Annotated[
+        int | None, typer.Option(help="examples per pretraining step (default 64)", min=1)
+    ] = None,
     task: Annotated[str, typer.Option(help="the tiny world: math or code")] = "math",
     threads: Annotated[
         int | None, typer.Option(help="torch threads (default: every core)", min=1)
@@ -387,11 +390,12 @@ def pretrain_tiny_cmd(
 
     try:
         started = time.monotonic()
-        path = pretrain_tiny(scale, steps=steps, log=_log, task=task, threads=threads)
+        path = pretrain_tiny(scale, steps=steps, batch=batch, log=_log, task=task, threads=threads)
     except ValueError as err:
         _fail(str(err))
     meta = json.loads((path / "meta.json").read_text())
     rows = [("world", f"{scale} ({task})"), ("steps", str(meta.get("steps", "-")))]
+    rows.append(("examples per step", str(meta.get("batch_examples", "-"))))
     rows.append(("time", _clock(time.monotonic() - started)))
     if report:
         from marlow.experiments.tinyeval import greedy_report
@@ -424,7 +428,8 @@ def quickstart(
     out: Annotated[Path, typer.Option(help="output folder")] = Path("marlow-quickstart"),
     seed: Annotated[int, typer.Option()] = 0,
     steps: Annotated[
-        int | None, typer.Option(help="training steps per cell (default: tiny preset)")
+        int | None,
+        typer.Option(help="training steps per cell (default: the quickstart preset's 8)"),
     ] = None,
     task: Annotated[str, typer.Option(help="the tiny world: math or code")] = "math",
 ) -> None:

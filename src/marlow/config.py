@@ -50,6 +50,9 @@ class ModelConfig(_Section):
     pretrain_steps: int | None = Field(
         None, ge=1, description="tiny scales: override pretraining steps"
     )
+    pretrain_batch: int | None = Field(
+        None, ge=1, description="tiny scales: examples per pretraining step (default 64)"
+    )
 
     @field_validator("name")
     @classmethod
@@ -515,7 +518,7 @@ DTYPES: tuple[str, ...] = get_args(Dtype)
 
 
 class RunConfig(_Section):
-    preset: Literal["paper", "official", "tiny"] = "tiny"
+    preset: Literal["paper", "official", "tiny", "quickstart"] = "tiny"
     seed: int = 0
     device: str = Field(
         "auto",

@@ -153,7 +153,12 @@ def load_base(
         from marlow.tiny.pretrain import load_tiny, pretrain_tiny
 
         path = pretrain_tiny(
-            config.name, steps=config.pretrain_steps, log=log, task=task, threads=threads
+            config.name,
+            steps=config.pretrain_steps,
+            batch=config.pretrain_batch,
+            log=log,
+            task=task,
+            threads=threads,
         )
         model, tokenizer = load_tiny(path, dtype=torch_dtype)
     else:

@@ -270,6 +270,7 @@ CASES: list[Case] = [
         else [value("device-no-mps", "device=mps", "'device' is 'mps'", "valid here: auto")]
     ),
     value("pretrain-steps-0", "model.pretrain_steps=0", "model.pretrain_steps"),
+    value("pretrain-batch-0", "model.pretrain_batch=0", "model.pretrain_batch"),
     value("task-name", "task.name=physics", "task.name", "'math'"),
     value("task-val-size-0", "task.val_size=0", "task.val_size"),
     value("format-penalty-positive", "task.format_penalty=0.5", "task.format_penalty"),

@@ -25,7 +25,7 @@ def test_code_cells_are_the_quickstart_cells_on_the_code_world():
     ]
     for cfg in cells.values():
         assert cfg.task.name == "code" and cfg.task.val_size == 200
-        assert cfg.rollout.max_new_tokens == 128 and cfg.preset == "tiny"
+        assert cfg.rollout.max_new_tokens == 128 and cfg.preset == "quickstart"
     assert (
         cell_configs(task="code", settings={"task": {"val_size": 9}})[
             "Voting-IP-tiny-s-Code"

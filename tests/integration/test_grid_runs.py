@@ -83,7 +83,7 @@ def test_the_same_grid_runs_on_a_local_ray_instance(tiny_cache, tmp_path):
     )
 
 
-def fake_pretrain(scale, task, steps):
+def fake_pretrain(scale, task, steps, batch):
     """Stands in for a pre-training child: records its pid; the code world fails."""
     import os
 

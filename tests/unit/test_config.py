@@ -143,6 +143,28 @@ def test_quickstart_cells_follow_the_chosen_tiny_scale():
         cell_configs(settings={"model": {"name": "Qwen/Qwen3-0.6B"}})
 
 
+def test_the_quickstart_preset_is_the_tiny_one_on_a_quick_world_for_math_only():
+    """Math: the tiny preset for 8 steps on tiny-s pre-trained with the quick recipe; code,
+    another scale, or the run's own recipe: the full one."""
+    from marlow.experiments.quickstart import cell_configs
+
+    tiny, quick = resolve({}), resolve({"preset": "quickstart"})
+    assert (quick.model.pretrain_batch, quick.model.pretrain_steps) == (8, 4800)
+    assert (tiny.model.pretrain_batch, tiny.model.pretrain_steps) == (None, None)
+    assert (quick.steps, quick.val_every, tiny.steps) == (8, 4, 24)
+    assert (quick.optim.warmup_steps, tiny.optim.warmup_steps, quick.optim.lr) == (1, 3, 1e-3)
+    same = ("rollout", "grpo", "policy", "task")
+    assert all(getattr(quick, k) == getattr(tiny, k) for k in same)
+    code = resolve({"preset": "quickstart", "task": {"name": "code"}})
+    assert code == resolve({"task": {"name": "code"}}).model_copy(update={"preset": "quickstart"})
+    cells = cell_configs()
+    assert {(c.preset, c.model.pretrain_batch) for c in cells.values()} == {("quickstart", 8)}
+    medium = cell_configs(settings={"model": {"name": "tiny-m"}})
+    assert {c.model.pretrain_batch for c in medium.values()} == {None}
+    own = cell_configs(settings={"model": {"name": "tiny-m", "pretrain_batch": 16}})
+    assert {c.model.pretrain_batch for c in own.values()} == {16}
+
+
 def test_a_preset_overlays_its_settings_for_the_task_under_the_run_own():
     # the tiny preset's code overlay: 200 validation problems and 128 new tokens (math: 500, 96)
     math, code = resolve({}), resolve({"task": {"name": "code"}})

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
 import marlow.tiny.pretrain as pretrain
@@ -87,6 +88,23 @@ def test_one_recipe_no_autocast_and_the_key_does_not_depend_on_the_cpu(monkeypat
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert other.stdout.strip() == key
+
+
+def test_the_batch_size_is_part_of_the_recipe_and_of_the_key(tmp_path):
+    """``batch`` sets the examples per step; the default keeps the 64-example worlds' key."""
+    tok = build_tokenizer()
+    sizes = {len(b.rows) for b in itertools.islice(pretrain.batches(tok, CorpusConfig(), 0, 8), 40)}
+    assert sizes == {8}
+    default = pretrain.tiny_path("tiny-s", cache_dir=tmp_path, steps=2)
+    assert pretrain.tiny_path("tiny-s", cache_dir=tmp_path, steps=2, batch=64) == default
+    small = pretrain.pretrain_tiny("tiny-s", steps=2, batch=8, cache_dir=tmp_path, threads=1)
+    assert small != default and small == pretrain.tiny_path(
+        "tiny-s", cache_dir=tmp_path, steps=2, batch=8
+    )
+    meta = json.loads((small / "meta.json").read_text())
+    assert (meta["batch_examples"], meta["steps"]) == (8, 2)
+    with pytest.raises(ValueError, match="batch must be >= 1"):
+        pretrain.tiny_path("tiny-s", batch=0)
 
 
 def test_threads_are_honoured_and_restored(tmp_path, monkeypatch):

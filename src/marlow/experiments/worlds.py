@@ -16,7 +16,7 @@ from marlow.experiments.grid import Cell
 
 
 def pretrain_worlds(cells: list[Cell], log: Callable[[str], None]) -> None:
-    """Pre-train each tiny (scale, task, steps) the cells need and the cache lacks, with every
+    """Pre-train each tiny (scale, task, steps, batch) the cells need and the cache lacks, with every
     core, one child process each; a failure is logged (its cells will try again and record the
     error themselves)."""
     import multiprocessing
@@ -25,15 +25,15 @@ def pretrain_worlds(cells: list[Cell], log: Callable[[str], None]) -> None:
     from marlow.tiny.pretrain import tiny_path
 
     worlds = {
-        (c.config.model.name, c.config.task.name, c.config.model.pretrain_steps)
+        (c.config.model.name, c.config.task.name, c.config.model.pretrain_steps, m.pretrain_batch)
         for c in cells
-        if is_tiny(c.config.model.name)
+        if is_tiny((m := c.config.model).name)
     }
-    for scale, task, steps in sorted(worlds, key=str):
-        if (tiny_path(scale, steps=steps, task=task) / "meta.json").exists():
+    for scale, task, steps, batch in sorted(worlds, key=str):
+        if (tiny_path(scale, steps=steps, task=task, batch=batch) / "meta.json").exists():
             continue
         child = multiprocessing.get_context("spawn").Process(
-            target=_pretrain_world, args=(scale, task, steps), daemon=True
+            target=_pretrain_world, args=(scale, task, steps, batch), daemon=True
         )
         child.start()
         child.join()
@@ -41,9 +41,9 @@ def pretrain_worlds(cells: list[Cell], log: Callable[[str], None]) -> None:
             log(f"pre-training {scale} ({task}) failed (exit {child.exitcode})")
 
 
-def _pretrain_world(scale: str, task: str, steps: int | None) -> None:
+def _pretrain_world(scale: str, task: str, steps: int | None, batch: int | None) -> None:
     """Body of a pre-training child: progress lines go to the grid's standard output."""
     from marlow.tiny.pretrain import pretrain_tiny
 
     die_with_parent()
-    pretrain_tiny(scale, steps=steps, task=task, log=lambda m: print(m, flush=True))
+    pretrain_tiny(scale, steps=steps, batch=batch, task=task, log=lambda m: print(m, flush=True))

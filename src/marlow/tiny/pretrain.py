@@ -63,7 +63,7 @@ CODE_CORPUS_VERSION = 1
 """The same for the code world (its own cache entries)."""
 TASKS = ("math", "code")
 
-BATCH_EXAMPLES = 64  # examples per optimizer step
+BATCH_EXAMPLES = 64  # examples per optimizer step, unless a run sets model.pretrain_batch
 POOL_BATCHES = 16  # batches sorted by length together
 MICRO_TOKENS = 8192  # padded tokens per forward/backward; a step sums several (bounded memory)
 WARMUP_FRACTION = 0.05
@@ -103,6 +103,7 @@ def cache_key(
     seed: int,
     corpus: CorpusConfig | CodeCorpusConfig,
     task: str = "math",
+    batch: int = BATCH_EXAMPLES,
 ) -> str:
     """Hash of everything that determines the pre-trained weights. The math payload is the one
     of the math-only marlow (no task field, math templates only), so math caches keep their key."""
@@ -113,7 +114,7 @@ def cache_key(
         "seed": seed,
         "corpus": corpus.to_dict(),
         "train": [
-            BATCH_EXAMPLES,
+            batch,
             POOL_BATCHES,
             WARMUP_FRACTION,
             WEIGHT_DECAY,
@@ -154,16 +155,21 @@ def tiny_path(
     seed: int = 0,
     corpus: CorpusConfig | CodeCorpusConfig | None = None,
     task: str = "math",
+    batch: int | None = None,
 ) -> Path:
-    """The cache folder of a pre-trained tiny world (it holds ``meta.json`` once trained)."""
+    """The cache folder of a pre-trained tiny world (it holds ``meta.json`` once trained).
+    ``steps`` and ``batch`` (examples per step) default to the scale's and :data:`BATCH_EXAMPLES`."""
     spec = get_scale(scale)  # ValueError listing the valid names
     steps = spec.pretrain_steps if steps is None else steps
+    batch = BATCH_EXAMPLES if batch is None else batch
     if steps < 0:
         raise ValueError(f"pretraining steps must be >= 0, got {steps}")
+    if batch < 1:
+        raise ValueError(f"pretraining batch must be >= 1 example, got {batch}")
     corpus = _check_task(task, corpus)
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     tag = scale if task == "math" else f"{scale}-{task}"
-    return root / f"{tag}-{cache_key(scale, steps, seed, corpus, task)}"
+    return root / f"{tag}-{cache_key(scale, steps, seed, corpus, task, batch)}"
 
 
 def pretrain_tiny(
@@ -176,16 +182,21 @@ def pretrain_tiny(
     corpus: CorpusConfig | CodeCorpusConfig | None = None,
     task: str = "math",
     threads: int | None = None,
+    batch: int | None = None,
 ) -> Path:
     """Pre-train ``scale`` for ``task`` (or find it in the cache) and return its folder.
     ``threads``: torch threads while training (default: every core this process may use); the
-    caller's setting is restored afterwards. The weights do not depend on it."""
+    caller's setting is restored afterwards. The weights do not depend on it. ``steps`` and
+    ``batch``: the recipe's optimizer steps and examples per step (:func:`tiny_path`)."""
     spec = get_scale(scale)  # ValueError listing the valid names
     steps = spec.pretrain_steps if steps is None else steps
+    batch = BATCH_EXAMPLES if batch is None else batch
     corpus = _check_task(task, corpus)
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
-    final = tiny_path(scale, cache_dir=cache_dir, steps=steps, seed=seed, corpus=corpus, task=task)
+    final = tiny_path(
+        scale, cache_dir=cache_dir, steps=steps, seed=seed, corpus=corpus, task=task, batch=batch
+    )
     if (final / "meta.json").exists():
         return final
     log = log or (lambda _msg: None)
@@ -197,10 +208,12 @@ def pretrain_tiny(
         # Holding the lock, any temporary folder of this key is a killed run's: remove it.
         for stale in root.glob(f".{final.name}.tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
-        log(f"pre-training {scale} ({task}) for {steps} steps -> {final}")
+        log(f"pre-training {scale} ({task}) for {steps} steps of {batch} -> {final}")
         # Train in memory first: the temporary folder exists only for the seconds of the save,
         # so a run killed while training leaves nothing on disk.
-        model, tokenizer, meta = _train(scale, steps, seed, corpus, threads or _all_cores(), log)
+        model, tokenizer, meta = _train(
+            scale, steps, batch, seed, corpus, threads or _all_cores(), log
+        )
         meta["path"] = str(final)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
         try:
@@ -263,17 +276,19 @@ def encode(tokenizer: Any, batch: list[Example]) -> list[tuple[list[int], list[i
     return [(p, c + [tokenizer.eos_token_id]) for p, c in zip(p_ids, c_ids, strict=True)]
 
 
-def batches(tokenizer: Any, corpus: CorpusConfig | CodeCorpusConfig, seed: int) -> Iterator[_Batch]:
-    """Length-bucketed batches of the corpus, forever, deterministic in ``seed``."""
+def batches(
+    tokenizer: Any, corpus: CorpusConfig | CodeCorpusConfig, seed: int, size: int = BATCH_EXAMPLES
+) -> Iterator[_Batch]:
+    """Length-bucketed batches of ``size`` examples, forever, deterministic in ``seed``."""
     if isinstance(corpus, CodeCorpusConfig):
         stream = code_examples(corpus, seed)
     else:
         stream = examples(corpus, seed)
     rng = random.Random(f"marlow-tiny-batches-{seed}")
     while True:
-        pool = [next(stream) for _ in range(BATCH_EXAMPLES * POOL_BATCHES)]
+        pool = [next(stream) for _ in range(size * POOL_BATCHES)]
         rows = sorted(encode(tokenizer, pool), key=lambda pc: len(pc[0]) + len(pc[1]))
-        chunks = [rows[i : i + BATCH_EXAMPLES] for i in range(0, len(rows), BATCH_EXAMPLES)]
+        chunks = [rows[i : i + size] for i in range(0, len(rows), size)]
         rng.shuffle(chunks)
         for chunk in chunks:
             n_tokens = sum(len(p) + len(c) for p, c in chunk)
@@ -353,6 +368,7 @@ def train(
     lr: float,
     seed: int,
     log: Log,
+    batch: int = BATCH_EXAMPLES,
 ) -> dict[str, float | None]:
     """The pre-training loop; returns loss and throughput statistics."""
     decay = [p for p in model.parameters() if p.ndim >= 2]
@@ -366,7 +382,7 @@ def train(
         betas=(0.9, 0.95),
     )
     model.train()
-    data = batches(tokenizer, corpus, seed)
+    data = batches(tokenizer, corpus, seed, batch)
     pad = tokenizer.pad_token_id
     losses: list[float] = []
     tokens, t0 = 0, time.perf_counter()
@@ -399,6 +415,7 @@ def train(
 def _train(
     scale: str,
     steps: int,
+    batch: int,
     seed: int,
     corpus: CorpusConfig | CodeCorpusConfig,
     threads: int,
@@ -415,7 +432,14 @@ def _train(
         tokenizer = build_tokenizer()
         model = build_model(scale, len(tokenizer), seed)
         stats = train(
-            model, tokenizer, corpus, steps=steps, lr=spec.pretrain_lr, seed=seed, log=log
+            model,
+            tokenizer,
+            corpus,
+            steps=steps,
+            lr=spec.pretrain_lr,
+            seed=seed,
+            log=log,
+            batch=batch,
         )
         model.eval()
     finally:
@@ -429,7 +453,7 @@ def _train(
         "steps": steps,
         "seed": seed,
         "lr": spec.pretrain_lr,
-        "batch_examples": BATCH_EXAMPLES,
+        "batch_examples": batch,
         "precision": PRECISION,
         "threads": threads,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),

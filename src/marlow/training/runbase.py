@@ -70,7 +70,9 @@ def _source(model: ModelConfig, task: str) -> tuple[Kind, Path | None]:
     if is_tiny(model.name):
         from marlow.tiny.pretrain import tiny_path
 
-        return "tiny", tiny_path(model.name, steps=model.pretrain_steps, task=task)
+        return "tiny", tiny_path(
+            model.name, steps=model.pretrain_steps, batch=model.pretrain_batch, task=task
+        )
     path = Path(model.name).expanduser()
     if model.name.startswith(("/", ".", "~")) or path.is_dir():
         return "folder", path.resolve()

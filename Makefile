@@ -5,11 +5,12 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install browser quickstart test test-slow lint bench
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	# torch first, pinned: on these machines pip takes the local CPU wheel for exactly 2.13.0
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+	# then every other package at the version the README was measured with (constraints.txt)
+	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -8,7 +8,8 @@ folder (so the tiny world is pre-trained, as on a fresh machine) and its output 
 folder, and reports (JSON on stdout): the wall time of the whole command, the quickstart's own
 split (pre-training, cells), each cell's peak and final validation accuracy, the best trained
 Voting cell's gain over the base through Voting (points, at its peak), the CPU capability the
-child's torch dispatched to, and the load average before and after. ``--avx2`` sets
+child's torch dispatched to, the versions of the packages that set the numbers, and the load
+average before and after. ``--avx2`` sets
 ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`` in the child (and its cells): how a CPU
 without AVX-512 or native bf16 runs. The installation (``make install``) is not timed.
 
@@ -24,10 +25,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 CAPABILITY = "import torch; print(torch.backends.cpu.get_cpu_capability())"
+# The packages whose versions can change the quickstart's numbers (make install pins them all:
+# constraints.txt).
+PACKAGES = ("torch", "transformers", "tokenizers", "peft", "numpy", "math-verify")
 
 
 def main() -> None:
@@ -65,6 +70,7 @@ def main() -> None:
         "timings_s": {k: round(v, 1) for k, v in summary["timings_s"].items()},
         "cpu_capability": capability,
         "threads_available": len(os.sched_getaffinity(0)),
+        "packages": {name: version(name) for name in PACKAGES},
         "load_avg_before_after": [load_before, os.getloadavg()],
         "cells": {
             name: {k: row[k] for k in ("peak_accuracy", "peak_step", "final_accuracy", "n_val")}

@@ -333,7 +333,7 @@ def main() -> None:
             t_times.clear()
             clock["since"], clock["cpu"] = time.perf_counter(), time.process_time()
 
-    tbase, ttok = load_base(cfg.model, task="math", threads=args.threads)
+    tbase, ttok = load_base(cfg.model, task="math")
     targs = GRPOConfig(
         output_dir=f"{work.name}/trl",
         per_device_train_batch_size=BATCH_PROBLEMS * GROUP_SIZE,

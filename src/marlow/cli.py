@@ -377,7 +377,10 @@ def pretrain_tiny_cmd(
     ] = None,
     task: Annotated[str, typer.Option(help="the tiny world: math or code")] = "math",
     threads: Annotated[
-        int | None, typer.Option(help="torch threads (default: every core)", min=1)
+        int | None,
+        typer.Option(
+            help="torch threads (default 2 on every machine; another count is another world)", min=1
+        ),
     ] = None,
     report: Annotated[
         bool, typer.Option(help="measure the greedy generator on validation problems")
@@ -429,7 +432,7 @@ def quickstart(
     seed: Annotated[int, typer.Option()] = 0,
     steps: Annotated[
         int | None,
-        typer.Option(help="training steps per cell (default: the quickstart preset's 8)"),
+        typer.Option(help="training steps per cell (default: the quickstart preset's 12)"),
     ] = None,
     task: Annotated[str, typer.Option(help="the tiny world: math or code")] = "math",
 ) -> None:

@@ -535,7 +535,12 @@ class RunConfig(_Section):
     )
     val_every: int = Field(10, ge=1)
     ckpt_every: int = Field(5, ge=1)
-    threads: int | None = Field(None, ge=1, description="torch threads; default: all cores")
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch threads; default: all cores (a machine setting: a tiny world is "
+        "pre-trained with its recipe's 2 whatever this is)",
+    )
     sample_episodes: int = Field(4, ge=0, description="episodes saved as text per logged step")
     model: ModelConfig = ModelConfig()
     task: TaskConfig = TaskConfig()

@@ -138,16 +138,16 @@ def load_base(
     config: ModelConfig,
     log: Callable[[str], None] | None = None,
     task: str = "math",
-    threads: int | None = None,
     *,
     dtype: str = "float32",
     device: torch.device | str = "cpu",
 ):
     """(model, tokenizer) with every base weight frozen, in ``dtype`` (a torch dtype's name,
     config ``dtype``) and moved to ``device``. ``task`` picks the tiny world's pre-training
-    corpus and ``threads`` its torch threads if it must be pre-trained (both ignored for a
-    Hugging Face model); pre-training itself is float32 on the CPU, only the loaded copy is
-    cast."""
+    corpus if it must be pre-trained (ignored for a Hugging Face model). Pre-training runs with
+    the recipe's threads (``marlow.tiny.pretrain.THREADS``), never the run's: ``threads`` is a
+    machine setting (resume-safe) and must not change the base model. It is float32 on the CPU;
+    only the loaded copy is cast."""
     torch_dtype = getattr(torch, dtype)
     if is_tiny(config.name):
         from marlow.tiny.pretrain import load_tiny, pretrain_tiny
@@ -158,7 +158,6 @@ def load_base(
             batch=config.pretrain_batch,
             log=log,
             task=task,
-            threads=threads,
         )
         model, tokenizer = load_tiny(path, dtype=torch_dtype)
     else:

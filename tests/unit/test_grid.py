@@ -316,3 +316,37 @@ def test_an_exclusion_off_the_grid_fails_in_one_line(exclude, needle):
     with pytest.raises(ConfigError) as err:
         expand(parse_grid(grid))
     assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_cells_get_the_threads_asked_for_and_the_quickstart_asks_for_one(tmp_path, monkeypatch):
+    """Per-cell torch threads: the caller's count, else the cores shared among the workers; the
+    quickstart asks for one on every machine (thread counts change float sums, so its accuracies
+    would differ between a 2-core and a 16-core machine)."""
+    import os
+
+    import marlow.experiments.quickstart as quickstart
+    import marlow.experiments.runner as runner
+    import marlow.tiny.pretrain as pretrain
+
+    seen: list[int] = []
+    monkeypatch.setattr(runner, "pretrain_worlds", lambda _cells, _log: None)
+    monkeypatch.setattr(
+        runner, "_drive", lambda _pool, _todo, _index, threads, *_: seen.append(threads)
+    )
+    grid = {"workflows": ["voting"], "policies": ["ip"], "controls": [], "settings": {"steps": 8}}
+    runner.run_grid(parse_grid(grid), tmp_path / "a", workers=1, threads=3)
+    runner.run_grid(parse_grid(grid), tmp_path / "b", workers=1)
+    assert seen == [3, max(1, os.cpu_count() or 1)]
+
+    class Stop(Exception):
+        pass
+
+    def stub(_grid, _out, **kwargs):
+        seen.append(kwargs["threads"])
+        raise Stop
+
+    monkeypatch.setattr(pretrain, "pretrain_tiny", lambda *a, **k: tmp_path)
+    monkeypatch.setattr(quickstart, "run_grid", stub)
+    with pytest.raises(Stop):
+        quickstart.quickstart(tmp_path / "qs")
+    assert seen[-1] == 1

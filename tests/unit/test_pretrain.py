@@ -99,7 +99,7 @@ def test_the_batch_size_is_part_of_the_recipe_and_of_the_key(tmp_path):
     assert pretrain.tiny_path("tiny-s", cache_dir=tmp_path, steps=2, batch=64) == default
     small = pretrain.pretrain_tiny("tiny-s", steps=2, batch=8, cache_dir=tmp_path, threads=1)
     assert small != default and small == pretrain.tiny_path(
-        "tiny-s", cache_dir=tmp_path, steps=2, batch=8
+        "tiny-s", cache_dir=tmp_path, steps=2, batch=8, threads=1
     )
     meta = json.loads((small / "meta.json").read_text())
     assert (meta["batch_examples"], meta["steps"]) == (8, 2)
@@ -121,9 +121,29 @@ def test_threads_are_honoured_and_restored(tmp_path, monkeypatch):
     try:
         path = pretrain.pretrain_tiny("tiny-s", steps=2, cache_dir=tmp_path, threads=1)
         assert seen == [1] and torch.get_num_threads() == 2
+        # Unasked, the recipe's count, whatever this machine's cores and the caller's setting.
+        torch.set_num_threads(1)
+        monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(16)), raising=False)
+        default = pretrain.pretrain_tiny("tiny-s", steps=2, cache_dir=tmp_path)
+        assert seen == [1, pretrain.THREADS] and torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
     assert json.loads((path / "meta.json").read_text())["threads"] == 1
+    assert json.loads((default / "meta.json").read_text())["threads"] == pretrain.THREADS
+
+
+def test_the_thread_count_is_part_of_the_key(tmp_path):
+    """Float32 sums split across threads give other bytes, so another count is another world; the
+    recipe's count adds nothing to the key (every world cached before it keeps its folder)."""
+    default = pretrain.tiny_path("tiny-s", cache_dir=tmp_path)
+    assert pretrain.tiny_path("tiny-s", cache_dir=tmp_path, threads=pretrain.THREADS) == default
+    assert default.name == "tiny-s-5f26d65acb7f"
+    one, four = (pretrain.tiny_path("tiny-s", cache_dir=tmp_path, threads=n) for n in (1, 4))
+    assert len({default, one, four}) == 3
+    with pytest.raises(ValueError, match="threads must be >= 1"):
+        pretrain.tiny_path("tiny-s", threads=0)
+    with pytest.raises(ValueError, match="threads must be >= 1"):
+        pretrain.pretrain_tiny("tiny-s", steps=2, cache_dir=tmp_path, threads=0)
 
 
 def test_a_killed_pretraining_leaves_nothing_and_the_next_run_starts_clean(tmp_path, monkeypatch):
@@ -146,7 +166,7 @@ def test_a_killed_pretraining_leaves_nothing_and_the_next_run_starts_clean(tmp_p
     leftovers = [p.name for p in root.iterdir() if not p.name.endswith(".lock")]
     assert leftovers == []
     # A temporary folder that a kill during the save left behind is removed by the next run.
-    final = pretrain.tiny_path("tiny-s", cache_dir=root, steps=2)
+    final = pretrain.tiny_path("tiny-s", cache_dir=root, steps=2, threads=1)
     stale = root / f".{final.name}.tmp-dead"
     stale.mkdir()
     (stale / "model.safetensors").write_bytes(b"torn")

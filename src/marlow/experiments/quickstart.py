@@ -11,7 +11,7 @@ its own process, one torch thread each; the output folder is a grid results fold
 ``cells/NAME/``), so an interrupted quickstart run again finishes only what was missing.
 
 Every cell runs under the ``quickstart`` preset (``marlow.presets.PRESETS``): the tiny preset
-for 8 steps (1 warm-up step) on a tiny-s world pre-trained with a quick recipe (8 x 4800, half the
+for 12 steps (1 warm-up step) on a tiny-s world pre-trained with a quick recipe (8 x 4800, half the
 tokens of the full 64 x 1200 one), so that a cold quickstart fits 5 minutes on 2 cores. The
 quick recipe is tiny-s's: another scale picked with ``model.name`` pre-trains with its full
 recipe unless ``model.pretrain_batch``/``model.pretrain_steps`` are given.
@@ -186,14 +186,16 @@ def quickstart(
     )
     timings["pretrain_or_cache_s"] = time.perf_counter() - t0
     dirs = {c.name: out / "cells" / c.name for c in cells}
-    # Every cell at once, one torch thread each: tiny models gain nothing from intra-op threads,
-    # and processes with several threads each on few cores slow down 10x+ (MEASURED.md). The OS
-    # shares the cores; the cells finish at about the same time.
+    # Every cell at once, one torch thread each on every machine: tiny models gain nothing from
+    # intra-op threads, processes with several threads each on few cores slow down 10x+
+    # (MEASURED.md), and the thread count changes float sums, so the README's accuracies need
+    # one. The OS shares the cores; the cells finish at about the same time.
     t1 = time.perf_counter()
     states = run_grid(
         grid,
         out,
         workers=workers or len(cells),
+        threads=1,
         log=log,
         on_progress=on_progress,
     )

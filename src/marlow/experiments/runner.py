@@ -38,12 +38,14 @@ def run_grid(
     *,
     runner: str = "local",
     workers: int | None = None,
+    threads: int | None = None,
     address: str | None = None,
     grid_text: str | None = None,
     log: Log | None = None,
     on_progress: Progress | None = None,
 ) -> dict[str, str]:
-    """Run every unfinished cell of ``grid`` into ``out``; returns each cell's final state."""
+    """Run every unfinished cell of ``grid`` into ``out``; returns each cell's final state.
+    ``threads``: torch threads per cell (default: the cores shared among the ``workers``)."""
     if runner not in RUNNERS:
         from marlow.config import ConfigError
 
@@ -65,7 +67,7 @@ def run_grid(
             pretrain_worlds(todo, log)
         if todo:
             n = workers or plan_workers(todo)
-            threads = max(1, (os.cpu_count() or 1) // n)
+            threads = threads or max(1, (os.cpu_count() or 1) // n)
             log(f"running {len(todo)} cells, {n} at a time, {threads} thread(s) each ({runner})")
             if runner == "local" and grid.resources != CellResources():
                 log("resources are what each cell asks Ray for; the local runner ignores them")

@@ -17,7 +17,8 @@ The loop, top to bottom:
 
 The folder ``<cache_dir>/<scale>-<hash>`` holds the model, the tokenizer and ``meta.json``; the
 hash covers everything that changes the weights (scale shape, steps, learning rate, batch,
-corpus config, the ``tiny`` prompt templates, the tokenizer, the seed, :data:`CORPUS_VERSION`).
+corpus config, the ``tiny`` prompt templates, the tokenizer, the seed, :data:`CORPUS_VERSION`,
+and the torch thread count when it is not :data:`THREADS`).
 
 One model per TASK: ``task="math"`` (the arithmetic corpus, :mod:`marlow.tiny.corpus`) or
 ``task="code"`` (the code corpus, :mod:`marlow.tiny.codecorpus`, folder
@@ -76,6 +77,14 @@ and optimizer state, PyTorch's fused (sdpa) attention. Measured with ``bench/tin
 AVX2 (a CPU without native bf16) and 0.6x on an AVX-512 CPU with native bf16. float32 is the only
 recipe that is fast on both, and a cache key that depended on the CPU would make the README's
 numbers machine-specific."""
+THREADS = 2
+"""Torch threads of a pre-training unless the caller asks for others, on every machine: part of
+the recipe, never the machine's core count. A CPU's float32 sums are split across threads, so
+the weights depend on the thread count (tiny-s, 300 steps of 8: 1 and 2 threads gave different
+bytes; two runs at 2 threads, and two on different transformers releases, the same bytes). Two
+keeps the key of every world cached before this constant (all built on 2 cores); on a one-core
+machine it costs 12 % (measured: README). Another count is honoured and is another world, with
+its own key."""
 
 Log = Callable[[str], None]
 
@@ -104,9 +113,11 @@ def cache_key(
     corpus: CorpusConfig | CodeCorpusConfig,
     task: str = "math",
     batch: int = BATCH_EXAMPLES,
+    threads: int = THREADS,
 ) -> str:
     """Hash of everything that determines the pre-trained weights. The math payload is the one
-    of the math-only marlow (no task field, math templates only), so math caches keep their key."""
+    of the math-only marlow (no task field, math templates only), so math caches keep their key;
+    the thread count enters only when it is not :data:`THREADS`, so that no cached key moved."""
     payload = {
         "version": CORPUS_VERSION,
         "scale": get_scale(scale).to_dict(),
@@ -130,6 +141,8 @@ def cache_key(
         payload["task"] = task
         payload["version"] = CODE_CORPUS_VERSION
         payload["problems"] = [codegen.FAMILY_WEIGHTS, codegen.VAL_BUCKETS, codegen.N_TESTS]
+    if threads != THREADS:
+        payload["threads"] = threads
     blob = json.dumps(payload, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
 
@@ -156,20 +169,25 @@ def tiny_path(
     corpus: CorpusConfig | CodeCorpusConfig | None = None,
     task: str = "math",
     batch: int | None = None,
+    threads: int | None = None,
 ) -> Path:
     """The cache folder of a pre-trained tiny world (it holds ``meta.json`` once trained).
-    ``steps`` and ``batch`` (examples per step) default to the scale's and :data:`BATCH_EXAMPLES`."""
+    ``steps``, ``batch`` (examples per step) and ``threads`` default to the scale's,
+    :data:`BATCH_EXAMPLES` and :data:`THREADS`."""
     spec = get_scale(scale)  # ValueError listing the valid names
     steps = spec.pretrain_steps if steps is None else steps
     batch = BATCH_EXAMPLES if batch is None else batch
+    threads = THREADS if threads is None else threads
     if steps < 0:
         raise ValueError(f"pretraining steps must be >= 0, got {steps}")
     if batch < 1:
         raise ValueError(f"pretraining batch must be >= 1 example, got {batch}")
+    if threads < 1:
+        raise ValueError(f"pretraining threads must be >= 1, got {threads}")
     corpus = _check_task(task, corpus)
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     tag = scale if task == "math" else f"{scale}-{task}"
-    return root / f"{tag}-{cache_key(scale, steps, seed, corpus, task, batch)}"
+    return root / f"{tag}-{cache_key(scale, steps, seed, corpus, task, batch, threads)}"
 
 
 def pretrain_tiny(
@@ -185,17 +203,24 @@ def pretrain_tiny(
     batch: int | None = None,
 ) -> Path:
     """Pre-train ``scale`` for ``task`` (or find it in the cache) and return its folder.
-    ``threads``: torch threads while training (default: every core this process may use); the
-    caller's setting is restored afterwards. The weights do not depend on it. ``steps`` and
-    ``batch``: the recipe's optimizer steps and examples per step (:func:`tiny_path`)."""
+    ``threads``: torch threads while training (default :data:`THREADS`, whatever the machine's
+    cores); the caller's setting is restored afterwards. The weights depend on it, and so does
+    the key. ``steps`` and ``batch``: the recipe's optimizer steps and examples per step
+    (:func:`tiny_path`)."""
     spec = get_scale(scale)  # ValueError listing the valid names
     steps = spec.pretrain_steps if steps is None else steps
     batch = BATCH_EXAMPLES if batch is None else batch
+    threads = THREADS if threads is None else threads
     corpus = _check_task(task, corpus)
-    if threads is not None and threads < 1:
-        raise ValueError(f"threads must be >= 1, got {threads}")
     final = tiny_path(
-        scale, cache_dir=cache_dir, steps=steps, seed=seed, corpus=corpus, task=task, batch=batch
+        scale,
+        cache_dir=cache_dir,
+        steps=steps,
+        seed=seed,
+        corpus=corpus,
+        task=task,
+        batch=batch,
+        threads=threads,
     )
     if (final / "meta.json").exists():
         return final
@@ -211,9 +236,7 @@ def pretrain_tiny(
         log(f"pre-training {scale} ({task}) for {steps} steps of {batch} -> {final}")
         # Train in memory first: the temporary folder exists only for the seconds of the save,
         # so a run killed while training leaves nothing on disk.
-        model, tokenizer, meta = _train(
-            scale, steps, batch, seed, corpus, threads or _all_cores(), log
-        )
+        model, tokenizer, meta = _train(scale, steps, batch, seed, corpus, threads, log)
         meta["path"] = str(final)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
         try:
@@ -350,13 +373,6 @@ def lr_at(step: int, steps: int, peak: float) -> float:
         return peak * (step + 1) / warmup
     t = (step - warmup) / max(1, steps - warmup)
     return peak * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * t)))
-
-
-def _all_cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return max(1, os.cpu_count() or 1)
 
 
 def train(

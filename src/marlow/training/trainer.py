@@ -106,7 +106,6 @@ class Trainer:
             config.model,
             log=self.log,
             task=config.task.name,
-            threads=config.threads,
             dtype=config.dtype,
             device=self.device,
         )

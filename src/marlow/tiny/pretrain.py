@@ -160,6 +160,23 @@ def load_tiny(
     return model.eval(), tokenizer
 
 
+def _recipe(
+    scale: str, steps: int | None, batch: int | None, threads: int | None
+) -> tuple[int, int, int]:
+    """(steps, examples per step, threads) of a pre-training, defaults filled in and checked."""
+    spec = get_scale(scale)  # ValueError listing the valid names
+    steps = spec.pretrain_steps if steps is None else steps
+    batch = BATCH_EXAMPLES if batch is None else batch
+    threads = THREADS if threads is None else threads
+    if steps < 0:
+        raise ValueError(f"pretraining steps must be >= 0, got {steps}")
+    if batch < 1:
+        raise ValueError(f"pretraining batch must be >= 1 example, got {batch}")
+    if threads < 1:
+        raise ValueError(f"pretraining threads must be >= 1, got {threads}")
+    return steps, batch, threads
+
+
 def tiny_path(
     scale: str = "tiny-s",
     *,
@@ -174,16 +191,7 @@ def tiny_path(
     """The cache folder of a pre-trained tiny world (it holds ``meta.json`` once trained).
     ``steps``, ``batch`` (examples per step) and ``threads`` default to the scale's,
     :data:`BATCH_EXAMPLES` and :data:`THREADS`."""
-    spec = get_scale(scale)  # ValueError listing the valid names
-    steps = spec.pretrain_steps if steps is None else steps
-    batch = BATCH_EXAMPLES if batch is None else batch
-    threads = THREADS if threads is None else threads
-    if steps < 0:
-        raise ValueError(f"pretraining steps must be >= 0, got {steps}")
-    if batch < 1:
-        raise ValueError(f"pretraining batch must be >= 1 example, got {batch}")
-    if threads < 1:
-        raise ValueError(f"pretraining threads must be >= 1, got {threads}")
+    steps, batch, threads = _recipe(scale, steps, batch, threads)
     corpus = _check_task(task, corpus)
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     tag = scale if task == "math" else f"{scale}-{task}"
@@ -207,21 +215,10 @@ def pretrain_tiny(
     cores); the caller's setting is restored afterwards. The weights depend on it, and so does
     the key. ``steps`` and ``batch``: the recipe's optimizer steps and examples per step
     (:func:`tiny_path`)."""
-    spec = get_scale(scale)  # ValueError listing the valid names
-    steps = spec.pretrain_steps if steps is None else steps
-    batch = BATCH_EXAMPLES if batch is None else batch
-    threads = THREADS if threads is None else threads
+    steps, batch, threads = _recipe(scale, steps, batch, threads)
     corpus = _check_task(task, corpus)
-    final = tiny_path(
-        scale,
-        cache_dir=cache_dir,
-        steps=steps,
-        seed=seed,
-        corpus=corpus,
-        task=task,
-        batch=batch,
-        threads=threads,
-    )
+    recipe = {"steps": steps, "batch": batch, "threads": threads, "seed": seed, "task": task}
+    final = tiny_path(scale, cache_dir=cache_dir, corpus=corpus, **recipe)
     if (final / "meta.json").exists():
         return final
     log = log or (lambda _msg: None)

@@ -539,7 +539,7 @@ class RunConfig(_Section):
         None,
         ge=1,
         description="torch threads; default: all cores (a machine setting: a tiny world is "
-        "pre-trained with its recipe's 2 whatever this is)",
+        "pre-trained with 2 threads whatever this says)",
     )
     sample_episodes: int = Field(4, ge=0, description="episodes saved as text per logged step")
     model: ModelConfig = ModelConfig()

@@ -337,6 +337,8 @@ def test_cells_get_the_threads_asked_for_and_the_quickstart_asks_for_one(tmp_pat
     runner.run_grid(parse_grid(grid), tmp_path / "a", workers=1, threads=3)
     runner.run_grid(parse_grid(grid), tmp_path / "b", workers=1)
     assert seen == [3, max(1, os.cpu_count() or 1)]
+    with pytest.raises(ValueError, match="threads per cell must be >= 1"):
+        runner.run_grid(parse_grid(grid), tmp_path / "c", workers=1, threads=0)
 
     class Stop(Exception):
         pass

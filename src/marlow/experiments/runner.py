@@ -50,6 +50,8 @@ def run_grid(
         from marlow.config import ConfigError
 
         raise ConfigError(f"runner {runner!r} is unknown; valid: {', '.join(RUNNERS)}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads per cell must be >= 1, got {threads}")
     log = log or (lambda _m: None)
     cells = expand(grid)
     root = Path(out)
@@ -67,7 +69,8 @@ def run_grid(
             pretrain_worlds(todo, log)
         if todo:
             n = workers or plan_workers(todo)
-            threads = threads or max(1, (os.cpu_count() or 1) // n)
+            if threads is None:
+                threads = max(1, (os.cpu_count() or 1) // n)
             log(f"running {len(todo)} cells, {n} at a time, {threads} thread(s) each ({runner})")
             if runner == "local" and grid.resources != CellResources():
                 log("resources are what each cell asks Ray for; the local runner ignores them")

@@ -17,8 +17,8 @@ from marlow.experiments.grid import Cell
 
 def pretrain_worlds(cells: list[Cell], log: Callable[[str], None]) -> None:
     """Pre-train each tiny (scale, task, steps, batch) the cells need and the cache lacks, one child
-    process each, with the recipe's threads (``marlow.tiny.pretrain.THREADS``); a failure is logged (its cells will try again and record the
-    error themselves)."""
+    process each, with the recipe's threads (``marlow.tiny.pretrain.THREADS``); a failure is
+    logged (its cells will try again and record the error themselves)."""
     import multiprocessing
 
     from marlow.models import is_tiny

@@ -1,6 +1,11 @@
-"""HFEngine throughput on the tiny scales: base vs one LoRA adapter (rank 16, all linear).
+"""HFEngine throughput on the tiny scales: base vs one LoRA adapter (rank 16, all linear), and the
+lean Qwen3 forward (``marlow.rollout.lean``) vs the model's own, side by side in one run.
 
     .venv/bin/python bench/rollout_speed.py [--threads N] [--repeats R]
+
+Rows: the base through the model's forward and the lean one; the adapter unmerged (the model's
+forward: what GPUs run), and merged into the base (``rollout.merge_lora``, the CPU default)
+through the model's forward and the lean one.
 
 Every row generates exactly 64 new tokens (the stop id is one no model can produce), so tokens/s
 counts sampled tokens only. Models are the tiny scales (``marlow.tiny.model``) freshly initialised:
@@ -49,19 +54,23 @@ def main() -> None:
     print(
         f"torch threads: {torch.get_num_threads()}; 64 new tokens per row; best of {args.repeats}"
     )
-    print(f"{'model':>6} {'params':>8} {'policy':>10} {'batch':>6} {'tok/s':>9}")
+    print(f"{'model':>6} {'params':>8} {'policy':>13} {'batch':>6} {'tok/s':>9}")
     for size in SCALES:
         base = build_model(size, len(tok)).eval()
         n_params = sum(p.numel() for p in base.parameters())
-        plain = HFEngine(base, tok, stop_ids=[base.config.vocab_size])  # unreachable stop id
-        rows = [(BASE, b, tokens_per_s(plain, BASE, b, args.repeats)) for b in (32, 128)]
+        never = [base.config.vocab_size]  # an unreachable stop id
         model = attach_adapters(base, ["policy"], LoraSpec(rank=16, alpha=32), seed=0)
-        engine = HFEngine(model, tok, stop_ids=[base.config.vocab_size])
-        rows += [
-            ("lora r16", b, tokens_per_s(engine, "policy", b, args.repeats)) for b in (32, 128)
+        cells = [
+            ("base", BASE, HFEngine(model, tok, stop_ids=never, lean=False)),
+            ("base, lean", BASE, HFEngine(model, tok, stop_ids=never)),
+            ("lora", "policy", HFEngine(model, tok, stop_ids=never)),
+            ("merged", "policy", HFEngine(model, tok, stop_ids=never, merge=True, lean=False)),
+            ("merged, lean", "policy", HFEngine(model, tok, stop_ids=never, merge=True)),
         ]
-        for policy, b, tps in rows:
-            print(f"{size:>6} {n_params:>8,} {policy:>10} {b:>6} {tps:>9,.0f}")
+        for b in (32, 128, 256):
+            for label, adapter, engine in cells:
+                tps = tokens_per_s(engine, adapter, b, args.repeats)
+                print(f"{size:>6} {n_params:>8,} {label:>13} {b:>6} {tps:>9,.0f}")
 
 
 if __name__ == "__main__":

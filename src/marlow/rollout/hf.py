@@ -16,6 +16,11 @@ params and ``max_batch`` give the same samples. Rows that have stopped leave the
 KV cache included, whenever they make up an eighth of it (a few long completions then no longer
 carry every finished row through the remaining steps); until then they are fed pads.
 
+The forward: where a group samples from plain weights of a Qwen3 model (the base, or an adapter
+folded in by ``merge``), :class:`marlow.rollout.lean.LeanQwen3` (the same arithmetic without the
+per-module Python of transformers, equal logits, its own KV cache); otherwise the model's own
+forward with a ``DynamicCache``.
+
 Device and precision: every tensor of the loop (ids, masks, KV cache, the generator) is on the
 model's device; the logits come in the base's dtype and are cast to float32 before the
 temperature and the log-softmax, so sampling probabilities and recorded log-probs are float32.
@@ -41,6 +46,7 @@ from packaging.version import Version
 from transformers import DynamicCache
 
 from marlow.policy.adapters import activate, active_adapter, adapter_names, can_merge, merged
+from marlow.rollout.lean import LeanQwen3
 from marlow.types import BASE, Completion, FinishReason, GenRequest, SamplingParams
 
 # transformers 5.24 renamed the model forward's ``past_key_values`` to ``cache`` (the old name
@@ -57,6 +63,9 @@ class HFEngine:
     restored bit for bit afterwards). It costs one copy of the adapted weights while a group
     samples, and rounds the sum in the base's dtype, so the trainer turns it on for float32
     bases on the CPU only (``rollout.merge_lora``). Scoring never merges.
+    ``lean``: where a group samples from plain weights (the base, or a merged adapter) of a Qwen3
+    model, run marlow's own forward (:mod:`marlow.rollout.lean`: the same arithmetic without the
+    per-module Python, equal logits) instead of the model's; False: always the model's forward.
     """
 
     def __init__(
@@ -67,6 +76,7 @@ class HFEngine:
         max_batch: int = 256,
         stop_ids: Sequence[int] | None = None,
         merge: bool = False,
+        lean: bool = True,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -80,6 +90,7 @@ class HFEngine:
         self.tokenizer = tokenizer
         self.max_batch = max_batch
         self.merge = merge
+        self.lean = lean
         self.stop_ids = [int(i) for i in stop_ids]
         # The pad id only fills masked positions and finished rows; any valid id works.
         pad = tokenizer.pad_token_id
@@ -180,17 +191,6 @@ class HFEngine:
             if (req.seed is None) != (requests[0].seed is None):
                 raise ValueError(f"request {i}: either every request of a call has a seed or none")
 
-    def _forward(self, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            **{CACHE_KWARG: cache},
-            use_cache=True,
-            logits_to_keep=1,  # only the last position's logits are needed
-        )
-        return out.logits[:, -1, :].float()  # (B, V)
-
     def _sample(
         self,
         prompts: list[list[int]],
@@ -233,8 +233,9 @@ class HFEngine:
         # that stop are dropped from it, with their KV cache, once they are an eighth of it
         # (until then they are fed pads), so a few long completions do not carry the whole batch.
         rows = torch.arange(B, device=device)
-        cache = DynamicCache(config=self.model.config)
-        logits = self._forward(input_ids, attn[:, :P], position_ids, cache)
+        use_lean = self.lean and LeanQwen3.supports(self.model)
+        forward = LeanQwen3(self.model, B, P + n_new) if use_lean else _Transformers(self.model)
+        logits = forward(input_ids, attn, position_ids, 0)
         next_pos = position_ids[:, -1:] + 1  # (b, 1)
         done = torch.zeros(B, dtype=torch.bool, device=device)  # per working row
         for t in range(n_new):
@@ -252,11 +253,11 @@ class HFEngine:
                 break
             if 8 * n_done >= len(rows):
                 keep = (~done).nonzero().squeeze(-1)
-                cache.batch_select_indices(keep)
+                forward.select(keep)
                 rows, tok, attn, next_pos = rows[keep], tok[keep], attn[keep], next_pos[keep]
                 done = done[keep]
             attn[:, P + t] = 1
-            logits = self._forward(tok[:, None], attn[:, : P + t + 1], next_pos, cache)
+            logits = forward(tok[:, None], attn, next_pos, P + t)
             next_pos = next_pos + 1
 
         token_rows = [row[:n] for row, n in zip(tokens.tolist(), length.tolist(), strict=True)]
@@ -267,6 +268,30 @@ class HFEngine:
             Completion(token_ids=t, logprobs=lp, finish_reason=r, text=x)
             for t, lp, r, x in zip(token_rows, logp_rows, reasons, texts, strict=True)
         ]
+
+
+class _Transformers:
+    """The model's own forward with a ``DynamicCache``: any causal LM, any adapter state. Called
+    like :class:`marlow.rollout.lean.LeanQwen3`: the next tokens (b, q) at column ``at``, the mask
+    of every column, their positions; the last position's logits (b, V) in float32."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.cache = DynamicCache(config=model.config)
+
+    def __call__(self, ids, mask, positions, at: int) -> torch.Tensor:
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask[:, : at + ids.shape[1]],
+            position_ids=positions,
+            **{CACHE_KWARG: self.cache},
+            use_cache=True,
+            logits_to_keep=1,  # only the last position's logits are needed
+        )
+        return out.logits[:, -1, :].float()  # (B, V)
+
+    def select(self, keep: torch.Tensor) -> None:
+        self.cache.batch_select_indices(keep)
 
 
 def _pick(

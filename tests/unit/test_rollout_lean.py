@@ -1,0 +1,182 @@
+"""The lean Qwen3 sampling forward computes what the model's own forward computes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from marlow.policy.adapters import LoraSpec, activate, attach_adapters, merged
+from marlow.rollout.hf import HFEngine, _Transformers
+from marlow.rollout.lean import LeanQwen3
+from marlow.types import BASE, GenRequest, SamplingParams
+
+
+def qwen3(heads: int = 4, kv_heads: int = 2, dtype=torch.float32, seed: int = 0, **extra):
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=50,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=16,
+        intermediate_size=96,
+        max_position_embeddings=128,
+        initializer_range=0.2,
+        pad_token_id=0,
+        **extra,
+    )
+    return Qwen3ForCausalLM(config).to(dtype).eval()
+
+
+def padded_batch(lengths: list[int], seed: int = 1):
+    """Left-padded prompts of the given lengths: ids (B, P), mask (B, P), positions (B, P)."""
+    gen = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.zeros(len(lengths), width, dtype=torch.long)
+    mask = torch.zeros(len(lengths), width, dtype=torch.long)
+    for r, n in enumerate(lengths):
+        ids[r, width - n :] = torch.randint(1, 50, (n,), generator=gen)
+        mask[r, width - n :] = 1
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def run(forward, ids, mask, positions, steps: int, drop_at: int | None = None):
+    """Prefill, then ``steps`` greedy tokens one at a time, the way the sampling loop feeds a
+    forward; at ``drop_at`` rows 0 and 2 leave the batch. Every step's logits, in order."""
+    b, width = ids.shape
+    mask = torch.cat([mask, torch.zeros(b, steps, dtype=torch.long)], dim=1)
+    logits = forward(ids, mask, positions, 0)
+    out = [logits]
+    nxt = positions[:, -1:] + 1
+    for t in range(steps):
+        if t == drop_at:
+            keep = torch.tensor([r for r in range(mask.shape[0]) if r not in (0, 2)])
+            forward.select(keep)
+            logits, mask, nxt = logits[keep], mask[keep], nxt[keep]
+        mask[:, width + t] = 1
+        logits = forward(logits.argmax(-1)[:, None], mask, nxt, width + t)
+        nxt = nxt + 1
+        out.append(logits)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dtype"),
+    [
+        (4, 2, torch.float32),
+        (4, 4, torch.float32),
+        (8, 2, torch.float32),
+        (4, 2, torch.bfloat16),
+    ],
+)
+@pytest.mark.parametrize("lengths", [[5, 9, 3, 9, 1], [6, 6, 6]], ids=["padded", "unpadded"])
+def test_lean_logits_equal_the_models_forward(heads, kv_heads, dtype, lengths):
+    """The same operations in the same order: the same bits, step after step."""
+    model = qwen3(heads, kv_heads, dtype)
+    ids, mask, positions = padded_batch(lengths)
+    steps = 7
+    with torch.inference_mode():
+        theirs = run(_Transformers(model), ids, mask, positions, steps, drop_at=3)
+        lean = LeanQwen3(model, len(lengths), ids.shape[1] + steps)
+        ours = run(lean, ids, mask, positions, steps, drop_at=3)
+    assert len(ours) == len(theirs) == steps + 1
+    for t, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        assert a.dtype == torch.float32
+        torch.testing.assert_close(a, b, atol=0, rtol=0, msg=f"step {t}")
+    assert not torch.allclose(ours[0][0], ours[0][1], atol=1e-2)  # rows differ: not vacuous
+
+
+def test_lean_follows_a_merged_adapter_and_the_base():
+    """Inside merged() the lean forward reads the folded weights; with the base active, the base."""
+    base = qwen3()
+    model = attach_adapters(base, ["gen"], LoraSpec(rank=4, alpha=8), seed=0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.3)
+    ids, mask, positions = padded_batch([4, 7, 2])
+    with torch.inference_mode():
+        activate(model, "gen")
+        assert not LeanQwen3.supports(model)  # an unmerged adapter: the model's forward only
+        adapted = run(_Transformers(model), ids, mask, positions, 4)
+        with merged(model, "gen"):
+            assert LeanQwen3.supports(model)
+            folded = run(LeanQwen3(model, 3, ids.shape[1] + 4), ids, mask, positions, 4)
+        activate(model, BASE)
+        plain = run(LeanQwen3(model, 3, ids.shape[1] + 4), ids, mask, positions, 4)
+        reference = run(_Transformers(model), ids, mask, positions, 4)
+    for a, b in zip(folded, adapted, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+    for a, b in zip(plain, reference, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    assert not torch.allclose(folded[0], plain[0], atol=1e-3)  # the adapter changes the output
+
+
+def test_supports_only_what_it_computes():
+    assert LeanQwen3.supports(qwen3())
+    assert not LeanQwen3.supports(qwen3(rope_parameters={"rope_type": "linear", "factor": 2.0}))
+    assert not LeanQwen3.supports(
+        qwen3(use_sliding_window=True, sliding_window=4, max_window_layers=0)
+    )
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=50,
+            hidden_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            intermediate_size=96,
+        )
+    )
+    assert not LeanQwen3.supports(llama)
+    replaced = qwen3()
+    replaced.model.layers[1].mlp.up_proj = torch.nn.Sequential(torch.nn.Linear(64, 96))
+    assert not LeanQwen3.supports(replaced)
+    with pytest.raises(ValueError, match="plain weights"):
+        LeanQwen3(replaced, 1, 8)
+
+
+def test_engine_samples_the_same_with_and_without_the_lean_forward(tokenizer, monkeypatch):
+    """Through the engine (merged adapters and the base, seeded temperature sampling, rows that
+    stop early and leave the batch): the same tokens and log-probs either way, and the lean
+    forward is the one that ran."""
+    model = attach_adapters(qwen3(), ["gen", "agg"], LoraSpec(rank=4, alpha=8), seed=0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.3)
+    gen = torch.Generator().manual_seed(3)
+    reqs = [
+        GenRequest(torch.randint(1, 50, (int(n),), generator=gen).tolist(), adapter)
+        for n, adapter in zip(
+            torch.randint(1, 12, (24,), generator=gen), ["gen", "agg", BASE] * 8, strict=True
+        )
+    ]
+    params = SamplingParams(0.9, 20, seed=4)
+    stops = [7, 11]
+    calls = {"lean": 0}
+    lean_call = LeanQwen3.__call__
+
+    def counted(self, *a, **kw):
+        calls["lean"] += 1
+        return lean_call(self, *a, **kw)
+
+    reference = HFEngine(model, tokenizer, merge=True, lean=False, stop_ids=stops).generate(
+        reqs, params
+    )
+    assert calls["lean"] == 0
+    monkeypatch.setattr(LeanQwen3, "__call__", counted)
+    ours = HFEngine(model, tokenizer, merge=True, stop_ids=stops).generate(reqs, params)
+    assert calls["lean"] > 0
+    assert any(c.finish_reason == "stop" for c in ours)
+    assert any(c.finish_reason == "length" for c in ours)
+    for a, b in zip(ours, reference, strict=True):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(
+            torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0
+        )
+    # unmerged adapters take the model's own forward; only the base's group runs lean
+    calls["lean"] = 0
+    HFEngine(model, tokenizer, merge=False, stop_ids=stops).generate(reqs[:2], params)
+    assert calls["lean"] == 0

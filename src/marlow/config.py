@@ -268,8 +268,9 @@ class RolloutConfig(_Section):
     merge_lora: Literal["auto", "on", "off"] = Field(
         "auto",
         description="sample each adapter with its LoRA folded into a copy of the base weights "
-        "(one matmul per layer instead of three); auto: on for a float32 base on the CPU, off "
-        "elsewhere (the copy costs GPU memory; bfloat16 rounds the sum)",
+        "(one matmul per layer instead of three), through marlow's lean forward on Qwen3 "
+        "bases (marlow.rollout.lean: the same logits with less Python); auto: on for a float32 "
+        "base on the CPU, off elsewhere (the copy costs GPU memory; bfloat16 rounds the sum)",
     )
     seeding: Literal["call", "request"] = Field(
         "call",

@@ -39,8 +39,9 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def build_tiny_qwen3(seed: int = 0, vocab_size: int = 64) -> Qwen3ForCausalLM:
-    config = Qwen3Config(
+def build_tiny_qwen3(seed: int = 0, vocab_size: int = 64, **overrides) -> Qwen3ForCausalLM:
+    """A tiny random Qwen3; ``overrides`` replace fields of its config (heads, RoPE, ...)."""
+    fields = dict(
         vocab_size=vocab_size,
         hidden_size=64,
         num_hidden_layers=2,
@@ -55,6 +56,7 @@ def build_tiny_qwen3(seed: int = 0, vocab_size: int = 64) -> Qwen3ForCausalLM:
         eos_token_id=3,
         bos_token_id=None,
     )
+    config = Qwen3Config(**{**fields, **overrides})
     torch.manual_seed(seed)
     return Qwen3ForCausalLM(config).eval()
 

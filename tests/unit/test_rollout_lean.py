@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from marlow.policy.adapters import LoraSpec, activate, attach_adapters, merged
 from marlow.rollout.hf import HFEngine, _Transformers
@@ -12,22 +12,14 @@ from marlow.rollout.lean import LeanQwen3
 from marlow.types import BASE, GenRequest, SamplingParams
 
 
-def qwen3(heads: int = 4, kv_heads: int = 2, dtype=torch.float32, seed: int = 0, **extra):
-    torch.manual_seed(seed)
-    config = Qwen3Config(
-        vocab_size=50,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=16,
-        intermediate_size=96,
-        max_position_embeddings=128,
-        initializer_range=0.2,
-        pad_token_id=0,
-        **extra,
-    )
-    return Qwen3ForCausalLM(config).to(dtype).eval()
+@pytest.fixture
+def qwen3(make_model):
+    """``qwen3(dtype=..., **config fields)``: the tiny random Qwen3 of the other rollout tests."""
+
+    def build(dtype=torch.float32, **overrides):
+        return make_model(seed=0, **overrides).to(dtype)
+
+    return build
 
 
 def padded_batch(lengths: list[int], seed: int = 1):
@@ -72,9 +64,9 @@ def run(forward, ids, mask, positions, steps: int, drop_at: int | None = None):
     ],
 )
 @pytest.mark.parametrize("lengths", [[5, 9, 3, 9, 1], [6, 6, 6]], ids=["padded", "unpadded"])
-def test_lean_logits_equal_the_models_forward(heads, kv_heads, dtype, lengths):
+def test_lean_logits_equal_the_models_forward(qwen3, heads, kv_heads, dtype, lengths):
     """The same operations in the same order: the same bits, step after step."""
-    model = qwen3(heads, kv_heads, dtype)
+    model = qwen3(dtype, num_attention_heads=heads, num_key_value_heads=kv_heads)
     ids, mask, positions = padded_batch(lengths)
     steps = 7
     with torch.inference_mode():
@@ -88,7 +80,7 @@ def test_lean_logits_equal_the_models_forward(heads, kv_heads, dtype, lengths):
     assert not torch.allclose(ours[0][0], ours[0][1], atol=1e-2)  # rows differ: not vacuous
 
 
-def test_lean_follows_a_merged_adapter_and_the_base():
+def test_lean_follows_a_merged_adapter_and_the_base(qwen3):
     """Inside merged() the lean forward reads the folded weights; with the base active, the base."""
     base = qwen3()
     model = attach_adapters(base, ["gen"], LoraSpec(rank=4, alpha=8), seed=0)
@@ -114,7 +106,7 @@ def test_lean_follows_a_merged_adapter_and_the_base():
     assert not torch.allclose(folded[0], plain[0], atol=1e-3)  # the adapter changes the output
 
 
-def test_supports_only_what_it_computes():
+def test_supports_only_what_it_computes(qwen3):
     assert LeanQwen3.supports(qwen3())
     assert not LeanQwen3.supports(qwen3(rope_parameters={"rope_type": "linear", "factor": 2.0}))
     assert not LeanQwen3.supports(
@@ -131,13 +123,13 @@ def test_supports_only_what_it_computes():
     )
     assert not LeanQwen3.supports(llama)
     replaced = qwen3()
-    replaced.model.layers[1].mlp.up_proj = torch.nn.Sequential(torch.nn.Linear(64, 96))
+    replaced.model.layers[1].mlp.up_proj = torch.nn.Sequential(torch.nn.Linear(64, 128))
     assert not LeanQwen3.supports(replaced)
     with pytest.raises(ValueError, match="plain weights"):
         LeanQwen3(replaced, 1, 8)
 
 
-def test_engine_samples_the_same_with_and_without_the_lean_forward(tokenizer, monkeypatch):
+def test_engine_samples_the_same_with_and_without_the_lean_forward(qwen3, tokenizer, monkeypatch):
     """Through the engine (merged adapters and the base, seeded temperature sampling, rows that
     stop early and leave the batch): the same tokens and log-probs either way, and the lean
     forward is the one that ran."""
@@ -180,3 +172,17 @@ def test_engine_samples_the_same_with_and_without_the_lean_forward(tokenizer, mo
     calls["lean"] = 0
     HFEngine(model, tokenizer, merge=False, stop_ids=stops).generate(reqs[:2], params)
     assert calls["lean"] == 0
+
+
+def test_the_kv_cache_grows_with_the_columns_written_not_the_call_length(qwen3):
+    """A call made for 1,000 columns whose rows stop after a few tokens holds a few columns."""
+    model = qwen3()
+    ids, mask, positions = padded_batch([5, 3])
+    lean = LeanQwen3(model, 2, 1000)
+    with torch.inference_mode():
+        run(lean, ids, mask, positions, steps=6)
+    written = ids.shape[1] + 6
+    for buffers in (lean.keys, lean.values):
+        assert all(written <= b.shape[2] <= 2 * written for b in buffers)
+    with pytest.raises(ValueError, match="past the 12"):
+        run(LeanQwen3(model, 2, 12), ids, mask, positions, steps=8)

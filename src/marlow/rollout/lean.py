@@ -22,8 +22,9 @@ bf16, padded or not, after rows leave the batch (``tests/unit/test_rollout_lean.
 transformers 5.24). Should a later transformers change its order, the two would differ by float
 round-off, like merged and unmerged adapters, and that test says so.
 
-The KV cache is one buffer per layer of (rows, kv heads, prompt + new tokens, head dim), made once
-per call; the rotary angles are one table for every position of the call.
+The KV cache is one buffer per layer of (rows, kv heads, columns, head dim), grown by doubling as
+the call goes (at most twice the columns written); the rotary angles are one table for every
+position of the call.
 """
 
 from __future__ import annotations
@@ -130,8 +131,12 @@ class LeanQwen3:
         self.embed, self.norm, self.head = parts["embed"], parts["norm"], parts["head"]
         self.layers = parts["layers"]
         dtype, device = self.embed.weight.dtype, self.embed.weight.device
-        shape = (rows, self.kv_heads, length, self.head_dim)
-        # every column a forward reads was written by it or an earlier one: no need to zero
+        self.length = length
+        # The KV cache: one buffer per layer, (rows, kv heads, capacity, head dim), grown by
+        # doubling up to ``length`` as columns are written, so a call whose rows stop early never
+        # holds the cache of ``length`` columns. Every column a forward reads was written by it or
+        # an earlier one: the buffers need no zeroing.
+        shape = (rows, self.kv_heads, 0, self.head_dim)
         self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in self.layers]
         self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in self.layers]
         angles = torch.arange(length, device=device).float()[:, None] * parts["inv_freq"]
@@ -142,6 +147,20 @@ class LeanQwen3:
         self.keys = [k[keep] for k in self.keys]
         self.values = [v[keep] for v in self.values]
 
+    def _reserve(self, end: int) -> None:
+        """Room for columns up to ``end`` in every layer's buffers."""
+        capacity = self.keys[0].shape[2]
+        if end <= capacity:
+            return
+        if end > self.length:
+            raise ValueError(f"column {end} past the {self.length} this call was made for")
+        grown = min(self.length, max(end, 2 * capacity))
+        for cache in (self.keys, self.values):
+            for i, old in enumerate(cache):
+                new = old.new_empty((*old.shape[:2], grown, old.shape[3]))
+                new[:, :, :capacity] = old
+                cache[i] = new
+
     def __call__(
         self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, at: int
     ) -> torch.Tensor:
@@ -149,6 +168,7 @@ class LeanQwen3:
         if q > 1 and at != 0:
             raise ValueError("several tokens at once only from column 0 (the prompt)")
         end = at + q
+        self._reserve(end)
         valid = mask[:, :end].bool()  # (b, end)
         # transformers' choice of attention call: no mask where no column is padding
         valid = None if bool(valid.all()) else valid

@@ -185,6 +185,43 @@ def test_seeded_requests_sample_the_same_alone_or_in_any_batch(two_adapters, tok
         engine.generate(mixed, params)
 
 
+@pytest.mark.parametrize("merge", [True, False], ids=["lean", "model-forward"])
+def test_rows_sharing_a_prompt_prefill_it_once_and_sample_as_alone(
+    two_adapters, tokenizer, monkeypatch, merge
+):
+    """A group's rows (one prompt, several samples) share one prefill: the first forward of the
+    call sees each distinct prompt once, and every row samples what it samples alone."""
+    from marlow.rollout import hf
+
+    model, _ = two_adapters
+    reqs = [
+        GenRequest(encode(tokenizer, p), "gen", seed=500 + 10 * i + j)
+        for j in range(4)
+        for i, p in enumerate(PROMPTS[:3])
+    ]  # interleaved: prompt 0, 1, 2, 0, 1, 2, ...
+    first_rows = []
+    for cls in (hf._Transformers, hf.LeanQwen3):
+        call = cls.__call__
+
+        def spy(self, ids, mask, positions, at, _call=call):
+            if at == 0:
+                first_rows.append(ids.shape[0])
+            return _call(self, ids, mask, positions, at)
+
+        monkeypatch.setattr(cls, "__call__", spy)
+    params = SamplingParams(1.0, 12, seed=0)
+    engine = HFEngine(model, tokenizer, merge=merge)
+    together = engine.generate(reqs, params)
+    assert first_rows == [3]  # three distinct prompts, twelve rows
+    alone = [engine.generate([r], params)[0] for r in reqs]
+    for a, b in zip(together, alone, strict=True):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(
+            torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0
+        )
+    assert len({tuple(c.token_ids) for c in together[::3]}) > 1  # a group's samples differ
+
+
 def test_rows_that_stop_at_different_steps_leave_the_others_as_they_were(two_adapters, tokenizer):
     """Stopped rows leave the working batch (with their KV cache) in several waves; every row
     still samples exactly what it samples alone, and keeps its length and finish reason."""

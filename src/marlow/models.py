@@ -25,18 +25,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from importlib.metadata import version
 from pathlib import Path
 
 import torch
-from packaging.version import Version
 
 from marlow.config import DEVICE_FORM, DEVICES, ConfigError, ModelConfig
-
-# transformers 5.24 renamed the model forward's ``past_key_values`` to ``cache`` (the old name
-# works until 5.40, with a FutureWarning); marlow takes any transformers 5.
-# (read from the installed metadata: importing transformers here would slow every CLI command)
-CACHE_KWARG = "cache" if Version(version("transformers")) >= Version("5.24") else "past_key_values"
 
 
 class ModelLoadError(RuntimeError):

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import random
 
-import pytest
 import torch
 
 from marlow.algo.credit import CreditRows
-from marlow.policy.adapters import LoraSpec, adapter_parameters, attach_adapters, use_adapter
-from marlow.training import scoring
 from marlow.training.batch import build_batches
 from marlow.training.scoring import micro_batches, score_rows
 from marlow.types import Turn
@@ -93,71 +90,3 @@ def test_scores_do_not_depend_on_the_partition(make_model):
         torch.testing.assert_close(a, c, atol=1e-5, rtol=0)
         torch.testing.assert_close(b, c, atol=1e-5, rtol=0)
         assert bool((c < 0).all())  # real log-probs, not padding zeros
-
-
-def grouped_turns(seed: int = 0) -> list[Turn]:
-    """GRPO groups: each prompt (lengths 3..12) sampled several times, completions of 1..10
-    tokens, shuffled, as a step's batch holds them."""
-    rng = random.Random(seed)
-    turns = []
-    for _ in range(5):
-        prompt = [rng.randrange(4, 64) for _ in range(rng.randint(3, 12))]
-        for _ in range(rng.randint(2, 5)):
-            completion = [rng.randrange(4, 64) for _ in range(rng.randint(1, 10))]
-            turn = make_turn(0, 0, rng)
-            turn.prompt_ids, turn.completion_ids = prompt, completion
-            turn.sampler_logprobs = [0.0] * len(completion)
-            turns.append(turn)
-    turns.append(make_turn(7, 4, rng))  # a prompt of its own
-    rng.shuffle(turns)
-    return turns
-
-
-@pytest.mark.parametrize("micro_tokens", [10**6, 60])
-def test_rows_sharing_a_prompt_score_as_if_each_ran_its_own(make_model, monkeypatch, micro_tokens):
-    """A micro-batch's rows that share a prompt forward it once (scoring._score_shared): their
-    log-probs, entropies and the adapter's gradient equal the unshared forward's to round-off."""
-    model = attach_adapters(make_model(seed=3), ["p"], LoraSpec(rank=4, alpha=8), seed=0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.2)
-    turns = grouped_turns()
-    batch = batch_of(turns)
-    params = list(adapter_parameters(model, "p").values())
-    calls = []
-    shared_forward = scoring._score_shared
-
-    def counted(*a):
-        calls.append(a[1].ids.shape[0])
-        return shared_forward(*a)
-
-    def score(shared: bool):
-        if not shared:
-            monkeypatch.setattr(scoring, "_shared_prompts", lambda chunk: None)
-        for p in params:
-            p.grad = None
-        logp, ent = {}, {}
-        with use_adapter(model, "p"):
-            for rows, s in score_rows(
-                model, batch, range(len(turns)), temperature=0.7, micro_tokens=micro_tokens
-            ):
-                ((s.logp * torch.linspace(0.5, 1.5, s.logp.shape[1])).sum()).backward()
-                for j, i in enumerate(rows):
-                    n = len(turns[i].completion_ids)
-                    assert int(s.mask[j].sum()) == n
-                    assert bool((s.logp[j, n:] == 0).all())  # padding stays zero
-                    logp[i], ent[i] = s.logp[j, :n].detach(), s.entropy[j, :n]
-        return logp, ent, [p.grad.clone() for p in params]
-
-    monkeypatch.setattr(scoring, "_score_shared", counted)
-    shared = score(shared=True)
-    assert calls and max(calls) > 1  # the shared forward ran, on several rows at once
-    alone = score(shared=False)
-    for i in range(len(turns)):
-        torch.testing.assert_close(shared[0][i], alone[0][i], atol=1e-5, rtol=0)
-        torch.testing.assert_close(shared[1][i], alone[1][i], atol=1e-5, rtol=0)
-        assert bool((alone[0][i] < 0).all())
-    for a, b in zip(shared[2], alone[2], strict=True):
-        assert b.abs().max() > 0  # every adapter tensor gets a gradient: not vacuous
-        assert float((a - b).norm() / b.norm()) < 1e-5

@@ -46,12 +46,17 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
+import transformers
+from packaging.version import Version
 from transformers import DynamicCache
 
-from marlow.models import CACHE_KWARG
 from marlow.policy.adapters import activate, active_adapter, adapter_names, can_merge, merged
 from marlow.rollout.lean import LeanQwen3
 from marlow.types import BASE, Completion, FinishReason, GenRequest, SamplingParams
+
+# transformers 5.24 renamed the model forward's ``past_key_values`` to ``cache`` (the old name
+# works until 5.40, with a FutureWarning); marlow takes any transformers 5.
+CACHE_KWARG = "cache" if Version(transformers.__version__) >= Version("5.24") else "past_key_values"
 
 
 class HFEngine:

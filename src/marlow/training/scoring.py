@@ -15,20 +15,6 @@ Turns are sorted by length and cut into micro-batches of at most ``micro_tokens`
 with little padding (memory and speed only: the result is the same up to float round-off). Under a
 Shared-Policy this matters: long aggregator prompts and short voter turns would otherwise share one
 padded batch (measured: twice the learn time of the same turns under IP).
-
-Shared prompts: a GRPO group samples one prompt several times, and a micro-batch often holds
-several rows of a group. Where two or more of its rows share a prompt, each distinct prompt is
-forwarded once, left-padded, into a KV cache; the cache's rows are repeated for the rows that
-share them (autograd sums their gradients back into the one prompt forward) and the completions
-run on it, with the positions and masks they have in the full sequence; the head is applied to
-completion positions only. Causal attention makes the prompt's activations the same whatever
-follows it, so log-probs, entropies and gradients are those of the plain forward up to float
-round-off (``tests/unit/test_scoring.py``: gradients within 1e-5 relative; ~5e-7 measured). On
-``bench/vs_trl.py``'s batch (32 prompts x 8; prompt tokens 38 % of the real ones; its five
-4,096-token micro-batches held 35-68 rows over 9-11 distinct prompts) the update's forward took
-0.170 s instead of 0.216 s per step and its backward 0.194 s instead of 0.254 s. A micro-batch
-with no shared prompt (a lone probe turn, or later workflow stages whose prompts differ per
-sample) takes the plain forward.
 """
 
 from __future__ import annotations
@@ -37,10 +23,8 @@ from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
 
 from marlow.algo.stats import token_logprobs_and_entropy
-from marlow.models import CACHE_KWARG
 from marlow.training.batch import AdapterBatch, Chunk
 
 MAX_PAD_WASTE = 0.25  # at most this share of a micro-batch's padded tokens is padding
@@ -55,75 +39,18 @@ class Scored:
 
 def score_chunk(model, chunk: Chunk, temperature: float) -> Scored:
     """Log-probs (with gradient when enabled) and entropies of one micro-batch's completions."""
-    shared = _shared_prompts(chunk)
-    if shared is None:
-        length = chunk.ids.shape[1]
-        width = chunk.mask.shape[1]
-        steps = torch.arange(width, device=chunk.ids.device)
-        # position of the logits that predict completion token j: P + j - 1, clamped on padding
-        pos = (chunk.prompt_len[:, None] - 1 + steps[None, :]).clamp(max=length - 1)  # (T, L)
-        logits = model(input_ids=chunk.ids, attention_mask=chunk.attention).logits  # (T, S, V)
-        picked = logits.gather(1, pos[:, :, None].expand(-1, -1, logits.shape[-1]))  # (T, L, V)
-    else:
-        picked = _score_shared(model, chunk, *shared)
+    length = chunk.ids.shape[1]
+    width = chunk.mask.shape[1]
+    steps = torch.arange(width, device=chunk.ids.device)
+    # position of the logits that predict completion token j: P + j - 1, clamped on padding
+    pos = (chunk.prompt_len[:, None] - 1 + steps[None, :]).clamp(max=length - 1)  # (T, L)
+    logits = model(input_ids=chunk.ids, attention_mask=chunk.attention).logits  # (T, S, V)
+    picked = logits.gather(1, pos[:, :, None].expand(-1, -1, logits.shape[-1]))  # (T, L, V)
     logp, ent = token_logprobs_and_entropy(picked, chunk.targets, temperature)
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     return Scored(
         torch.where(chunk.mask, logp, zero), torch.where(chunk.mask, ent, zero), chunk.mask
     )
-
-
-def _shared_prompts(chunk: Chunk) -> tuple[list[list[int]], torch.Tensor] | None:
-    """The chunk's distinct prompts and each row's index among them, or None when no two rows
-    share a prompt."""
-    ids, lens = chunk.ids.tolist(), chunk.prompt_len.tolist()
-    index: dict[tuple[int, ...], int] = {}
-    which = [index.setdefault(tuple(row[:n]), len(index)) for row, n in zip(ids, lens, strict=True)]
-    if len(index) == len(which):
-        return None
-    return [list(p) for p in index], torch.tensor(which, device=chunk.ids.device)
-
-
-def _score_shared(model, chunk: Chunk, prompts: list[list[int]], which: torch.Tensor):
-    """The logits that predict each completion token (T, L, V), each distinct prompt forwarded
-    once: the prompts (left-padded) fill a KV cache, whose rows are repeated for the rows that
-    share them (autograd sums their gradients back), then the completions run on it."""
-    device = chunk.ids.device
-    width = chunk.mask.shape[1]
-    plen = [len(p) for p in prompts]
-    P = max(plen)
-    pids = torch.zeros((len(prompts), P), dtype=torch.long)
-    pmask = torch.zeros((len(prompts), P), dtype=torch.long)
-    for u, p in enumerate(prompts):
-        pids[u, P - len(p) :] = torch.tensor(p, dtype=torch.long)
-        pmask[u, P - len(p) :] = 1
-    pids, pmask = pids.to(device), pmask.to(device)
-    cache = DynamicCache(config=model.config)
-    first = model(
-        input_ids=pids,
-        attention_mask=pmask,
-        position_ids=(pmask.cumsum(-1) - 1).clamp(min=0),
-        **{CACHE_KWARG: cache},
-        use_cache=True,
-        logits_to_keep=1,
-    ).logits[which]  # (T, 1, V): the last prompt token's logits predict completion token 0
-    if width == 1:
-        return first
-    cache.batch_select_indices(which)
-    # completion tokens 0 .. L-2 of each row, right-padded, after its own (left-padded) prompt
-    steps = torch.arange(width - 1, device=device)
-    starts = chunk.prompt_len[:, None]  # (T, 1)
-    cols = (starts + steps[None, :]).clamp(max=chunk.ids.shape[1] - 1)
-    cids = chunk.ids.gather(1, cols)
-    cmask = chunk.mask[:, 1:].long()  # input j is real when completion token j + 1 is
-    rest = model(
-        input_ids=cids,
-        attention_mask=torch.cat([pmask[which], cmask], dim=1),
-        position_ids=starts + steps[None, :],
-        **{CACHE_KWARG: cache},
-        use_cache=True,
-    ).logits  # (T, L - 1, V)
-    return torch.cat([first, rest], dim=1)
 
 
 def micro_batches(

@@ -325,6 +325,15 @@ class GRPOConfig(_Section):
     role_weights: dict[str, float] = Field(
         default_factory=dict, description="credit: multiply a role's advantages (default 1)"
     )
+    fold_lora: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="train each adapter with its LoRA folded into one weight per layer "
+        "(x @ (W + s*B@A).T, rebuilt with gradient at every forward: one matmul instead of three "
+        "and no per-token scale and sum; the same loss and gradients up to float round-off) and "
+        "score its logp_old the same way; auto: on for a float32 base on the CPU, where it is "
+        "faster (bench/vs_trl.py), off elsewhere (on a GPU the weight-sized gradient costs more "
+        "than it saves); needs plain LoRA linears without dropout",
+    )
     micro_tokens: int = Field(
         8192,
         ge=1,

@@ -71,3 +71,51 @@ def test_fused_logp_old_equals_the_separate_pass(small_config, tmp_path, monkeyp
             torch.testing.assert_close(
                 fast_w[adapter][name], full_w[adapter][name], atol=1e-6, rtol=0
             )
+
+
+@pytest.mark.parametrize("routing", ["ip", "sp"])
+def test_folded_lora_trains_like_peft(small_config, tmp_path, monkeypatch, routing):
+    """grpo.fold_lora: the update and logp_old pass with each LoRA folded into one weight give
+    PEFT's loss, gradients, updated weights and metrics up to float round-off. One update (as in
+    the test above): over many AdamW updates at this rate round-off is amplified (a gradient
+    element near zero moves its weight by +-lr whichever its sign), so only one step is exact."""
+    cfgs = {
+        fold: small_config(
+            workflow={"name": "voting"},
+            policy={"routing": routing},
+            rollout={"temperature": 0.8},
+            optim={"lr": 5e-2},
+            grpo={"batch_problems": 2, "group_size": 4, "minibatch_turns": 1000, "fold_lora": fold},
+            diagnostics={"every": 1},
+        )
+        for fold in ("on", "off")
+    }
+    folded, f_grads, f_w, _, f_scored = one_step(cfgs["on"], tmp_path / "a", monkeypatch, False)
+    peft, p_grads, p_w, _, p_scored = one_step(cfgs["off"], tmp_path / "b", monkeypatch, False)
+    assert len(f_scored) == len(p_scored) > 0  # logp_old from its own (merged) pass
+    keys = {k for k in peft if not k.startswith("time/")}
+    assert keys == {k for k in folded if not k.startswith("time/")}
+    for k in sorted(keys):
+        assert folded[k] == pytest.approx(peft[k], abs=1e-5, rel=1e-4), k  # chi2 amplifies
+    for adapter, grads in p_grads.items():
+        assert any(float(g.abs().max()) > 1e-4 for g in grads.values())  # a real gradient
+        for name, g in grads.items():
+            torch.testing.assert_close(f_grads[adapter][name], g, atol=1e-6, rtol=1e-5)
+            # AdamW's first step moves an element by lr * g / (|g| + eps), about lr whatever |g|:
+            # where |g| is near eps (1e-8) the gradient's round-off shows in the step. The updated
+            # weights agree except on a few such elements.
+            apart = (f_w[adapter][name] - p_w[adapter][name]).abs() > 1e-6
+            assert int(apart.sum()) <= 0.002 * apart.numel(), name
+            assert bool((g[apart].abs() < 1e-6).all()), name
+
+
+def test_fold_lora_on_refuses_an_adapter_it_cannot_fold(small_config, tmp_path):
+    from marlow.config import ConfigError
+
+    cfg = small_config(policy={"lora_dropout": 0.1}, grpo={"fold_lora": "on"})
+    with pytest.raises(ConfigError, match="grpo.fold_lora=on: adapter .* cannot be folded"):
+        Trainer(cfg, tmp_path / "run")
+    auto = Trainer(small_config(policy={"lora_dropout": 0.1}), tmp_path / "auto")
+    assert not any(auto.fold.values())  # auto falls back to PEFT's forward
+    plain = Trainer(small_config(), tmp_path / "plain")
+    assert plain.fold and all(plain.fold.values())  # float32 on the CPU: folded

@@ -474,3 +474,50 @@ def test_merged_adapter_samples_what_the_adapter_samples_and_leaves_the_base_exa
             assert active_adapter(model) == BASE
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(got, plain(input_ids=ids).logits, atol=1e-3)  # not the base
+
+
+def test_folded_adapter_trains_like_the_adapter(two_adapters, make_model, tokenizer):
+    """grpo.fold_lora: each LoRA layer as one matmul with x @ (W + s B A).T gives PEFT's outputs
+    and A/B gradients to round-off; afterwards the layers compute as PEFT's again, the previous
+    adapter is active, and an adapter with LoRA dropout cannot be folded."""
+    from marlow.policy.adapters import can_fold, folded
+
+    model, _ = two_adapters
+    ids = torch.tensor([encode(tokenizer, p) for p in ("12*34=", "abc de", "(3)+9=")])
+    params = adapter_parameters(model, "agg")
+
+    def loss_and_grads(context):
+        for p in params.values():
+            p.grad = None
+        with context:
+            logits = model(input_ids=ids).logits
+        loss = torch.log_softmax(logits, -1)[..., 5].sum()  # any scalar of every position
+        loss.backward()
+        return float(loss.detach()), {k: p.grad.clone() for k, p in params.items()}
+
+    assert can_fold(model, "agg")
+    want, want_grads = loss_and_grads(use_adapter(model, "agg"))
+    got, got_grads = loss_and_grads(folded(model, "agg"))
+    assert got == pytest.approx(want, rel=1e-6)
+    for k, g in want_grads.items():
+        assert float(g.norm()) > 0, k  # every LoRA tensor gets a gradient: not vacuous
+        assert float((got_grads[k] - g).norm() / g.norm()) < 1e-5, k
+    assert active_adapter(model) == "gen"
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    with torch.no_grad():
+        with use_adapter(model, "agg"):
+            again = model(input_ids=ids).logits
+        with folded(model, "agg"):
+            inside = model(input_ids=ids).logits
+            with use_adapter(model, "gen"):  # another adapter inside the block: PEFT's forward
+                other = model(input_ids=ids).logits
+        with use_adapter(model, "gen"):
+            gen = model(input_ids=ids).logits
+    torch.testing.assert_close(inside, again, atol=1e-5, rtol=0)
+    torch.testing.assert_close(other, gen, atol=0, rtol=0)
+    assert not torch.allclose(inside, gen, atol=1e-3)
+
+    dropped = attach_adapters(make_model(seed=0), ["p"], replace(SPEC, dropout=0.1), seed=0)
+    assert not can_fold(dropped, "p")
+    with pytest.raises(ValueError, match="cannot fold"), folded(dropped, "p"):
+        pass

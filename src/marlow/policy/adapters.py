@@ -305,16 +305,76 @@ def merged(model: nn.Module, name: str) -> Iterator[nn.Module]:
                 if name not in layer.lora_A:
                     continue
                 base = layer.get_base_layer()
-                a, b = layer.lora_A[name].weight, layer.lora_B[name].weight
-                delta = (b @ a) * layer.scaling[name]
+                weight = _folded_weight(layer, name)
                 originals.append((base, base.weight))
-                base.weight = nn.Parameter(base.weight + delta.to(base.weight.dtype), False)
+                base.weight = nn.Parameter(weight, False)
         activate(model, BASE)
         yield model
     finally:
         for base, weight in originals:
             base.weight = weight
         activate(model, previous)
+
+
+def _folded_weight(layer: LoraLayer, name: str) -> torch.Tensor:
+    """``W + scaling * B @ A`` in W's dtype: the one weight a plain LoRA linear with adapter
+    ``name`` amounts to (with gradient to A and B when enabled)."""
+    base = layer.get_base_layer()
+    delta = (layer.lora_B[name].weight @ layer.lora_A[name].weight) * layer.scaling[name]
+    return base.weight + delta.to(base.weight.dtype)
+
+
+def can_fold(model: nn.Module, name: str) -> bool:
+    """Whether :func:`folded` can stand in for adapter ``name`` in training: :func:`can_merge`, and
+    no LoRA dropout (a randomly dropped input is not one weight)."""
+    if not can_merge(model, name):
+        return False
+    dropouts = [m.lora_dropout[name] for m in _lora_state(model).layers if name in m.lora_A]
+    return all(isinstance(d, nn.Identity) or d.p == 0 for d in dropouts)
+
+
+@contextmanager
+def folded(model: nn.Module, name: str) -> Iterator[nn.Module]:
+    """Adapter ``name`` active for a ``with`` block, each of its layers computing
+    ``x @ (W + scaling * B @ A).T`` as one matmul, the folded weight rebuilt with gradient at every
+    forward, where PEFT computes ``x @ W.T + scaling * (x @ A.T) @ B.T`` (three matmuls, a scale
+    and a sum over every token). Autograd gives A and B their exact gradients through the fold, so
+    losses and gradients equal PEFT's up to float round-off (tests/unit/test_rollout_hf.py).
+
+    Why: on the CPU, for the tiny world's widths (128-384, rank 16), the thin rank-16 products
+    and the elementwise scale and sum over every token cost more than the base matmul itself;
+    folding cut ``bench/vs_trl.py``'s update from 0.497 to 0.409 s a step. It costs one
+    weight-sized gradient matmul per layer in the backward, which for a GPU and a wide model is
+    more than the thin products it saves, so the trainer folds float32 bases on the CPU only
+    (``grpo.fold_lora``). Needs :func:`can_fold`. The layers' own forward is back afterwards."""
+    if not can_fold(model, name):
+        raise ValueError(
+            f"adapter {name!r} has layers folded() cannot fold (DoRA, bias, dropout, ...)"
+        )
+    layers = [m for m in _lora_state(model).layers if name in m.lora_A]
+    with use_adapter(model, name):
+        try:
+            for layer in layers:
+                layer.forward = _FoldedForward(layer, name)  # shadows the class's forward
+            yield model
+        finally:
+            for layer in layers:
+                layer.__dict__.pop("forward", None)
+
+
+class _FoldedForward:
+    """A LoRA linear's forward with adapter ``name`` folded into its weight (:func:`folded`); the
+    layer's own forward whenever another adapter, or none, is active."""
+
+    def __init__(self, layer: LoraLayer, name: str) -> None:
+        self.layer, self.name = layer, name
+
+    def __call__(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        layer = self.layer
+        if layer.disable_adapters or layer.active_adapters != [self.name]:
+            return type(layer).forward(layer, x, *args, **kwargs)
+        base = layer.get_base_layer()
+        return nn.functional.linear(x, _folded_weight(layer, self.name), base.bias)
 
 
 def save_adapters(

@@ -38,7 +38,7 @@ from marlow.algo.losses import clipped_surrogate, token_weights
 from marlow.algo.stats import chi2_token, k3_tokens, kl_k3
 from marlow.config import GRPOConfig, MitigateConfig
 from marlow.diagnostics.metrics import Meter
-from marlow.policy.adapters import use_adapter
+from marlow.policy.adapters import folded, merged, use_adapter
 from marlow.training.batch import AdapterBatch
 from marlow.training.distributed import SOLO, World
 from marlow.training.optim import AdapterOptimizers
@@ -60,11 +60,19 @@ def fused_old_logp(turns: int, cfg: GRPOConfig, dropout: float) -> bool:
 
 
 def _score_all(
-    model, batch: AdapterBatch, adapter: str, temperature: float, micro_tokens: int
+    model,
+    batch: AdapterBatch,
+    adapter: str,
+    temperature: float,
+    micro_tokens: int,
+    fold: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N, L) log-probs and entropies of every row of ``batch`` under ``adapter``, no gradient."""
+    """(N, L) log-probs and entropies of every row of ``batch`` under ``adapter``, no gradient;
+    ``fold``: with the adapter merged into the base weights (the weights :func:`update_adapter`
+    folds, bit for bit)."""
     logp = ent = None
-    with torch.no_grad(), use_adapter(model, adapter):
+    adapted = merged(model, adapter) if fold else use_adapter(model, adapter)
+    with torch.no_grad(), adapted:
         for local, s in score_rows(
             model, batch, range(len(batch)), temperature=temperature, micro_tokens=micro_tokens
         ):
@@ -79,10 +87,13 @@ def _score_all(
     return logp, ent
 
 
-def score_old(model, batch: AdapterBatch, temperature: float, micro_tokens: int) -> None:
-    """Fill ``batch.old_logp`` and ``batch.entropy``: the policy before any update of the step."""
+def score_old(
+    model, batch: AdapterBatch, temperature: float, micro_tokens: int, fold: bool = False
+) -> None:
+    """Fill ``batch.old_logp`` and ``batch.entropy``: the policy before any update of the step
+    (``fold``: as :func:`update_adapter` computes it, ``grpo.fold_lora``)."""
     batch.old_logp, batch.entropy = _score_all(
-        model, batch, batch.adapter, temperature, micro_tokens
+        model, batch, batch.adapter, temperature, micro_tokens, fold
     )
 
 
@@ -134,6 +145,7 @@ def update_adapter(
     generator: torch.Generator,
     meter: Meter,
     fused: bool = False,
+    fold: bool = False,
     world: World = SOLO,
     mitigate: MitigateConfig = NO_MITIGATION,
 ) -> None:
@@ -144,6 +156,10 @@ def update_adapter(
     with the same permutation, each row is weighed with its whole mini-batch's normaliser, and
     the gradients are summed across ranks before the clip and the step: one process with the
     same global batch takes the same updates.
+
+    ``fold``: each LoRA layer computes with its adapter folded into one weight
+    (:func:`marlow.policy.adapters.folded`, ``grpo.fold_lora``): the same loss and gradients up to
+    float round-off, faster on the CPU.
 
     ``fused``: logp_old is taken from the (single) update's forward and written to
     ``batch.old_logp`` / ``batch.entropy`` once every row is scored; otherwise ``batch.old_logp``
@@ -197,7 +213,7 @@ def update_adapter(
             weights = token_weights(mask, cfg.aggregation)[local_pos]  # (M_rank, L)
             total_loss = torch.zeros((), device=device)  # read once per update, after backwards
             own = GradientParts(params, world) if shared or parallel else None
-            with use_adapter(model, adapter):
+            with folded(model, adapter) if fold else use_adapter(model, adapter):
                 for local, s in score_rows(
                     model,
                     batch,

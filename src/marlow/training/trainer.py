@@ -44,6 +44,7 @@ from marlow.policy.adapters import (
     LoraSpec,
     adapter_parameters,
     attach_adapters,
+    can_fold,
     load_adapter_weights,
 )
 from marlow.policy.routing import Routing, make_routing
@@ -132,6 +133,7 @@ class Trainer:
             max_batch=config.rollout.max_batch,
             merge=merge == "on",
         )
+        self.fold = self._fold_adapters(config)
         self.pad_id = self.tokenizer.pad_token_id
         self.optim = AdapterOptimizers(
             {a: list(adapter_parameters(self.model, a).values()) for a in self.adapters},
@@ -176,6 +178,22 @@ class Trainer:
             rules=self.rules,
             first_group=first_group,
         )
+
+    def _fold_adapters(self, config: RunConfig) -> dict[str, bool]:
+        """Per adapter: whether its update and logp_old pass fold the LoRA into one weight per
+        layer (``grpo.fold_lora``; auto: float32 on the CPU, where that is faster)."""
+        fold = config.grpo.fold_lora
+        if fold == "auto":
+            on = self.device.type == "cpu" and config.dtype == "float32"
+            return {a: on and can_fold(self.model, a) for a in self.adapters}
+        if fold == "on":
+            for a in self.adapters:
+                if not can_fold(self.model, a):
+                    raise ConfigError(
+                        f"grpo.fold_lora=on: adapter {a!r} cannot be folded (LoRA dropout, DoRA "
+                        "or a LoRA bias); valid: auto, off, or policy.lora_dropout=0 with plain LoRA"
+                    )
+        return dict.fromkeys(self.adapters, fold == "on")
 
     def train_step(self, step: int) -> dict[str, float]:
         """Step ``step`` (1-based): sample the step's episodes, then learn from them."""
@@ -228,7 +246,7 @@ class Trainer:
         mitigate = self.cfg.mitigate
         for adapter, batch in batches.items():
             if not fused[adapter]:
-                score_old(self.model, batch, temperature, g.micro_tokens)
+                score_old(self.model, batch, temperature, g.micro_tokens, self.fold[adapter])
             if any(mitigate.kl_weight(role) > 0 for role in set(batch.roles)):
                 score_base(self.model, batch, temperature, g.micro_tokens)  # mitigate.kl_coef
         t2 = time.perf_counter()
@@ -250,6 +268,7 @@ class Trainer:
                         generator=gen,
                         meter=meter,
                         fused=fused[adapter],
+                        fold=self.fold[adapter],
                         world=self.world,
                         mitigate=self.cfg.mitigate,
                     ),
@@ -264,7 +283,7 @@ class Trainer:
         drift: dict[str, float] = {}  # per adapter: rollout engine vs trainer on the probe turn
         for batch in batches.values():
             if batch.old_logp is None:  # a fused update that was undone: score the restored policy
-                score_old(self.model, batch, temperature, g.micro_tokens)
+                score_old(self.model, batch, temperature, g.micro_tokens, self.fold[batch.adapter])
             pre_update_stats(meter, batch)
             if diagnose and self.cfg.diagnostics.kl_to_base:
                 tk = time.perf_counter()

@@ -396,7 +396,10 @@ def main() -> None:
     )
     print(
         f"marlow: routing {args.routing}, micro_tokens {cfg.grpo.micro_tokens}, merge_lora "
-        f"{cfg.rollout.merge_lora}, minibatch_turns {cfg.grpo.minibatch_turns} (logp_old "
+        f"{cfg.rollout.merge_lora} (sampling: {'on' if mtrainer.engine.merge else 'off'}), "
+        f"fold_lora {cfg.grpo.fold_lora} (update: "
+        f"{'on' if all(mtrainer.fold.values()) else 'off'}), "
+        f"minibatch_turns {cfg.grpo.minibatch_turns} (logp_old "
         "fused into the update forward), kl_to_base off, post-update chi2 on diagnostics step 1 "
         f"only (every {DIAGNOSTICS_EVERY}; a warm-up step), a one-turn finiteness probe on the "
         "others; passes per timed step: rollout, one update forward + backward, the probe"

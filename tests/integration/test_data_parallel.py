@@ -115,8 +115,10 @@ def test_two_gloo_ranks_train_what_one_process_trains(tiny_cache, tmp_path, rout
     assert moved > 1e-4  # training moved the adapters: the comparison means something
     # With a mitigation, 1 to 3 of 6144 weights land up to 3.3e-5 apart (measured): the KL term
     # and the rebuilt gradients add round-off from other micro-batch shapes, and Adam turns a
-    # near-zero gradient's relative noise into a step of up to the learning rate.
-    atol = 5e-5 if extra else 1e-5
+    # near-zero gradient's relative noise into a step of up to the learning rate. With the LoRA
+    # folded into one weight per layer (grpo.fold_lora, the CPU default) one weight of 2048 landed
+    # 1.0e-5 apart without a mitigation and 5.1e-5 with coherence damping (measured).
+    atol = 1e-4 if extra else 2e-5
     for key in a:
         torch.testing.assert_close(b[key], a[key], atol=atol, rtol=0)
     ra, rb = records(one), records(two)

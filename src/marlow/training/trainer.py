@@ -123,9 +123,11 @@ class Trainer:
             if self.adapters
             else self.base
         )
+        # float32 on the CPU: merging (sampling) and folding (update) are exact enough and faster
+        self.cpu_float32 = self.device.type == "cpu" and config.dtype == "float32"
         merge = config.rollout.merge_lora
-        if merge == "auto":  # float32 on the CPU: exact enough, and the copy is cheap there
-            merge = "on" if self.device.type == "cpu" and config.dtype == "float32" else "off"
+        if merge == "auto":
+            merge = "on" if self.cpu_float32 else "off"
         self.engine = make_engine(
             config.rollout.backend,
             self.model,
@@ -184,8 +186,7 @@ class Trainer:
         layer (``grpo.fold_lora``; auto: float32 on the CPU, where that is faster)."""
         fold = config.grpo.fold_lora
         if fold == "auto":
-            on = self.device.type == "cpu" and config.dtype == "float32"
-            return {a: on and can_fold(self.model, a) for a in self.adapters}
+            return {a: self.cpu_float32 and can_fold(self.model, a) for a in self.adapters}
         if fold == "on":
             for a in self.adapters:
                 if not can_fold(self.model, a):

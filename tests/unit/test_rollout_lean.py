@@ -63,7 +63,11 @@ def run(forward, ids, mask, positions, steps: int, drop_at: int | None = None):
         (4, 2, torch.bfloat16),
     ],
 )
-@pytest.mark.parametrize("lengths", [[5, 9, 3, 9, 1], [6, 6, 6]], ids=["padded", "unpadded"])
+@pytest.mark.parametrize(
+    "lengths",
+    [[5, 9, 3, 9, 1], [6, 6, 6], [3, 8, 4, 8]],
+    ids=["padded", "unpadded", "unpadded-once-rows-0-2-leave"],
+)
 def test_lean_logits_equal_the_models_forward(qwen3, heads, kv_heads, dtype, lengths):
     """The same operations in the same order: the same bits, step after step."""
     model = qwen3(dtype, num_attention_heads=heads, num_key_value_heads=kv_heads)

@@ -246,10 +246,8 @@ class HFEngine:
         for r, u in enumerate(which):
             if u == len(firsts):
                 firsts.append(r)
-        use_lean = self.lean and LeanQwen3.supports(self.model)
-        forward = (
-            LeanQwen3(self.model, len(firsts), P + n_new) if use_lean else _Transformers(self.model)
-        )
+        lean = LeanQwen3.for_model(self.model, len(firsts), P + n_new) if self.lean else None
+        forward = lean or _Transformers(self.model)
         if len(firsts) < B:
             f = torch.tensor(firsts, device=device)
             logits = forward(input_ids[f], attn[f], position_ids[f], 0)

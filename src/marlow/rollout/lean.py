@@ -121,8 +121,16 @@ class LeanQwen3:
         adapter included (:func:`_parts`)."""
         return _parts(model) is not None
 
-    def __init__(self, model: torch.nn.Module, rows: int, length: int) -> None:
+    @classmethod
+    def for_model(cls, model: torch.nn.Module, rows: int, length: int) -> LeanQwen3 | None:
+        """The lean forward of ``model`` as it stands, or None where it is not supported."""
         parts = _parts(model)
+        return None if parts is None else cls(model, rows, length, parts)
+
+    def __init__(
+        self, model: torch.nn.Module, rows: int, length: int, parts: dict | None = None
+    ) -> None:
+        parts = parts or _parts(model)
         if parts is None:
             raise ValueError("LeanQwen3 needs a Qwen3 model on plain weights (LeanQwen3.supports)")
         cfg = model.config
@@ -139,6 +147,9 @@ class LeanQwen3:
         shape = (rows, self.kv_heads, 0, self.head_dim)
         self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in self.layers]
         self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in self.layers]
+        # Whether some prompt column is padding (transformers then passes a mask): fixed until
+        # rows leave, since every column after the prompt is real; read from the device only then.
+        self.padded: bool | None = None
         angles = torch.arange(length, device=device).float()[:, None] * parts["inv_freq"]
         angles = torch.cat((angles, angles), dim=-1)  # (length, head_dim)
         self.cos, self.sin = angles.cos().to(dtype), angles.sin().to(dtype)
@@ -146,6 +157,7 @@ class LeanQwen3:
     def select(self, keep: torch.Tensor) -> None:
         self.keys = [k[keep] for k in self.keys]
         self.values = [v[keep] for v in self.values]
+        self.padded = None  # the rows left may all be unpadded
 
     def _reserve(self, end: int) -> None:
         """Room for columns up to ``end`` in every layer's buffers."""
@@ -170,8 +182,10 @@ class LeanQwen3:
         end = at + q
         self._reserve(end)
         valid = mask[:, :end].bool()  # (b, end)
+        if self.padded is None:
+            self.padded = not bool(valid.all())
         # transformers' choice of attention call: no mask where no column is padding
-        valid = None if bool(valid.all()) else valid
+        valid = valid if self.padded else None
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # (b, 1, q, hd)
         hd = self.head_dim
         x = self.embed(ids)

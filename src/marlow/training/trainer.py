@@ -124,10 +124,10 @@ class Trainer:
             else self.base
         )
         # float32 on the CPU: merging (sampling) and folding (update) are exact enough and faster
-        self.cpu_float32 = self.device.type == "cpu" and config.dtype == "float32"
+        cpu_float32 = self.device.type == "cpu" and config.dtype == "float32"
         merge = config.rollout.merge_lora
         if merge == "auto":
-            merge = "on" if self.cpu_float32 else "off"
+            merge = "on" if cpu_float32 else "off"
         self.engine = make_engine(
             config.rollout.backend,
             self.model,
@@ -135,7 +135,7 @@ class Trainer:
             max_batch=config.rollout.max_batch,
             merge=merge == "on",
         )
-        self.fold = self._fold_adapters(config)
+        self.fold = self._fold_adapters(config, cpu_float32)
         self.pad_id = self.tokenizer.pad_token_id
         self.optim = AdapterOptimizers(
             {a: list(adapter_parameters(self.model, a).values()) for a in self.adapters},
@@ -181,12 +181,12 @@ class Trainer:
             first_group=first_group,
         )
 
-    def _fold_adapters(self, config: RunConfig) -> dict[str, bool]:
+    def _fold_adapters(self, config: RunConfig, cpu_float32: bool) -> dict[str, bool]:
         """Per adapter: whether its update and logp_old pass fold the LoRA into one weight per
         layer (``grpo.fold_lora``; auto: float32 on the CPU, where that is faster)."""
         fold = config.grpo.fold_lora
         if fold == "auto":
-            return {a: self.cpu_float32 and can_fold(self.model, a) for a in self.adapters}
+            return {a: cpu_float32 and can_fold(self.model, a) for a in self.adapters}
         if fold == "on":
             for a in self.adapters:
                 if not can_fold(self.model, a):

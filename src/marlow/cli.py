@@ -234,9 +234,8 @@ def train(
         cfg = _train_config(args, out, resuming, resume_from)
         from marlow.training.trainer import Trainer
 
-        trainer = Trainer(cfg, out, log=_log)
         started = time.monotonic()
-        with _StepProgress(cfg.steps) as progress:
+        with Trainer(cfg, out, log=_log) as trainer, _StepProgress(cfg.steps) as progress:
             trainer.run(resume=resuming, resume_from=resume_from, on_step=progress.update)
     except _user_errors() as err:
         _fail(str(err))

@@ -35,6 +35,7 @@ ROLE_METRICS = (
     "entropy",
     "perplexity",
     "chi2_rollout",
+    "rollout_abs_dlogp",
     "chi2_update",
     "kl_to_base",
     "grad_mass_share",

@@ -118,11 +118,11 @@ def evaluate(
         log(f"evaluating {target.label} -> {target.folder}")
     made = not target.folder.exists()
     try:
-        trainer = Trainer(cfg, target.folder, log=log)
-        step = 0
-        if target.checkpoint is not None:
-            step = ckpt.load(target.checkpoint, trainer.model, trainer.adapters, trainer.optim)
-        metrics = trainer.validate(step)
+        with Trainer(cfg, target.folder, log=log) as trainer:
+            step = 0
+            if target.checkpoint is not None:
+                step = ckpt.load(target.checkpoint, trainer.model, trainer.adapters, trainer.optim)
+            metrics = trainer.validate(step)
         record = {
             "checkpoint": str(target.checkpoint) if target.checkpoint else None,
             "step": step,

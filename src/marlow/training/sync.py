@@ -42,7 +42,7 @@ import torch
 
 from marlow.rollout.base import RolloutEngine
 from marlow.training.batch import AdapterBatch
-from marlow.training.grpo import probe_row
+from marlow.training.grpo import probe_logp, probe_row
 from marlow.types import GenRequest
 
 TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 5e-3}
@@ -53,23 +53,20 @@ class AdapterSyncError(RuntimeError):
 
 
 def engine_drift(
-    engine: RolloutEngine,
-    batch: AdapterBatch,
-    new_logp: torch.Tensor,
-    temperature: float,
-    all_rows: bool,
+    engine: RolloutEngine, model, batch: AdapterBatch, new_logp: torch.Tensor | None = None
 ) -> float:
-    """Mean |engine - trainer| log-prob over the probe turn's tokens. ``new_logp``: the trainer's
-    updated log-probs of the probe turn, or with ``all_rows`` of every turn, flattened row by
-    row over the completion mask (what ``post_update_stats`` returns)."""
+    """Mean |engine - trainer| log-prob over the probe turn's tokens, at temperature 1 (the
+    raw logits' log_softmax: vLLM scores prompt tokens no other way). ``new_logp``: the trainer's
+    updated log-probs of the probe turn at temperature 1 when it has them (the finiteness check's,
+    :func:`marlow.training.grpo.probe_logp`); else they are computed here (one short forward)."""
     row = probe_row(batch)
-    n = batch.completion_len[row]
-    start = sum(batch.completion_len[:row]) if all_rows else 0
-    ours = new_logp[start : start + n].tolist()  # one read of the device
+    if new_logp is None:
+        new_logp = probe_logp(model, batch, 1.0)
+    ours = new_logp.tolist()  # one read of the device
     turn = batch.turns[row]
     request = GenRequest(prompt_ids=turn.prompt_ids, adapter=batch.adapter)
-    theirs = engine.score([request], [turn.completion_ids], temperature)[0]
-    return sum(abs(a - b) for a, b in zip(ours, theirs, strict=True)) / max(n, 1)
+    theirs = engine.score([request], [turn.completion_ids], 1.0)[0]
+    return sum(abs(a - b) for a, b in zip(ours, theirs, strict=True)) / max(len(ours), 1)
 
 
 def check_sync(drifts: Sequence[dict[str, float]], dtype: str, step: int) -> dict[str, float]:

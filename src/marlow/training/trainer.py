@@ -94,6 +94,10 @@ class Trainer:
         # What can be refused without the model is refused first: role-level settings, the
         # device, data.
         self.workflow = check_run_config(config)
+        if config.rollout.backend == "vllm":
+            from marlow.rollout.vllm import require_vllm
+
+            require_vllm()
         self.rules = EpisodeRules.of(config)
         bind_local_device()  # under torchrun: one GPU per process
         self.device = resolve_device(config.device)

@@ -121,6 +121,7 @@ def _user_errors():
     from marlow.config import ConfigError
     from marlow.fileio import DamagedFileError
     from marlow.models import ModelLoadError
+    from marlow.rollout.vllm import VLLMEngineError
     from marlow.training.checkpoint import CheckpointError
     from marlow.training.nonfinite import NonFiniteRun
     from marlow.training.resume import ResumeError
@@ -136,6 +137,7 @@ def _user_errors():
         ResumeError,
         NonFiniteRun,
         AdapterSyncError,
+        VLLMEngineError,
     )
 
 

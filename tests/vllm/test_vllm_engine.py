@@ -250,3 +250,26 @@ def test_close_leaves_no_process_and_refuses_later_calls():
     assert not workdir.exists()
     with pytest.raises(RuntimeError, match="closed"):
         engine.generate([GenRequest(tokenizer.encode("1+1="), BASE)], SamplingParams(0, 4, 0))
+
+
+def test_an_engine_that_dies_is_one_line_and_close_still_cleans_up():
+    """SIGKILL to the engine core (an out-of-memory kill, a crash): the next call raises one
+    VLLMEngineError line, not vLLM's traceback, and close() leaves no process behind."""
+    import signal
+
+    from marlow.rollout.vllm import VLLMEngineError
+
+    tokenizer = build_char_tokenizer()
+    base = build_tiny_qwen3(vocab_size=64, head_dim=32)
+    engine = VLLMEngine(base, tokenizer, settings=VLLMConfig(kv_cache_gib=0.25), max_batch=8)
+    ours = [p for p in psutil.Process().children(recursive=True) if p.name().startswith("VLLM")]
+    core = next(p for p in ours if "EngineCore" in p.name())
+    core.send_signal(signal.SIGKILL)
+    core.wait(timeout=30)
+    request = [GenRequest(tokenizer.encode("1+1="), BASE)]
+    with pytest.raises(VLLMEngineError, match="the vLLM engine failed while sampling") as err:
+        engine.generate(request, SamplingParams(0, 4, 0))
+    assert "\n" not in str(err.value)
+    engine.close()
+    gone, alive = psutil.wait_procs(ours, timeout=30)
+    assert not alive, [p.name() for p in alive]

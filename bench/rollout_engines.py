@@ -13,8 +13,9 @@ after one small warm-up call per engine; the vLLM engine's start-up is reported 
     .venv-vllm/bin/python bench/rollout_engines.py --scales qwen3-0.6b --prompts 4 \\
         --completions 2 --new-tokens 16 64
 
-Scales: ``tiny-s``, ``tiny-m``, ``tiny-l`` (float32, the tiny worlds' architectures, their
-99-symbol vocabulary) and ``qwen3-0.6b`` (bfloat16, the Qwen3-0.6B architecture of
+Scales: ``tiny-s``, ``tiny-m``, ``tiny-l`` (float32, the tiny worlds' architectures and their
+99-symbol vocabulary; positions raised from the worlds' 512 to 2,048 so that 1,024 new tokens
+fit: a cost measurement, not a length the worlds were trained for) and ``qwen3-0.6b`` (bfloat16, the Qwen3-0.6B architecture of
 ``marlow.archs``, 151,936-token vocabulary). ``--threads`` is both engines' CPU threads (the
 ``hf`` loop's torch threads; vLLM's ``rollout.vllm.cpu_threads``). Results: a table on stdout
 and ``--json`` (default bench/results/rollout_engines.json).
@@ -51,6 +52,7 @@ def build(scale: str, folder: Path):
 
         tokenizer = build_tokenizer()
         model = build_model(scale, tokenizer.vocab_size, seed=0)
+        model.config.max_position_embeddings = 2048  # room for 1,024 new tokens (module doc)
         dtype = "float32"
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)

@@ -13,8 +13,8 @@ over its tokens, the quantity ``marlow.training.sync.engine_drift`` compares wit
     .venv-vllm/bin/python bench/sync_drift.py --model qwen3-0.6b --turns 6 --dtypes bfloat16
 
 ``--model tiny-s`` pre-trains the tiny-s world briefly (``--pretrain-steps``, into a temporary
-cache) so that its logits are peaked like a trained model's; ``qwen3-0.6b`` is the architecture
-with random weights (``marlow.archs.stand_in``).
+cache) so that its logits are peaked like a trained model's; a folder (a shipped world) is loaded
+as it is; ``qwen3-0.6b`` is the architecture with random weights (``marlow.archs.stand_in``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ ADAPTERS = ["generator", "aggregator"]
 def load(model: str, folder: Path, dtype: str, pretrain_steps: int):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if model == "tiny-s":
+    if Path(model).is_dir():
+        source = Path(model)
+    elif model == "tiny-s":
         from marlow.tiny.pretrain import pretrain_tiny
 
         source = pretrain_tiny("tiny-s", steps=pretrain_steps, cache_dir=folder)
@@ -63,7 +65,7 @@ def load(model: str, folder: Path, dtype: str, pretrain_steps: int):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="tiny-s", choices=["tiny-s", "qwen3-0.6b"])
+    ap.add_argument("--model", default="tiny-s", help="tiny-s, qwen3-0.6b or a model folder")
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--turns", type=int, default=48)
     ap.add_argument("--tokens", type=int, default=48)

@@ -153,7 +153,6 @@ class VLLMEngine:
         self.stop_ids = [int(i) for i in stop_ids]
         self.adapters = adapter_names(model) if hasattr(model, "peft_config") else []
         base = model.get_base_model() if self.adapters else model
-        self.vocab = base.config.vocab_size
         torch_dtype = getattr(torch, dtype)
         max_len = settings.max_model_len or base.config.max_position_embeddings
         kv_bytes = int(settings.kv_cache_gib * 2**30)
@@ -211,7 +210,7 @@ class VLLMEngine:
                 self.llm = vllm.LLM(**options)
         except Exception as err:
             self.close()
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            first = " ".join(str(err).split())[:400] or type(err).__name__  # one line
             raise VLLMUnavailable(
                 f"vLLM could not start ({first}); its log above names the cause. The engine's "
                 "settings are rollout.vllm.{kv_cache_gib, max_model_len, max_lora_rank, "

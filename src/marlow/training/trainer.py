@@ -115,6 +115,9 @@ class Trainer:
             device=self.device,
         )
         positions = getattr(self.base.config, "max_position_embeddings", None)
+        served = config.rollout.vllm.max_model_len if config.rollout.backend == "vllm" else None
+        if served is not None:  # the engine serves no longer sequence
+            positions = min(positions, served) if positions else served
         self.rules = self.rules.within_context(positions, config.rollout.max_new_tokens)
         self.style = prompt_style(config.model.name)
         self.grade = self.task.grader()

@@ -110,12 +110,13 @@ def main() -> None:
     for scale in args.scales:
         with tempfile.TemporaryDirectory() as tmp:
             model, tokenizer, dtype = build(scale, Path(tmp) / scale)
-            never = [10**9]  # a stop id no row can sample: every row runs to N tokens
+            # no stop token: every row runs to N tokens (the hf loop takes an id no row can
+            # sample, vLLM refuses out-of-vocabulary ids and takes none)
             longest = 64 + max(args.new_tokens) + 8
-            hf = HFEngine(model, tokenizer, stop_ids=never, merge=dtype == "float32")
+            hf = HFEngine(model, tokenizer, stop_ids=[10**9], merge=dtype == "float32")
             t0 = time.perf_counter()
             settings = VLLMConfig(kv_cache_gib=2.0, max_model_len=longest, cpu_threads=args.threads)
-            vllm = VLLMEngine(model, tokenizer, settings=settings, dtype=dtype, stop_ids=never)
+            vllm = VLLMEngine(model, tokenizer, settings=settings, dtype=dtype, stop_ids=[])
             start = time.perf_counter() - t0
             print(f"{scale} ({dtype}): vLLM engine started in {start:.1f} s")
             try:

@@ -273,3 +273,62 @@ def test_an_engine_that_dies_is_one_line_and_close_still_cleans_up():
     engine.close()
     gone, alive = psutil.wait_procs(ours, timeout=30)
     assert not alive, [p.name() for p in alive]
+
+
+KILLED_TRAINER = """
+import sys
+from tests.conftest import build_char_tokenizer, build_tiny_qwen3
+from marlow.config import VLLMConfig
+from marlow.rollout.vllm import VLLMEngine
+
+if __name__ == "__main__":
+    engine = VLLMEngine(
+        build_tiny_qwen3(vocab_size=64, head_dim=32),
+        build_char_tokenizer(),
+        settings=VLLMConfig(kv_cache_gib=0.25),
+        max_batch=8,
+    )
+    print("ready", flush=True)
+    sys.stdin.read()  # until killed
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
+def test_a_trainer_killed_without_cleanup_leaves_no_engine_behind(tmp_path, sig):
+    """SIGKILL (and SIGTERM under Python's default handler) skip every finally and atexit hook;
+    the engine's watchdog then stops its processes within seconds."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "trainer.py"
+    script.write_text(KILLED_TRAINER)
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=root,
+        env={**__import__("os").environ, "PYTHONPATH": str(root)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        for line in proc.stdout:  # vLLM logs to stdout too
+            if line.strip() == "ready":
+                break
+        else:
+            raise AssertionError("the engine did not start")
+        engine = [
+            p
+            for p in psutil.Process(proc.pid).children(recursive=True)
+            if p.name().startswith("VLLM")
+        ]
+        assert any("EngineCore" in p.name() for p in engine)
+        proc.send_signal(getattr(signal, sig))
+        proc.wait(timeout=30)
+        gone, alive = psutil.wait_procs(engine, timeout=30)
+        assert not alive, [(p.pid, p.name()) for p in alive]
+    finally:
+        proc.kill()

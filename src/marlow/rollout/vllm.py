@@ -204,10 +204,12 @@ class VLLMEngine:
                 max_cpu_loras=len(self.adapters) + 1,
                 max_lora_rank=lora_rank_slot(rank, settings.max_lora_rank),
             )
+        before = {p.pid for p in _children()}
         try:
             threads = settings.cpu_threads or os.cpu_count() or 1
             with _engine_env(threads if on_cpu else None):
                 self.llm = vllm.LLM(**options)
+            self._watchdog = _watch([p.pid for p in _children() if p.pid not in before])
         except Exception as err:
             self.close()
             first = " ".join(str(err).split())[:400] or type(err).__name__  # one line
@@ -309,6 +311,10 @@ class VLLMEngine:
             if core is not None:
                 core.shutdown()
             del llm
+        watchdog = self.__dict__.pop("_watchdog", None)
+        if watchdog is not None:
+            watchdog.kill()
+            watchdog.wait()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     # -- internals ------------------------------------------------------------------------------
@@ -443,6 +449,41 @@ def _base_source(base: torch.nn.Module, tokenizer, workdir: Path) -> str:
     base.save_pretrained(folder, state_dict=state)
     tokenizer.save_pretrained(folder)
     return str(folder)
+
+
+# The watchdog: a small process that outlives a trainer killed without cleanup (SIGKILL, or a
+# SIGTERM with Python's default handler, which skips atexit) and then kills the engine's
+# processes, which vLLM does not tie to their parent's life. It polls its parent every second.
+_WATCHDOG = """
+import os, signal, sys, time
+parent, pids = int(sys.argv[1]), [int(p) for p in sys.argv[2:]]
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the trainer, which closes
+while os.getppid() == parent:
+    time.sleep(1.0)
+for pid in pids:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
+def _children() -> list:
+    import psutil
+
+    return psutil.Process().children(recursive=True)
+
+
+def _watch(pids: list[int]):
+    """Start the watchdog over ``pids`` (the engine's processes, found when it started)."""
+    import subprocess
+    import sys
+
+    return subprocess.Popen(
+        [sys.executable, "-c", _WATCHDOG, str(os.getpid()), *map(str, pids)],
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,  # a terminal's signals go to the trainer, not to it
+    )
 
 
 # vLLM stops an engine whose model step takes longer than this (300 s by default): on a CPU a

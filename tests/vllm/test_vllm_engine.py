@@ -261,8 +261,13 @@ def test_an_engine_that_dies_is_one_line_and_close_still_cleans_up():
 
     tokenizer = build_char_tokenizer()
     base = build_tiny_qwen3(vocab_size=64, head_dim=32)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
     engine = VLLMEngine(base, tokenizer, settings=VLLMConfig(kv_cache_gib=0.25), max_batch=8)
-    ours = [p for p in psutil.Process().children(recursive=True) if p.name().startswith("VLLM")]
+    ours = [  # this engine's, not the module fixture's
+        p
+        for p in psutil.Process().children(recursive=True)
+        if p.pid not in before and p.name().startswith("VLLM")
+    ]
     core = next(p for p in ours if "EngineCore" in p.name())
     core.send_signal(signal.SIGKILL)
     core.wait(timeout=30)

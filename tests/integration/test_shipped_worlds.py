@@ -22,8 +22,9 @@ MARLOW = [sys.executable, "-m", "marlow.cli"]
 AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
-def test_the_quick_world_rebuilds_to_the_shipped_one():
+def test_the_quick_world_rebuilds_to_the_shipped_one(record_property):
     verdict = verify_world("tiny-s", steps=4800, batch=8, task="math")
+    record_property("verdict", verdict.to_dict())  # in --junitxml's report
     assert verdict.passed, verdict.to_dict()
 
 

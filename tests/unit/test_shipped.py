@@ -39,7 +39,7 @@ def test_every_shipped_world_sits_under_its_recipes_cache_name():
     """A recipe change that moves a key (corpus, templates, tokenizer, training constants) must
     ship the worlds again: bench/ship_worlds.py."""
     worlds = shipped.shipped_worlds()
-    assert len(worlds) >= 1
+    assert len(worlds) == 3
     for w in worlds:
         found = shipped.find_shipped(w.scale, steps=w.steps, batch=w.batch, task=w.task)
         assert found == w, f"{w.folder}: its recipe's key moved; run bench/ship_worlds.py"
@@ -54,25 +54,13 @@ def test_shipped_weights_have_their_sha256():
         assert files == sorted(w.weights)
 
 
-def test_the_quickstarts_world_is_shipped():
-    for task in ("math",):
-        model = next(iter(cell_configs(task=task).values())).model
-        assert model.world == "auto"
-        assert tiny_world_folder(model, task).parent == shipped.ROOT
-
-
-TINY_PRESET_WORLDS_TODO = pytest.mark.xfail(
-    strict=True,
-    reason="not shipped yet: build and ship them with bench/ship_worlds.py --only math code "
-    "(about 10 minutes on a quiet 2-core machine), then drop this mark",
-)
-
-
-@TINY_PRESET_WORLDS_TODO
 @pytest.mark.parametrize("task", ["math", "code"])
-def test_the_tiny_presets_worlds_are_shipped(task):
-    model = resolve({"preset": "tiny", "task": {"name": task}}).model
-    assert tiny_world_folder(model, task).parent == shipped.ROOT
+def test_the_quickstarts_and_the_tiny_presets_worlds_are_shipped(task):
+    quick = next(iter(cell_configs(task=task).values())).model  # code: the tiny preset's world
+    tiny = resolve({"preset": "tiny", "task": {"name": task}}).model
+    for model in (quick, tiny):
+        assert model.world == "auto"
+        assert tiny_world_folder(model, task).parent == shipped.ROOT, (model, task)
 
 
 def test_a_run_loads_a_shipped_world_with_no_pretraining(empty_cache, no_pretraining):
@@ -108,7 +96,7 @@ def test_world_shipped_without_a_shipped_recipe_fails_in_one_line(empty_cache, n
         tiny_world(cfg)
     message = str(err.value)
     assert "\n" not in message and "model.world=auto" in message
-    assert "shipped: tiny-s math (4800 steps x 8)" in message
+    assert "tiny-s math (4800 steps x 8)" in message and "tiny-s code (1200 steps x 64)" in message
 
 
 def test_a_damaged_shipped_file_is_a_one_line_error(tmp_path, monkeypatch, no_pretraining):
@@ -145,6 +133,7 @@ def test_a_grid_pretrains_no_shipped_world(empty_cache, monkeypatch):
 
     monkeypatch.setattr(multiprocessing, "get_context", lambda *a: pytest.fail("pre-trained"))
     pretrain_worlds(expand(quickstart_grid(0, None, None, "math")), log=pytest.fail)
+    pretrain_worlds(expand(quickstart_grid(0, None, None, "code")), log=pytest.fail)
     only_shipped = {"model": {"name": "tiny-m", "world": "shipped"}}  # its cells will fail alone
     pretrain_worlds(expand(quickstart_grid(0, None, only_shipped, "math")), log=pytest.fail)
 

@@ -6,7 +6,7 @@ Each HumanEval problem is one sandboxed test (``prompt + canonical_solution`` th
 ``check`` harness: the test runs here, each call in the sandbox). The suite lines grade 60 small
 programs of 10 tests each, function calls and stdin/stdout, in suite mode (one sandbox process per
 program, as the tiny code task does). Also times the sandbox alone on an empty program, which is
-the fixed cost per run. Reads ``../shared/data/HumanEval.jsonl.gz`` relative to the project root.
+the fixed cost per run. Reads ``tests/data/HumanEval.jsonl.gz``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from marlow.rewards.code import score_code_batch
 from marlow.rewards.sandbox import Job, isolation_in_force, run_many
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "HumanEval.jsonl.gz"
+DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "HumanEval.jsonl.gz"
 
 
 def _suites() -> dict[str, list[tuple[str, dict]]]:

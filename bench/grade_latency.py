@@ -1,6 +1,6 @@
 """Math grader latency and agreement on MATH-500 (SPEC §3).
 
-    .venv/bin/python bench/grade_latency.py [--data ../shared/data/math500_test.jsonl]
+    .venv/bin/python bench/grade_latency.py [--data tests/data/math500_test.jsonl]
                                             [--timeout 2.0]
 
 Every MATH-500 ``answer`` is graded, one call at a time, as ``\\boxed{answer}`` against itself
@@ -28,7 +28,7 @@ from pathlib import Path
 from marlow.rewards import _verify_pool, grade_math_batch
 from marlow.rewards.math import DEFAULT_TIMEOUT_S, _grade_paths
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "math500_test.jsonl"
+DEFAULT_DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "math500_test.jsonl"
 
 
 def perturb(answer: str) -> str:

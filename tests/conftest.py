@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,10 @@ from marlow.tiny.pretrain import pretrain_tiny
 # Tiny models gain nothing from intra-op threads, while two processes each spinning 2 OpenMP threads
 # on a 2-core machine slowed the rollout tests ~150x (1 s -> 187 s). One thread keeps tests steady.
 torch.set_num_threads(1)
+
+DATA = Path(__file__).resolve().parent / "data"
+"""Real public data the conformance tests read (GSM8K test, MATH-500, HumanEval): a copy kept in
+the repository, so that no test depends on a folder outside it (tests/data/README.md)."""
 
 SPECIALS = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>"]
 CHARS = "0123456789+-*=()\\{}.,:?! \nabcdefghijklmnopqrstuvwxyzABCDEFGH"  # 60 symbols

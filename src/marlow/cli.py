@@ -386,14 +386,34 @@ def pretrain_tiny_cmd(
     report: Annotated[
         bool, typer.Option(help="measure the greedy generator on validation problems")
     ] = True,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            help="rebuild the shipped world of this recipe in a temporary folder and compare "
+            "its greedy accuracy with the shipped one's (exit 1 beyond the tolerance)"
+        ),
+    ] = False,
 ) -> None:
     """Pre-train a tiny world (cached) and report its greedy accuracy.
 
-    The cache key is a hash of everything that sets the weights; the folder is printed last."""
+    The cache key is a hash of everything that sets the weights; the folder is printed last.
+    Runs load the world marlow ships for a recipe when there is one (model.world=auto); the one
+    built here is what model.world=rebuild loads."""
     from marlow.tiny.pretrain import pretrain_tiny
+    from marlow.tiny.shipped import find_shipped
 
+    if verify:
+        if threads is not None:
+            _fail("--verify rebuilds a shipped world with its own threads: drop --threads")
+        _verify_world(scale, steps, batch, task)
+        return
     try:
         started = time.monotonic()
+        if find_shipped(scale, steps=steps, batch=batch, task=task) is not None and threads is None:
+            _log(
+                f"marlow ships this {scale} ({task}) world: runs load the shipped one; "
+                "model.world=rebuild loads the one built here"
+            )
         path = pretrain_tiny(scale, steps=steps, batch=batch, log=_log, task=task, threads=threads)
     except ValueError as err:
         _fail(str(err))
@@ -415,6 +435,34 @@ def pretrain_tiny_cmd(
             )
     _summary("tiny world", rows, [], out=console)  # stderr: stdout is the folder alone
     print(path)  # for scripts: folder=$(marlow pretrain-tiny)
+
+
+def _verify_world(scale: str, steps: int | None, batch: int | None, task: str) -> None:
+    """``pretrain-tiny --verify``: the table, and exit 1 when the worlds differ too much."""
+    from marlow.experiments.verify_world import verify_world
+
+    try:
+        v = verify_world(scale, steps=steps, batch=batch, task=task, log=_log)
+    except ValueError as err:  # no such shipped world, or a damaged one (DamagedFileError)
+        _fail(str(err))
+    rows = [
+        ("world", v.world),
+        ("shipped", f"greedy accuracy {v.shipped_accuracy:.3f} (built on {v.built_on})"),
+        ("rebuilt here", f"greedy accuracy {v.rebuilt_accuracy:.3f} ({v.cpu_capability})"),
+        ("gap", f"{v.gap:.3f} on {v.n_problems} problems (tolerance {v.tolerance:.3f})"),
+        ("same weights", "yes, the same bytes" if v.same_weights else "no (another kernel set?)"),
+        ("rebuild time", _clock(v.rebuild_s)),
+        ("verdict", "PASSED" if v.passed else "FAILED"),
+    ]
+    _summary("shipped world check", rows, [], out=console)
+    if not v.passed:
+        console.print(
+            f"[red]the rebuilt world's accuracy is {v.gap:.3f} away from the shipped one's, over "
+            f"the tolerance {v.tolerance:.3f}[/red]",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(1)
 
 
 @app.command(

@@ -53,6 +53,12 @@ class ModelConfig(_Section):
     pretrain_batch: int | None = Field(
         None, ge=1, description="tiny scales: examples per pretraining step (default 64)"
     )
+    world: Literal["auto", "shipped", "rebuild"] = Field(
+        "auto",
+        description="tiny scales: auto (the world marlow ships for this recipe, else pre-train it "
+        "into the cache), shipped (a shipped world or an error), rebuild (pre-train it on this "
+        "machine into the cache, never the shipped one)",
+    )
 
     @field_validator("name")
     @classmethod

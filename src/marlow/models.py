@@ -1,9 +1,12 @@
 """Loading the frozen base model and its tokenizer: a tiny scale or a Hugging Face id/path, in
 the run's dtype, on the run's device.
 
-A tiny scale name (``tiny-s``, ``tiny-m``, ``tiny-l``) is pre-trained on first use and cached
-(``marlow.tiny.pretrain``), one model per task (the math and the code world each have their own
-corpus). Anything else goes to ``from_pretrained``, after checks that fail fast in one line:
+A tiny scale name (``tiny-s``, ``tiny-m``, ``tiny-l``) is one world per task (the math and the
+code world each have their own corpus), picked by ``model.world`` (:func:`tiny_world`): the world
+marlow ships for the recipe (``marlow.tiny.shipped``: the quickstart's and the tiny preset's),
+loaded with no pre-training once its weights' sha256 checks, or else one pre-trained on first use
+and cached (``marlow.tiny.pretrain``). Anything else goes to ``from_pretrained``, after checks that
+fail fast in one line:
 
 * a name that looks like a path (starts with ``/``, ``.`` or ``~``) must be an existing folder
   ("no such folder" otherwise, never the hub's "Repo id must be..." message);
@@ -134,6 +137,55 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def _recipe(config: ModelConfig, task: str) -> dict:
+    return {"steps": config.pretrain_steps, "batch": config.pretrain_batch, "task": task}
+
+
+def _shipped(config: ModelConfig, task: str):
+    """The shipped world ``config`` may load (a ShippedWorld), or None (``model.world=rebuild``, or
+    marlow ships none of this recipe)."""
+    from marlow.tiny.shipped import find_shipped
+
+    return None if config.world == "rebuild" else find_shipped(config.name, **_recipe(config, task))
+
+
+def tiny_world_folder(config: ModelConfig, task: str = "math") -> Path:
+    """The folder the tiny world of ``config`` loads from, whether it exists yet or not: the
+    shipped world's (:func:`tiny_world`'s rule), else the cache's
+    (:func:`marlow.tiny.pretrain.tiny_path`)."""
+    from marlow.tiny.pretrain import tiny_path
+    from marlow.tiny.shipped import ROOT
+
+    found = _shipped(config, task)
+    return ROOT / found.folder if found else tiny_path(config.name, **_recipe(config, task))
+
+
+def tiny_world(
+    config: ModelConfig, task: str = "math", log: Callable[[str], None] | None = None
+) -> Path:
+    """The folder of the tiny world ``config`` names, ready to load (``model.world``):
+
+    * ``auto``: the shipped world of this recipe, its weights' sha256 checked (a damaged file is a
+      one-line DamagedFileError), else the cache's, pre-trained first if missing;
+    * ``shipped``: the shipped world, or a one-line ModelLoadError naming the shipped recipes;
+    * ``rebuild``: the cache's (pre-trained on this machine if missing), never the shipped one.
+    """
+    from marlow.tiny import shipped
+    from marlow.tiny.pretrain import pretrain_tiny
+
+    found = _shipped(config, task)
+    if found is not None:
+        return shipped.checked(found)
+    if config.world == "shipped":
+        raise ModelLoadError(
+            f"model.world=shipped: marlow ships no {config.name} {task} world of this recipe "
+            f"(model.pretrain_steps={config.pretrain_steps}, model.pretrain_batch="
+            f"{config.pretrain_batch}); shipped: {shipped.listing()}. Set model.world=auto to "
+            "pre-train it"
+        )
+    return pretrain_tiny(config.name, log=log, **_recipe(config, task))
+
+
 def load_base(
     config: ModelConfig,
     log: Callable[[str], None] | None = None,
@@ -143,23 +195,16 @@ def load_base(
     device: torch.device | str = "cpu",
 ):
     """(model, tokenizer) with every base weight frozen, in ``dtype`` (a torch dtype's name,
-    config ``dtype``) and moved to ``device``. ``task`` picks the tiny world's pre-training
-    corpus if it must be pre-trained (ignored for a Hugging Face model). Pre-training runs with
+    config ``dtype``) and moved to ``device``. ``task`` picks the tiny world (:func:`tiny_world`;
+    ignored for a Hugging Face model). Pre-training, when the world is not shipped, runs with
     the recipe's threads (``marlow.tiny.pretrain.THREADS``), never the run's: ``threads`` is a
     machine setting (resume-safe) and must not change the base model. It is float32 on the CPU;
     only the loaded copy is cast."""
     torch_dtype = getattr(torch, dtype)
     if is_tiny(config.name):
-        from marlow.tiny.pretrain import load_tiny, pretrain_tiny
+        from marlow.tiny.pretrain import load_tiny
 
-        path = pretrain_tiny(
-            config.name,
-            steps=config.pretrain_steps,
-            batch=config.pretrain_batch,
-            log=log,
-            task=task,
-        )
-        model, tokenizer = load_tiny(path, dtype=torch_dtype)
+        model, tokenizer = load_tiny(tiny_world(config, task, log), dtype=torch_dtype)
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 

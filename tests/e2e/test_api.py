@@ -13,8 +13,6 @@ import pytest
 
 import marlow
 from marlow.config import ConfigError
-from marlow.tiny.pretrain import tiny_path
-from tests.conftest import PRETRAIN_STEPS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,13 +23,9 @@ def readme_example() -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-def test_the_readmes_python_example_runs_as_written(tiny_cache, tmp_path):
-    # The example names the default tiny-s world; point its cache entry at the session's
-    # briefly pre-trained one, so the example runs unchanged in seconds.
+def test_the_readmes_python_example_runs_as_written(tmp_path):
+    # The example names the default tiny-s world, which marlow ships: it pre-trains nothing.
     cache = tmp_path / "cache"
-    cache.mkdir()
-    small = tiny_path("tiny-s", cache_dir=tiny_cache, steps=PRETRAIN_STEPS)
-    (cache / tiny_path("tiny-s", cache_dir=cache).name).symlink_to(small)
     (tmp_path / "configs").symlink_to(ROOT / "configs")
     script = tmp_path / "example.py"
     script.write_text(readme_example())
@@ -40,6 +34,7 @@ def test_the_readmes_python_example_runs_as_written(tiny_cache, tmp_path):
         [sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=env
     )
     assert done.returncode == 0, done.stderr[-2000:]
+    assert not cache.exists()  # the shipped world: nothing pre-trained, nothing cached
     assert "Loading weights" not in done.stderr + done.stdout  # quiet unless verbose
     lines = done.stdout.splitlines()
     assert len(lines) == 3, done.stdout

@@ -271,6 +271,13 @@ CASES: list[Case] = [
     ),
     value("pretrain-steps-0", "model.pretrain_steps=0", "model.pretrain_steps"),
     value("pretrain-batch-0", "model.pretrain_batch=0", "model.pretrain_batch"),
+    value("world-unknown", "model.world=fresh", "model.world", "'auto', 'shipped' or 'rebuild'"),
+    Case(
+        "world-not-shipped",
+        train("model.name=tiny-m", "model.world=shipped"),
+        ["model.world=shipped", "ships no tiny-m math world", "model.world=auto"],
+        model=True,
+    ),
     value("task-name", "task.name=physics", "task.name", "'math'"),
     value("task-val-size-0", "task.val_size=0", "task.val_size"),
     value("format-penalty-positive", "task.format_penalty=0.5", "task.format_penalty"),

@@ -6,7 +6,6 @@ import gzip
 import json
 import pickle
 import re
-from pathlib import Path
 
 import pytest
 
@@ -20,8 +19,9 @@ from marlow.rewards.code import (
     score_code,
     score_code_batch,
 )
+from tests.conftest import DATA
 
-HUMANEVAL = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "HumanEval.jsonl.gz"
+HUMANEVAL = DATA / "HumanEval.jsonl.gz"
 
 
 def fenced(code: str, lang: str = "python") -> str:
@@ -208,8 +208,6 @@ def test_batch_matches_single_and_pickles():
 
 
 def _humaneval() -> list[dict]:
-    if not HUMANEVAL.exists():
-        pytest.skip(f"HumanEval data not found at {HUMANEVAL} (see shared/data/README.md)")
     with gzip.open(HUMANEVAL, "rt") as f:
         return [json.loads(line) for line in f]
 

@@ -18,6 +18,7 @@ from marlow.workflows import build_workflow
 from marlow.workflows.engine import run_episodes
 from marlow.workflows.spec import EpisodeRules
 from marlow.workflows.votes import majority_index
+from tests.conftest import DATA
 
 TOK = build_tokenizer()
 
@@ -63,7 +64,7 @@ def test_humaneval_file_loads_as_a_code_task():
     task = build_task(
         task_config(
             name="code",
-            source="../shared/data/HumanEval.jsonl.gz",
+            source=str(DATA / "HumanEval.jsonl.gz"),
             dataset="humaneval",
             val_size=150,
         )

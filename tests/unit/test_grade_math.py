@@ -15,9 +15,9 @@ import pytest
 
 from marlow.rewards import FORMAT_PENALTY, _verify_pool, grade_math, grade_math_batch, last_boxed
 from marlow.rewards import math as rmath
+from tests.conftest import DATA
 
 P = FORMAT_PENALTY
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 MATH500 = DATA / "math500_test.jsonl"
 GSM8K = DATA / "gsm8k_test.jsonl"
 
@@ -324,8 +324,6 @@ def test_pickles() -> None:
 
 
 def _rows(path: Path) -> list[dict]:
-    if not path.exists():
-        pytest.skip(f"real data not found at {path} (see shared/data/README.md)")
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 

@@ -1,4 +1,4 @@
-"""Dataset loaders: the real shared files, hub-format fixtures (jsonl and parquet), the split."""
+"""Dataset loaders: the real files in tests/data, hub-format fixtures (jsonl, parquet), the split."""
 
 from __future__ import annotations
 
@@ -24,9 +24,7 @@ from marlow.tasks.loaders import (
     split,
 )
 from marlow.types import Problem
-
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared data folder {DATA} is absent")
+from tests.conftest import DATA
 
 
 def write_jsonl(path: Path, rows: list) -> Path:
@@ -51,7 +49,6 @@ def write(tmp_path: Path, fmt: str, rows: list[dict], name: str = "rows") -> Pat
 # ----------------------------------------------------------------------------- real files
 
 
-@needs_data
 def test_gsm8k_real_file():
     problems, report = load_gsm8k(DATA / "gsm8k_test.jsonl")
     assert len(problems) == report.kept == report.rows_read == 1319
@@ -66,7 +63,6 @@ def test_gsm8k_real_file():
     assert "<<" in problems[0].meta["solution"]
 
 
-@needs_data
 def test_math500_real_file():
     problems, report = load_math500(DATA / "math500_test.jsonl")
     assert len(problems) == report.kept == 500
@@ -79,7 +75,6 @@ def test_math500_real_file():
     assert len({p.id for p in problems}) == 500
 
 
-@needs_data
 def test_humaneval_real_file():
     problems, report = load_humaneval(DATA / "HumanEval.jsonl.gz")
     assert len(problems) == report.kept == 164
@@ -95,7 +90,6 @@ def test_humaneval_real_file():
     assert all(p.meta["canonical_solution"] and "def check" in p.meta["test"] for p in problems)
 
 
-@needs_data
 def test_humaneval_canonical_solutions_score_one():
     problems, _ = load_humaneval(DATA / "HumanEval.jsonl.gz", limit=5)
     assert len(problems) == 5
@@ -107,7 +101,6 @@ def test_humaneval_canonical_solutions_score_one():
     assert score_code(bare, problems[0].meta["tests"]) < 1.0
 
 
-@needs_data
 def test_wrong_file_names_the_fields():
     with pytest.raises(DatasetError) as e:
         load_math500(DATA / "HumanEval.jsonl.gz")

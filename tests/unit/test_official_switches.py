@@ -4,7 +4,6 @@ cases where the two choices give different, hand-computed results."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ from marlow.types import Problem, SamplingParams
 from marlow.workflows import build_workflow
 from marlow.workflows.engine import run_episodes
 from marlow.workflows.spec import EpisodeRules
+from tests.conftest import DATA
 from tests.unit.test_workflows import TOK, ScriptedEngine, grade
 
 P0 = Problem("p0", "2+3", "5")
@@ -412,8 +412,6 @@ def test_a_prompt_over_the_cap_ends_the_episode_before_that_stage():
 
 # ------------------------------------ data (task.hub_config, task.val_source)
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
-
 
 def test_hub_config_reaches_the_hub_loader(monkeypatch):
     """DAPO's hub config: 'all' unless task.hub_config says otherwise (the official code: en)."""
@@ -441,12 +439,12 @@ def test_val_source_validates_on_its_own_problems_and_trains_on_the_whole_source
     from marlow.tasks import base
     from marlow.tasks.loaders import load
 
-    gsm8k, _ = load("gsm8k", SHARED / "gsm8k_test.jsonl")
-    math500, _ = load("math500", SHARED / "math500_test.jsonl")
-    task = {"source": str(SHARED / "gsm8k_test.jsonl"), "dataset": "gsm8k", "val_size": 20}
+    gsm8k, _ = load("gsm8k", DATA / "gsm8k_test.jsonl")
+    math500, _ = load("math500", DATA / "math500_test.jsonl")
+    task = {"source": str(DATA / "gsm8k_test.jsonl"), "dataset": "gsm8k", "val_size": 20}
     split = base.build_task(resolve({"preset": "tiny", "task": task}).task)
     assert len(split.val_problems()) == 20
-    own = {**task, "val_source": str(SHARED / "math500_test.jsonl"), "val_dataset": "math500"}
+    own = {**task, "val_source": str(DATA / "math500_test.jsonl"), "val_dataset": "math500"}
     built = base.build_task(resolve({"preset": "tiny", "task": own}).task)
     assert [p.id for p in built.val_problems()] == [p.id for p in math500[:20]]
     assert sorted(p.id for p in built._train) == sorted(p.id for p in gsm8k)

@@ -1,7 +1,7 @@
 """A catalogue of reward hacks against the code reward: every one must score 0 (issue 12).
 
 Each program tries one way to win tests it does not solve, against one of the three test forms:
-HumanEval's ``check(candidate)`` on real problems from ``../shared/data``, function-call tests
+HumanEval's ``check(candidate)`` on real problems from ``tests/data``, function-call tests
 (LiveCodeBench/DeepCoder ``fn_name``) and stdin/stdout tests. Against the old harness, which ran
 test code and candidate in one process and read the verdict from its exit status, 34 of the 53
 scored above 0 (measured on commit 9fba4a4). The whole catalogue runs in default mode and in
@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import gzip
 import json
-from pathlib import Path
 
 import pytest
 
 from marlow.rewards.code import score_code_batch
+from tests.conftest import DATA
 
-HUMANEVAL = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "HumanEval.jsonl.gz"
+HUMANEVAL = DATA / "HumanEval.jsonl.gz"
 LIMITS = {"timeout_s": 1.5, "wall_s": 3.0, "memory_mb": 256, "nproc": 24}
 
 # Shared by the hacks that look for the expected values in test source they manage to read: the
@@ -394,8 +394,6 @@ HONEST_STDIN = "print(sum(map(int, input().split())))"
 
 
 def _humaneval() -> dict[str, dict]:
-    if not HUMANEVAL.exists():
-        pytest.skip(f"HumanEval data not found at {HUMANEVAL} (see shared/data/README.md)")
     with gzip.open(HUMANEVAL, "rt") as f:
         return {r["task_id"]: r for r in map(json.loads, f)}
 

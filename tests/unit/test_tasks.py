@@ -6,7 +6,7 @@ import pytest
 
 from marlow.config import ConfigError, resolve
 from marlow.tasks import build_task
-from tests.unit.test_loaders import DATA, needs_data
+from tests.conftest import DATA
 
 GSM8K = str(DATA / "gsm8k_test.jsonl")
 
@@ -24,7 +24,6 @@ def test_a_file_source_needs_a_known_dataset_format():
         task_config(dataset="gsm8k")
 
 
-@needs_data
 def test_gsm8k_file_split_and_epoch_batches():
     task = build_task(task_config(source=GSM8K, dataset="gsm8k", val_size=100))
     val = task.val_problems()
@@ -44,13 +43,11 @@ def test_gsm8k_file_split_and_epoch_batches():
     )
 
 
-@needs_data
 def test_val_size_must_leave_training_problems():
     with pytest.raises(ConfigError, match="only 1319 usable problems"):
         build_task(task_config(source=GSM8K, dataset="gsm8k", val_size=1319))
 
 
-@needs_data
 def test_a_run_trains_on_a_dataset_file(small_config, tmp_path):
     from marlow.training.trainer import Trainer, read_metrics
 

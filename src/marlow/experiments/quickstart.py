@@ -1,6 +1,7 @@
 """``marlow quickstart``: a real, small training comparison on the tiny world.
 
-1. pre-train (or load from cache) the tiny model;
+1. load the tiny world marlow ships for the quickstart (``marlow.tiny.shipped``; with
+   ``model.world=rebuild``, or a recipe marlow does not ship, pre-train it or take it from the cache);
 2. evaluate the base model through Voting and Single (the base controls);
 3. train Voting-IP, Voting-SP and Single (the SA-RL control) with the tiny preset;
 4. write ``summary.json`` (peak and final validation accuracy of each, with the evaluation size)
@@ -12,7 +13,8 @@ its own process, one torch thread each; the output folder is a grid results fold
 
 Every cell runs under the ``quickstart`` preset (``marlow.presets.PRESETS``): the tiny preset
 for 12 steps (1 warm-up step) on a tiny-s world pre-trained with a quick recipe (8 x 4800, half the
-tokens of the full 64 x 1200 one), so that a cold quickstart fits 5 minutes on 2 cores. The
+tokens of the full 64 x 1200 one), so that a cold quickstart fits 5 minutes on 2 cores (shipped: it is not
+pre-trained at all unless asked). The
 quick recipe is tiny-s's: another scale picked with ``model.name`` pre-trains with its full
 recipe unless ``model.pretrain_batch``/``model.pretrain_steps`` are given.
 
@@ -176,14 +178,11 @@ def quickstart(
     out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    from marlow.tiny.pretrain import pretrain_tiny
+    from marlow.models import tiny_world
 
     grid = quickstart_grid(seed, steps, settings, task)
     cells = expand(grid)
-    model = cells[0].config.model
-    pretrain_tiny(
-        model.name, steps=model.pretrain_steps, batch=model.pretrain_batch, log=log, task=task
-    )
+    tiny_world(cells[0].config.model, task, log)  # the shipped world (checked), or pre-trained
     timings["pretrain_or_cache_s"] = time.perf_counter() - t0
     dirs = {c.name: out / "cells" / c.name for c in cells}
     # Every cell at once, one torch thread each on every machine: tiny models gain nothing from

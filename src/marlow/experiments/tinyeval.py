@@ -113,14 +113,16 @@ def answer_scores(
     return out
 
 
-def greedy_report(path: str | Path, task: str = "math") -> dict[str, float]:
+def greedy_report(
+    path: str | Path, task: str = "math", n_problems: int | None = None
+) -> dict[str, float]:
     """:func:`answer_scores` of the greedy generator (the Single workflow's prompt) of the
-    pre-trained world in ``path`` on the first :data:`REPORT_PROBLEMS` validation problems of
-    ``task``, with ``problems``: their number."""
+    pre-trained world in ``path`` on the first ``n_problems`` (default :data:`REPORT_PROBLEMS`)
+    validation problems of ``task``, with ``problems``: their number."""
     _check_task(task)
     model, tokenizer = load_tiny(path)
     gen = codegen if task == "code" else mathgen
-    problems = gen.val_problems(REPORT_PROBLEMS)
+    problems = gen.val_problems(REPORT_PROBLEMS if n_problems is None else n_problems)
     texts = generator_texts(model, tokenizer, problems, task)
     return {**answer_scores(texts, problems, task), "problems": float(len(problems))}
 

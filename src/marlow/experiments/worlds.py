@@ -16,21 +16,22 @@ from marlow.experiments.grid import Cell
 
 
 def pretrain_worlds(cells: list[Cell], log: Callable[[str], None]) -> None:
-    """Pre-train each tiny (scale, task, steps, batch) the cells need and the cache lacks, one child
+    """Pre-train each tiny (scale, task, steps, batch) the cells need and neither the shipped
+    worlds (``model.world``: :func:`marlow.models.tiny_world`) nor the cache hold, one child
     process each, with the recipe's threads (``marlow.tiny.pretrain.THREADS``); a failure is
     logged (its cells will try again and record the error themselves)."""
     import multiprocessing
 
-    from marlow.models import is_tiny
-    from marlow.tiny.pretrain import tiny_path
+    from marlow.models import is_tiny, tiny_world_folder
 
-    worlds = {
-        (c.config.model.name, c.config.task.name, c.config.model.pretrain_steps, m.pretrain_batch)
-        for c in cells
-        if is_tiny((m := c.config.model).name)
-    }
-    for scale, task, steps, batch in sorted(worlds, key=str):
-        if (tiny_path(scale, steps=steps, task=task, batch=batch) / "meta.json").exists():
+    needed = {}
+    for c in cells:
+        model, task = c.config.model, c.config.task.name
+        if is_tiny(model.name) and model.world != "shipped":  # shipped: nothing to pre-train
+            key = (model.name, task, model.pretrain_steps, model.pretrain_batch)
+            needed.setdefault(tiny_world_folder(model, task), key)
+    for folder, (scale, task, steps, batch) in sorted(needed.items(), key=str):
+        if (folder / "meta.json").exists():  # a shipped world, or one in the cache
             continue
         child = multiprocessing.get_context("spawn").Process(
             target=_pretrain_world, args=(scale, task, steps, batch), daemon=True

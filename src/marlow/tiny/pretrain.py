@@ -25,6 +25,9 @@ One model per TASK: ``task="math"`` (the arithmetic corpus, :mod:`marlow.tiny.co
 ``<scale>-code-<hash>``). Not one mixed corpus: the math model, its cache key and the figures
 published from it stay exactly as they were (the math key covers the math templates only and
 holds no task field), and each world spends all of a small model's capacity on its own task.
+marlow also ships the worlds of the quickstart's and the tiny preset's recipes, built by this code
+(:mod:`marlow.tiny.shipped`); a run loads those unless it asks for a rebuild
+(:func:`marlow.models.tiny_world`), and this module builds any world, shipped or not, into the cache.
 The model is trained in memory, then written to a temporary folder and renamed into place, under
 a file lock: concurrent callers train once, a run killed while training leaves nothing on disk,
 and a temporary folder left by a kill during the save is removed by the next run of that key.

@@ -9,8 +9,8 @@ folder that has none (:func:`record`), and checked on every resume (:func:`chang
 What the adapters' ``adapter_config.json`` calls the base (``base_model_name_or_path``,
 :attr:`BaseRecord.adapter_base`), by kind; choices of marlow, not fixed by the issue:
 
-* ``tiny`` (a tiny scale): its pre-trained weights live in marlow's cache under a hashed folder
-  name, which another machine does not have. The run therefore keeps a copy, ``RUN/base/``: a
+* ``tiny`` (a tiny scale): its pre-trained weights live in marlow's package (a shipped world)
+  or its cache, under a hashed folder name, which another machine may not have. The run therefore keeps a copy, ``RUN/base/``: a
   plain Hugging Face folder (config, float32 weights, tokenizer with its chat template; the
   cache's ``meta.json`` stays behind), written once, atomically, when the run starts; its files
   are hard links to the cache's where the filesystem allows (a grid's cells then share one
@@ -39,7 +39,7 @@ from typing import Literal
 
 from marlow.config import ModelConfig
 from marlow.fileio import sha256_file, write_json
-from marlow.models import is_tiny
+from marlow.models import is_tiny, tiny_world_folder
 
 BASE_DIR = "base"
 BASE_JSON = "base.json"
@@ -68,11 +68,7 @@ class BaseRecord:
 def _source(model: ModelConfig, task: str) -> tuple[Kind, Path | None]:
     """The kind of ``model.name`` and the folder it loads from (None: a hub id not cached)."""
     if is_tiny(model.name):
-        from marlow.tiny.pretrain import tiny_path
-
-        return "tiny", tiny_path(
-            model.name, steps=model.pretrain_steps, batch=model.pretrain_batch, task=task
-        )
+        return "tiny", tiny_world_folder(model, task)  # the shipped world's, or the cache's
     path = Path(model.name).expanduser()
     if model.name.startswith(("/", ".", "~")) or path.is_dir():
         return "folder", path.resolve()

@@ -232,6 +232,9 @@ def train(
         return
     try:
         cfg = _train_config(args, out, resuming, resume_from)
+        if resuming and (said := _finished(out, cfg, resume_from)):
+            _log(said)  # before any model loads: there is nothing to train
+            return
         from marlow.training.trainer import Trainer
 
         trainer = Trainer(cfg, out, log=_log)
@@ -242,6 +245,12 @@ def train(
         _fail(str(err))
     if os.environ.get("RANK", "0") == "0":
         _train_summary(out, time.monotonic() - started)
+
+
+def _finished(out: Path, cfg, resume_from: int | None) -> str | None:
+    from marlow.training.resume import finished
+
+    return finished(out, cfg, resume_from)
 
 
 def _train_summary(out: Path, seconds: float) -> None:

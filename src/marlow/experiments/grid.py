@@ -167,6 +167,7 @@ class Cell:
     config: RunConfig = field(repr=False, compare=False)
     needs: tuple[str, ...] = ()  # cells that must finish first (a transfer needs its SA-RL)
     variant: str | None = None  # the grid variant it belongs to, if the grid has variants
+    title: str = ""  # the workflow's title, as in the cell's name (the report calls it so)
 
     def matches(self, entry: dict[str, Any]) -> bool:
         """Whether every axis value of an ``exclude`` entry is this cell's."""
@@ -178,6 +179,7 @@ class Cell:
             "name": self.name,
             "kind": self.kind,
             "workflow": self.workflow,
+            "title": self.title or workflow_title(self.workflow),
             "policy": self.policy,
             "scale": self.scale,
             "task": self.task,
@@ -294,7 +296,7 @@ class _Point:
         )
         try:
             resolved = resolve(config)
-            check_run_config(resolved)  # workflow name, params and roles: before anything runs
+            spec = check_run_config(resolved)  # workflow name, params, roles: before anything runs
         except ConfigError as err:
             raise ConfigError(f"cell {name}: {err}") from None
         return Cell(
@@ -308,6 +310,7 @@ class _Point:
             resolved,
             tuple(needs),
             self.variant,
+            spec.title,
         )
 
     def trained(self) -> list[Cell]:

@@ -26,7 +26,7 @@ from marlow.diagnostics.runstats import run_statistics
 from marlow.diagnostics.signatures import latest_signatures, read_signatures
 from marlow.diagnostics.sinks import read_jsonl
 from marlow.policy.routing import make_routing
-from marlow.workflows import build_workflow
+from marlow.training.resume import run_workflow
 
 ROLE_METRICS = (
     "reward",
@@ -68,7 +68,7 @@ def inspect_run(run_dir: str | Path, overrides: list[str] | None = None) -> dict
     if not metrics.exists():
         raise FileNotFoundError(f"{run} holds no run: no metrics.jsonl (give a run folder)")
     cfg = load_config(run / "config.yaml", overrides)
-    workflow = build_workflow(cfg.workflow.name, cfg.workflow.rounds_count, **cfg.workflow.params)
+    workflow = run_workflow(run, cfg)  # a file workflow: the run's own copy
     adapters = make_routing(cfg.policy.routing, workflow.roles, cfg.policy.role_map).adapters
     records = list(read_jsonl(metrics))
     train, val = _latest(records, "train/"), _latest(records, "val/")

@@ -118,7 +118,7 @@ def evaluate(
         log(f"evaluating {target.label} -> {target.folder}")
     made = not target.folder.exists()
     try:
-        trainer = Trainer(cfg, target.folder, log=log)
+        trainer = Trainer(cfg, target.folder, log=log, run_dir=target.run)
         step = 0
         if target.checkpoint is not None:
             step = ckpt.load(target.checkpoint, trainer.model, trainer.adapters, trainer.optim)

@@ -112,7 +112,6 @@ def preflight(
     base_changed = runbase.changed(run_dir, new.model, new.task.name)
     if base_changed:
         raise ResumeError(base_changed)
-    check_workflow_file(run_dir, new)
     found = pick_checkpoint(run_dir, resume_from)
     if found is not None:
         try:
@@ -123,27 +122,47 @@ def preflight(
 
 
 WORKFLOW_COPY = "workflow.yaml"
-"""A file workflow's text as the run started with it: ``config.yaml`` names only its path."""
+"""A file workflow's text as the run started with it: ``config.yaml`` names only its path, as
+typed (relative to the folder it was typed in), so every command that reads a run reads this
+copy instead (:func:`workflow_copy`)."""
+
+
+def workflow_copy(run_dir: Path) -> Path | None:
+    """The run's own copy of its workflow file, once the run has records (``metrics.jsonl``);
+    None for a built-in workflow or a folder no run has written to yet (a fresh start reads the
+    path as typed and then keeps its text here). Inspect, eval, resume and the report read this,
+    never the typed path, so a run folder reads the same from any folder and after its source
+    file changed or moved."""
+    copy = run_dir / WORKFLOW_COPY
+    return copy if copy.is_file() and (run_dir / "metrics.jsonl").exists() else None
 
 
 def record_workflow_file(run_dir: Path, cfg: RunConfig) -> None:
-    """Keep the run's workflow file beside its config (once, when the run starts), so that the
-    run folder alone reproduces it; a built-in workflow ships with marlow and is not copied."""
+    """Keep the run's workflow file beside its config when the run starts (a resumed run keeps
+    the copy it has), so that the run folder alone reproduces it; a built-in workflow ships with
+    marlow and is not copied."""
     copy = run_dir / WORKFLOW_COPY
-    if is_workflow_file(cfg.workflow.name) and not copy.exists():
+    if is_workflow_file(cfg.workflow.name) and workflow_copy(run_dir) is None:
         write_text(copy, Path(cfg.workflow.name).read_text())
 
 
-def check_workflow_file(run_dir: Path, cfg: RunConfig) -> None:
-    """Refuse to resume when the workflow file changed since the run started."""
-    copy = run_dir / WORKFLOW_COPY
-    if not (is_workflow_file(cfg.workflow.name) and copy.is_file()):
-        return
-    if Path(cfg.workflow.name).read_text() != copy.read_text():
-        raise ResumeError(
-            f"workflow file {cfg.workflow.name} changed since the run started; restore it from "
-            f"{copy} (the text the run trained with) or start a new run"
-        )
+def run_workflow(run_dir: Path, cfg: RunConfig):
+    """The workflow spec of the run in ``run_dir`` trained with ``cfg``: a file workflow from the
+    run's own copy (:func:`workflow_copy`). Raises ConfigError naming the field."""
+    from marlow.workflows.check import check_workflow
+
+    return check_workflow(cfg.workflow, copy=workflow_copy(run_dir))
+
+
+def finished(run_dir: Path, cfg: RunConfig, resume_from: int | None = None) -> str | None:
+    """The line to say when the run in ``run_dir`` has nothing left to do under ``cfg``: its
+    checkpoint to resume from is at (or past) ``cfg.steps``. None when there is training left.
+    Such a resume changes nothing: no event, no rewritten config."""
+    found = pick_checkpoint(run_dir, resume_from) if run_dir.is_dir() else None
+    if found is None or checkpoint.step_of(found) < cfg.steps:
+        return None
+    step = checkpoint.step_of(found)
+    return f"{run_dir} already finished at step {step}; pass steps=N to extend it (N > {step})"
 
 
 def _safe(field: str) -> bool:

@@ -84,7 +84,16 @@ def step_seed(seed: int, step: int, salt: int = 0) -> int:
 class Trainer:
     """Builds everything a run needs from its config; ``run()`` trains."""
 
-    def __init__(self, config: RunConfig, out_dir: str | Path, *, log: Log | None = None) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        out_dir: str | Path,
+        *,
+        log: Log | None = None,
+        run_dir: str | Path | None = None,
+    ) -> None:
+        """``run_dir``: the run whose own copy of a workflow file to read (default ``out_dir``;
+        an eval writes elsewhere); a run not started yet reads the path as typed."""
         self.cfg = config
         self.out = Path(out_dir)
         self.log = log or (lambda _msg: None)
@@ -93,7 +102,8 @@ class Trainer:
         torch.manual_seed(config.seed)
         # What can be refused without the model is refused first: role-level settings, the
         # device, data.
-        self.workflow = check_run_config(config)
+        copy = resume_lib.workflow_copy(Path(run_dir) if run_dir is not None else self.out)
+        self.workflow = check_run_config(config, copy)
         self.rules = EpisodeRules.of(config)
         bind_local_device()  # under torchrun: one GPU per process
         self.device = resolve_device(config.device)
@@ -437,6 +447,10 @@ class Trainer:
             raise resume_lib.ResumeError(f"--resume-from {resume_from}: {self.out} holds no run")
         if found is not None:
             self.step = checkpoint.load(found, self.model, self.adapters, self.optim)
+            said = resume_lib.finished(self.out, self.cfg, resume_from)
+            if said:  # nothing to train: the folder stays as it is (no event, no new config)
+                self.log(said)
+                return self.step
         done = self.step if found is not None else -1  # records after this are redone
         for later in checkpoint.all_done(self.out)[::-1]:  # a --resume-from redoes their steps
             if checkpoint.step_of(later) > done:

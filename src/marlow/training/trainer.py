@@ -54,7 +54,13 @@ from marlow.tasks import build_task
 from marlow.training import checkpoint, runbase
 from marlow.training import resume as resume_lib
 from marlow.training.batch import build_batches, credit_rows, empty_batch
-from marlow.training.distributed import bind_local_device, check_world, join_world
+from marlow.training.distributed import (
+    bind_local_device,
+    check_world,
+    join_world,
+    launched_size,
+    resolve_seeding,
+)
 from marlow.training.grpo import (
     finish_role_stats,
     fused_old_logp,
@@ -94,6 +100,9 @@ class Trainer:
     ) -> None:
         """``run_dir``: the run whose own copy of a workflow file to read (default ``out_dir``;
         an eval writes elsewhere); a run not started yet reads the path as typed."""
+        # rollout.seeding=auto, resolved for the processes torchrun started (one without it);
+        # the run records and uses the resolved value
+        config, seeding = resolve_seeding(config, launched_size())
         self.cfg = config
         self.out = Path(out_dir)
         self.log = log or (lambda _msg: None)
@@ -111,6 +120,8 @@ class Trainer:
         check_world(config, self.world.size)
         if not self.world.main:  # rank 0 speaks and writes for the run
             self.log = lambda _msg: None
+        if seeding is not None and self.world.size > 1:  # a one-process run samples as ever
+            self.log(seeding)
         self.task = build_task(config.task, log=self.log)
         self.isolation = sandbox_isolation(config, self.log)  # the code sandbox's, logged
         self.base, self.tokenizer = load_base(

@@ -152,7 +152,9 @@ def _split_args(args: list[str] | None) -> tuple[Path | None, list[str]]:
 
 
 def _log(message: str) -> None:
-    console.print(f"[dim]{escape(message)}[/dim]", highlight=False)
+    """A library log line, dimmed, on stderr: one line each, never wrapped (a log file or a
+    grep sees the whole message)."""
+    console.print(f"[dim]{escape(message)}[/dim]", highlight=False, soft_wrap=True)
 
 
 def _examples(*lines: str) -> str:

@@ -21,7 +21,8 @@ def pretrain_worlds(cells: list[Cell], log: Callable[[str], None]) -> None:
     logged (its cells will try again and record the error themselves)."""
     import multiprocessing
 
-    from marlow.models import is_tiny
+    from marlow.config import ModelConfig
+    from marlow.models import is_tiny, pretrain_notice
     from marlow.tiny.pretrain import tiny_path
 
     worlds = {
@@ -32,6 +33,8 @@ def pretrain_worlds(cells: list[Cell], log: Callable[[str], None]) -> None:
     for scale, task, steps, batch in sorted(worlds, key=str):
         if (tiny_path(scale, steps=steps, task=task, batch=batch) / "meta.json").exists():
             continue
+        model = ModelConfig(name=scale, pretrain_steps=steps, pretrain_batch=batch)
+        log(pretrain_notice(model, task) or f"pre-training {scale} ({task})")
         child = multiprocessing.get_context("spawn").Process(
             target=_pretrain_world, args=(scale, task, steps, batch), daemon=True
         )

@@ -38,7 +38,9 @@ from marlow.diagnostics.metrics import Meter, episode_metrics
 from marlow.diagnostics.runstats import series
 from marlow.diagnostics.signatures import read_signatures, trajectory_signatures, write_signatures
 from marlow.diagnostics.sinks import JsonlSink, open_sinks, read_jsonl
+from marlow.diagnostics.truncation import truncation_warnings
 from marlow.fileio import write_json, write_text
+from marlow.logs import Phase
 from marlow.models import load_base, prompt_style, resolve_device
 from marlow.policy.adapters import (
     LoraSpec,
@@ -180,6 +182,7 @@ class Trainer:
         self.val_set = self.task.val_problems()
         self.step = 0
         self._sandbox_errors = 0  # programs whose sandbox failed to set up, up to the last step
+        self._truncation_warned: set[tuple[str, str]] = set()  # (split, role) warned of cut turns
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -341,6 +344,14 @@ class Trainer:
         )
         return out
 
+    def _warn_truncation(self, step: int, record: dict) -> None:
+        """Log :func:`truncation_warnings`, once per role and split in this process (a run cut
+        on every step would otherwise say it every step)."""
+        for seen, line in truncation_warnings(step, record, self.cfg.rollout.max_new_tokens):
+            if seen not in self._truncation_warned:
+                self._truncation_warned.add(seen)
+                self.log(Phase(line))
+
     def diagnostics_step(self, step: int) -> bool:
         """Whether step ``step`` runs the sampled diagnostics (steps 1, 1 + k, 1 + 2k, ...)."""
         return (step - 1) % self.cfg.diagnostics.every == 0
@@ -419,9 +430,25 @@ class Trainer:
             for line in self.sinks.describe():
                 self.log(line)
             self.sinks.truncate_after(done)
+            started, first = time.monotonic(), self.step
+            if self.step < self.cfg.steps:
+                self.log(Phase(self._describe_run()))
             self._loop(on_step)
+            if self.step > first:
+                seconds = time.monotonic() - started
+                self.log(Phase(f"trained to step {self.step} in {seconds:.0f} s -> {self.out}"))
         self.world.leave()  # after rank 0 closed the run's files
         return self.out
+
+    def _describe_run(self) -> str:
+        """The line that opens training: what trains, from which step, to which, where."""
+        c = self.cfg
+        where = f"steps {self.step + 1}-{c.steps}" if self.step else f"{c.steps} steps"
+        return (
+            f"training {self.workflow.title} ({c.policy.routing}) on {c.model.name} ({c.task.name})"
+            f", {where}, validating every {c.val_every} on {len(self.val_set)} problems "
+            f"-> {self.out}"
+        )
 
     def _begin(self, resume: bool, resume_from: int | None) -> int:
         """:meth:`_start` on rank 0; the other data-parallel ranks then load the checkpoint it
@@ -576,6 +603,7 @@ class Trainer:
     def _record(self, step: int, record: dict, on_step) -> None:
         if not self.world.main:
             return
+        self._warn_truncation(step, record)
         self.metrics.write({"step": step, **record})
         self.sinks.write({"step": step, **record})
         if on_step is not None:

@@ -66,12 +66,6 @@ def test_a_run_with_a_relative_workflow_file_reads_from_any_folder(tiny_cache, t
     assert (run / "workflow.yaml").read_text() == SOLVER_CRITIC
     (project / "solver_critic.yaml").unlink()  # the typed path now leads nowhere, anywhere
 
-    shown = marlow(["inspect", str(run), "--json"], tiny_cache, elsewhere)
-    assert shown.returncode == 0, shown.stderr
-    report = json.loads(shown.stdout)
-    assert set(report["roles"]) == {"solver", "critic", "all"}
-    assert marlow(["inspect", str(run)], tiny_cache, elsewhere).returncode == 0
-
     evaluated = marlow(["eval", str(run), "--json"], tiny_cache, elsewhere)
     assert evaluated.returncode == 0, evaluated.stderr
     assert json.loads(evaluated.stdout)["step"] == 2
@@ -80,6 +74,19 @@ def test_a_run_with_a_relative_workflow_file_reads_from_any_folder(tiny_cache, t
     assert resumed.returncode == 0, resumed.stderr
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1, 2, 3]
+
+    shown = marlow(["inspect", str(run), "--json"], tiny_cache, elsewhere)
+    assert shown.returncode == 0, shown.stderr
+    report = json.loads(shown.stdout)
+    assert set(report["roles"]) == {"solver", "critic", "all"}
+    # item 9: a metric sampled every diagnostics.every (5) steps shows its own latest step
+    solver = report["roles"]["solver"]
+    assert report["train_step"] == 3 and solver["latest_step"]["chi2_update"] == 1
+    assert solver["latest_step"]["reward"] == 3
+    table = marlow(["inspect", str(run)], tiny_cache, elsewhere)
+    assert table.returncode == 0, table.stderr
+    row = next(line for line in table.stdout.splitlines() if "chi2_update" in line)
+    assert "(step 1)" in row, table.stdout
 
     # item 9: a finished run resumed again says so, and records nothing
     events = (run / "events.jsonl").read_text()

@@ -191,6 +191,13 @@ class _Checker:
         self.stages.append((loc, st))
 
     def templates(self, st: StageFile, loc: Loc) -> dict[tuple[str, str], str]:
+        if any(c in st.prompt for c in "{} \n"):  # a template's text where its name belongs
+            raise self.err(
+                (*loc, "prompt"),
+                f"a stage names its prompt, it does not hold the text ({st.prompt[:40]!r}); "
+                f"put the text under roles.{st.role}.prompts (e.g. prompts: {{mine: \"...\"}}) "
+                "and write prompt: mine here, or name a library prompt ROLE/VARIANT",
+            )
         if "/" in st.prompt:
             found = library_templates(st.prompt)
             if not found:

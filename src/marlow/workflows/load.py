@@ -195,7 +195,7 @@ class _Checker:
             raise self.err(
                 (*loc, "prompt"),
                 f"a stage names its prompt, it does not hold the text ({st.prompt[:40]!r}); "
-                f"put the text under roles.{st.role}.prompts (e.g. prompts: {{mine: \"...\"}}) "
+                f'put the text under roles.{st.role}.prompts (e.g. prompts: {{mine: "..."}}) '
                 "and write prompt: mine here, or name a library prompt ROLE/VARIANT",
             )
         if "/" in st.prompt:

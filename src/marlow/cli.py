@@ -536,9 +536,8 @@ def quickstart(
 
 @app.command(
     epilog=_examples(
-        "marlow grid configs/grids/tiny-demo.yaml --out runs/demo",
+        "marlow grid configs/grids/tiny-demo.yaml steps=4 optim.lr=3e-3 --out runs/demo",
         "marlow grid configs/grids/tiny-matrix.yaml --dry-run   (the cells and their count)",
-        "marlow grid configs/grids/tiny-demo.yaml steps=4 optim.lr=3e-3 --out runs/demo-lr",
         "marlow grid configs/grids/tiny-matrix.yaml --runner ray --workers 8",
     )
 )

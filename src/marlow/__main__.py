@@ -3,4 +3,7 @@
 
 from marlow.cli import app
 
-app(prog_name="marlow")
+# The guard: a child process started with ``spawn`` (the vLLM rollout backend's engine) imports
+# this module again as ``__mp_main__``, and must not run the command a second time.
+if __name__ == "__main__":
+    app(prog_name="marlow")

@@ -126,8 +126,8 @@ def train(
         cfg = resume_config(out, None if config is None else Path(config), overrides, None)
     else:
         cfg = make_config(config, **settings)
-    with _quiet(verbose) as log:
-        Trainer(cfg, out, log=log).run(resume=resume)
+    with _quiet(verbose) as log, Trainer(cfg, out, log=log) as trainer:
+        trainer.run(resume=resume)
     return load_run(out)
 
 

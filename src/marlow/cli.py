@@ -122,6 +122,7 @@ def _user_errors():
     from marlow.config import ConfigError
     from marlow.fileio import DamagedFileError
     from marlow.models import ModelLoadError
+    from marlow.rollout.vllm import VLLMEngineError
     from marlow.training.checkpoint import CheckpointError
     from marlow.training.nonfinite import NonFiniteRun
     from marlow.training.resume import ResumeError
@@ -137,6 +138,7 @@ def _user_errors():
         ResumeError,
         NonFiniteRun,
         AdapterSyncError,
+        VLLMEngineError,
     )
 
 
@@ -241,9 +243,8 @@ def train(
             return
         from marlow.training.trainer import Trainer
 
-        trainer = Trainer(cfg, out, log=_log)
         started = time.monotonic()
-        with _StepProgress(cfg.steps) as progress:
+        with Trainer(cfg, out, log=_log) as trainer, _StepProgress(cfg.steps) as progress:
             trainer.run(resume=resuming, resume_from=resume_from, on_step=progress.update)
     except _user_errors() as err:
         _fail(str(err))

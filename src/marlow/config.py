@@ -250,8 +250,50 @@ class PolicyConfig(_Section):
         return self
 
 
+class VLLMConfig(_Section):
+    """The vLLM engine's settings (``rollout.backend=vllm``, :mod:`marlow.rollout.vllm`)."""
+
+    kv_cache_gib: float = Field(
+        1.0,
+        gt=0.0,
+        description="memory for vLLM's KV cache, in GiB (CPU RAM on the CPU build, GPU memory on "
+        "CUDA); it must hold at least one max_model_len sequence",
+    )
+    max_model_len: int | None = Field(
+        None,
+        ge=16,
+        description="the longest prompt + completion vLLM serves; None: the base model's "
+        "max_position_embeddings",
+    )
+    max_lora_rank: int | None = Field(
+        None,
+        ge=1,
+        description="the largest LoRA rank vLLM reserves for; None: the smallest of vLLM's "
+        "sizes (8, 16, 32, 64, 128, 256, 320, 512) that holds policy.lora_rank",
+    )
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs one engine spans (CUDA only)")
+    cpu_threads: int | None = Field(
+        None,
+        ge=1,
+        description="CPU build only: cores 0..N-1 run the engine's OpenMP threads; None: every "
+        "core (the trainer waits while the engine samples; vLLM's own choice would leave one "
+        "core idle)",
+    )
+    enforce_eager: bool | None = Field(
+        None,
+        description="run the model without torch.compile / CUDA graphs; None: eager on the CPU "
+        "(compiling costs minutes of start-up there), compiled on CUDA",
+    )
+
+
 class RolloutConfig(_Section):
-    backend: Literal["hf"] = "hf"
+    backend: Literal["hf", "vllm"] = Field(
+        "hf",
+        description="hf: marlow's own sampling loop over the training model; vllm: a vLLM "
+        "engine in its own processes, serving every adapter per request (make install-vllm; "
+        "pip install vllm on CUDA)",
+    )
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
     temperature: float = Field(0.7, gt=0.0)
     val_temperature: float | None = Field(
         None, ge=0.0, description="None: the training temperature; 0: greedy"
@@ -326,6 +368,16 @@ class GRPOConfig(_Section):
     )
     role_weights: dict[str, float] = Field(
         default_factory=dict, description="credit: multiply a role's advantages (default 1)"
+    )
+    rollout_correction: Literal["off", "truncate"] = Field(
+        "off",
+        description="truncate: weigh each token's surrogate by min(pi_old / pi_sampler, "
+        "rollout_correction_cap), the sampler's log-probs as recorded (truncated importance "
+        "sampling, as verl's and TRL's rollout corrections; marlow.algo.losses): corrects a "
+        "sampler whose numerics differ from the trainer's (vLLM); off: no weight",
+    )
+    rollout_correction_cap: float = Field(
+        2.0, ge=1.0, description="C of rollout_correction=truncate (verl's default 2.0)"
     )
     fold_lora: Literal["auto", "on", "off"] = Field(
         "auto",

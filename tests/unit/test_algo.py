@@ -157,6 +157,33 @@ def test_dual_clip_caps_the_loss_of_negative_advantages_at_c_times_abs_a() -> No
         algo.clipped_surrogate(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), 0.2, 0.28, 1.0)
 
 
+# --- truncated importance sampling (grpo.rollout_correction=truncate) --------------------------
+
+# logp_old - logp_sampler = [ln 0.5, 0, ln 1.5, ln 4] -> ratios 0.5, 1, 1.5, 4; cap 2 -> w =
+# [0.5, 1, 1.5, 2]. The surrogate at r = 1 (logp_new = logp_old) with A = 1 is -1 per token, so the
+# corrected loss is -w = [-0.5, -1, -1.5, -2]; its gradient w.r.t. logp_new is -w * r = -w (the
+# weight is a constant), and the sampler's and old log-probs get no gradient.
+
+
+def test_truncated_importance_weights_hand_case() -> None:
+    old = t64([[math.log(0.5), 0.0, math.log(1.5), math.log(4.0)]]).requires_grad_()
+    sampler = torch.zeros(1, 4, dtype=F64, requires_grad=True)
+    w = algo.rollout_is_weights(old, sampler, cap=2.0)
+    close(w, [[0.5, 1.0, 1.5, 2.0]])
+    assert not w.requires_grad
+    new = old.detach().clone().requires_grad_()
+    out = algo.clipped_surrogate(new, old.detach(), t64([1.0]))
+    loss = out.loss * w
+    close(loss, [[-0.5, -1.0, -1.5, -2.0]])
+    loss.sum().backward()
+    close(new.grad, [[-0.5, -1.0, -1.5, -2.0]])
+    close(algo.rollout_is_weights(old, sampler, cap=1.0), [[0.5, 1.0, 1.0, 1.0]])
+    with pytest.raises(ValueError, match="cap must be >= 1"):
+        algo.rollout_is_weights(old, sampler, cap=0.5)
+    with pytest.raises(ValueError, match="differ"):
+        algo.rollout_is_weights(old, torch.zeros(1, 3, dtype=F64), cap=2.0)
+
+
 # --- aggregation -------------------------------------------------------------------------------
 
 # loss = [[1, 2, 3], [4, 5, 6]], mask = [[1, 1, 0], [1, 0, 0]]

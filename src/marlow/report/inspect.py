@@ -37,6 +37,7 @@ ROLE_METRICS = (
     "entropy",
     "perplexity",
     "chi2_rollout",
+    "rollout_abs_dlogp",
     "chi2_update",
     "kl_to_base",
     "grad_mass_share",

@@ -29,7 +29,8 @@ class RolloutEngine(Protocol):
     ``logprobs``), from the weights it serves now. The trainer scores one turn per adapter this
     way after every update and stops when the engine disagrees with it
     (:mod:`marlow.training.sync`): an engine holding its own copy of the weights (vLLM) must have
-    loaded the new adapters by then. It may be slow per token: it sees one short turn per adapter.
+    loaded the new adapters by then (the trainer calls ``refresh`` after every change of an
+    adapter's weights). It may be slow per token: it sees one short turn per adapter.
     """
 
     def generate(
@@ -43,14 +44,23 @@ class RolloutEngine(Protocol):
         temperature: float,
     ) -> list[list[float]]: ...
 
+    def refresh(self, adapters: Sequence[str]) -> None:
+        """The trainer changed these adapters' weights: from the next call the engine serves the
+        new ones (an engine sampling from the trainer's own model has nothing to do)."""
+        ...
+
+    def close(self) -> None:
+        """Release what the engine holds (processes, memory, files); safe to call twice."""
+        ...
+
 
 EngineFactory = Callable[..., RolloutEngine]
 
-# name -> "module:attribute" (imported on first use) or an already imported factory. A new backend
-# adds one line here, e.g. "vllm": "marlow.rollout.vllm:VLLMEngine", and vLLM is then imported only
-# by get_backend("vllm").
+# name -> "module:attribute" (imported on first use) or an already imported factory: vLLM is
+# imported only by get_backend("vllm").
 _BACKENDS: dict[str, str | EngineFactory] = {
     "hf": "marlow.rollout.hf:HFEngine",
+    "vllm": "marlow.rollout.vllm:VLLMEngine",
 }
 
 

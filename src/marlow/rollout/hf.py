@@ -170,6 +170,12 @@ class HFEngine:
             self.model.train(was_training)
         return out
 
+    def refresh(self, adapters: Sequence[str]) -> None:
+        """Nothing to do: every call samples from the trainer's model as it is now."""
+
+    def close(self) -> None:
+        """Nothing to release: the model is the trainer's."""
+
     @contextmanager
     def _adapted(self, adapter: str) -> Iterator[None]:
         """The model answering as ``adapter``: merged into the base (``merge``) or switched to."""

@@ -119,11 +119,11 @@ def evaluate(
         log(Phase(f"evaluating {target.label} -> {target.folder}"))
     made = not target.folder.exists()
     try:
-        trainer = Trainer(cfg, target.folder, log=log, run_dir=target.run)
-        step = 0
-        if target.checkpoint is not None:
-            step = ckpt.load(target.checkpoint, trainer.model, trainer.adapters, trainer.optim)
-        metrics = trainer.validate(step)
+        with Trainer(cfg, target.folder, log=log, run_dir=target.run) as trainer:
+            step = 0
+            if target.checkpoint is not None:
+                step = ckpt.load(target.checkpoint, trainer.model, trainer.adapters, trainer.optim)
+            metrics = trainer.validate(step)
         record = {
             "checkpoint": str(target.checkpoint) if target.checkpoint else None,
             "step": step,

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 
 import torch
 
-from marlow.algo.losses import clipped_surrogate, token_weights
+from marlow.algo.losses import clipped_surrogate, rollout_is_weights, token_weights
 from marlow.algo.stats import chi2_token, k3_tokens, kl_k3
 from marlow.config import GRPOConfig, MitigateConfig
 from marlow.diagnostics.metrics import Meter
@@ -98,21 +98,29 @@ def score_old(
 
 
 def pre_update_stats(meter: Meter, batch: AdapterBatch) -> None:
-    """Entropy, perplexity and chi2_rollout (trainer vs sampler) per role, token-weighted: one
-    read of the device per role."""
+    """Entropy, perplexity and the sampler/trainer mismatch per role, token-weighted: chi2_rollout
+    and rollout_abs_dlogp, the mean |logp_old - logp_sampler| per token (0 to round-off when
+    the sampler is the trainer's own model, the ``hf`` backend). One read of the device per
+    role."""
     for role, idx in batch.by_role().items():
         n = sum(batch.completion_len[i] for i in idx)
         if n == 0:
             continue
         mask = batch.mask[idx]
         lp = batch.old_logp[idx]
-        sampler = batch.sampler_logp[idx].to(lp.dtype)
-        ent, nll, chi2 = torch.stack(
-            [batch.entropy[idx].sum(), -lp.sum(), chi2_token(lp - sampler, mask)]
+        diff = lp - batch.sampler_logp[idx].to(lp.dtype)
+        ent, nll, chi2, gap = torch.stack(
+            [
+                batch.entropy[idx].sum(),
+                -lp.sum(),
+                chi2_token(diff, mask),
+                diff.abs().masked_fill(~mask, 0.0).sum(),
+            ]
         ).tolist()
         meter.mean(role, "entropy", ent, n)
         meter.mean(role, "nll", nll, n)
         meter.mean(role, "chi2_rollout", chi2 * n, n)
+        meter.mean(role, "rollout_abs_dlogp", gap, n)
 
 
 def kl_to_base_stats(
@@ -170,6 +178,10 @@ def update_adapter(
     change of the accumulated gradient across its micro-batches (no extra backward pass):
     ``grad_mass_share`` of a role = |g_role| / sum over roles of |g_role'| (L2 norms, before clipping
     and before any mitigation), averaged over the step's updates; ``grad_norm_own`` = |g_role|.
+
+    ``cfg.rollout_correction`` ``truncate``: each token's surrogate is weighed by
+    min(exp(logp_old - logp_sampler), cap) (:func:`marlow.algo.losses.rollout_is_weights`), the
+    KL penalty below is not.
 
     ``mitigate`` (:class:`marlow.config.MitigateConfig`, docs/mitigations.md), applied to each
     update's gradient before the clip:
@@ -240,6 +252,11 @@ def update_adapter(
                         s.logp, old_lp, adv, cfg.clip_low, cfg.clip_high, cfg.clip_ratio_c
                     )
                     token_loss = out.loss
+                    if cfg.rollout_correction == "truncate":  # the sampler is not pi_old
+                        sampler = batch.sampler_logp[chunk_rows, :w_chunk]
+                        token_loss = token_loss * rollout_is_weights(
+                            old_lp, sampler, cfg.rollout_correction_cap
+                        )
                     if any(beta[i] for i in chunk_rows):  # mitigate.kl_coef
                         b = torch.tensor(
                             [beta[i] for i in chunk_rows], dtype=s.logp.dtype, device=device

@@ -115,6 +115,10 @@ class Trainer:
         # device, data.
         copy = resume_lib.workflow_copy(Path(run_dir) if run_dir is not None else self.out)
         self.workflow = check_run_config(config, copy)
+        if config.rollout.backend == "vllm":
+            from marlow.rollout.vllm import require_vllm
+
+            require_vllm()
         self.rules = EpisodeRules.of(config)
         bind_local_device()  # under torchrun: one GPU per process
         self.device = resolve_device(config.device)
@@ -134,6 +138,9 @@ class Trainer:
             device=self.device,
         )
         positions = getattr(self.base.config, "max_position_embeddings", None)
+        served = config.rollout.vllm.max_model_len if config.rollout.backend == "vllm" else None
+        if served is not None:  # the engine serves no longer sequence
+            positions = min(positions, served) if positions else served
         self.rules = self.rules.within_context(positions, config.rollout.max_new_tokens)
         self.style = prompt_style(config.model.name)
         self.grade = self.task.grader()
@@ -151,13 +158,6 @@ class Trainer:
         merge = config.rollout.merge_lora
         if merge == "auto":
             merge = "on" if cpu_float32 else "off"
-        self.engine = make_engine(
-            config.rollout.backend,
-            self.model,
-            self.tokenizer,
-            max_batch=config.rollout.max_batch,
-            merge=merge == "on",
-        )
         self.fold = self._fold_adapters(config, cpu_float32)
         self.pad_id = self.tokenizer.pad_token_id
         self.optim = AdapterOptimizers(
@@ -183,6 +183,27 @@ class Trainer:
         self.step = 0
         self._sandbox_errors = 0  # programs whose sandbox failed to set up, up to the last step
         self._truncation_warned: set[tuple[str, str]] = set()  # (split, role) warned of cut turns
+        # last: an engine may start processes, which close() stops (the caller's with-block)
+        backend = config.rollout.backend
+        if backend == "vllm":
+            options = {"settings": config.rollout.vllm, "dtype": config.dtype, "seed": config.seed}
+        else:
+            options = {"merge": merge == "on"}
+        self.engine = make_engine(
+            backend, self.model, self.tokenizer, max_batch=config.rollout.max_batch, **options
+        )
+
+    def close(self) -> None:
+        """Stop the rollout engine (a vLLM engine's processes); safe to call twice."""
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.close()
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -301,6 +322,7 @@ class Trainer:
             else:
                 self.optim.end_role_update(adapter)
         self.optim.end_step()
+        self.engine.refresh([a for a in self.adapters if trained[a]])  # serve the update
         self.model.eval()
         t3 = time.perf_counter()
         t_kl = 0.0
@@ -320,10 +342,14 @@ class Trainer:
                 new = probe_logp(self.model, batch, temperature)
             finite[batch.adapter] = bool(torch.isfinite(new).all())  # one read
             if finite[batch.adapter]:  # the engine must serve the update (marlow.training.sync)
-                drift[batch.adapter] = engine_drift(self.engine, batch, new, temperature, diagnose)
+                probe = new if not diagnose and temperature == 1.0 else None  # else: rescored
+                drift[batch.adapter] = engine_drift(self.engine, self.model, batch, probe)
         for adapter in self.adapters:  # every rank undoes the same updates
             if trained[adapter]:
-                self.nonfinite.check_policy(adapter, self.world.all_(finite.get(adapter, True)))
+                kept = self.world.all_(finite.get(adapter, True))
+                self.nonfinite.check_policy(adapter, kept)
+                if not kept:
+                    self.engine.refresh([adapter])  # serve the restored weights
         # a fraction of this rank's groups: the ranks' fractions merge weighted by their groups
         meter.mean("all", "frac_reward_zero_std", frac_zero * n_groups, n_groups)
         meter = Meter.merge(self.world.gather(meter))  # sums over ranks; a world of one: itself
@@ -587,6 +613,7 @@ class Trainer:
         path = checkpoint.checkpoint_dir(self.out, best_step)
         if self.adapters:
             load_adapter_weights(self.model, path / "adapters", self.adapters)
+            self.engine.refresh(self.adapters)
         if not self.world.main:
             return
         write_json(

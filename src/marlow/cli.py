@@ -238,9 +238,6 @@ def train(
     trainer = None
     try:
         cfg = _train_config(args, out, resuming, resume_from)
-        if resuming and (said := _finished(out, cfg, resume_from)):
-            _log(said)  # before any model loads: there is nothing to train
-            return
         from marlow.training.trainer import Trainer
 
         started = time.monotonic()
@@ -289,12 +286,6 @@ def _interrupted(out: Path, started: bool) -> None:
         highlight=False,
         soft_wrap=True,
     )
-
-
-def _finished(out: Path, cfg, resume_from: int | None) -> str | None:
-    from marlow.training.resume import finished
-
-    return finished(out, cfg, resume_from)
 
 
 def _train_summary(out: Path, seconds: float) -> None:

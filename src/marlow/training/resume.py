@@ -157,7 +157,8 @@ def run_workflow(run_dir: Path, cfg: RunConfig):
 def finished(run_dir: Path, cfg: RunConfig, resume_from: int | None = None) -> str | None:
     """The line to say when the run in ``run_dir`` has nothing left to do under ``cfg``: its
     checkpoint to resume from is at (or past) ``cfg.steps``. None when there is training left.
-    Such a resume changes nothing: no event, no rewritten config."""
+    The trainer still makes the checks and repairs of any resume (a torn last record, a
+    checkpoint commit cut short) but writes no ``resume`` event."""
     found = pick_checkpoint(run_dir, resume_from) if run_dir.is_dir() else None
     if found is None or checkpoint.step_of(found) < cfg.steps:
         return None

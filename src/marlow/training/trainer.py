@@ -511,10 +511,6 @@ class Trainer:
             raise resume_lib.ResumeError(f"--resume-from {resume_from}: {self.out} holds no run")
         if found is not None:
             self.step = checkpoint.load(found, self.model, self.adapters, self.optim)
-            said = resume_lib.finished(self.out, self.cfg, resume_from)
-            if said:  # nothing to train: the folder stays as it is (no event, no new config)
-                self.log(said)
-                return self.step
         done = self.step if found is not None else -1  # records after this are redone
         for later in checkpoint.all_done(self.out)[::-1]:  # a --resume-from redoes their steps
             if checkpoint.step_of(later) > done:
@@ -531,7 +527,10 @@ class Trainer:
         for path in (self.out / "signatures").glob("step_*.json"):
             if int(path.stem[len("step_") :]) > done:
                 path.unlink()
-        if found is not None:
+        said = resume_lib.finished(self.out, self.cfg, resume_from) if found is not None else None
+        if said:  # nothing to train: repaired as any resume (above), but no resume event
+            self.log(said)
+        elif found is not None:
             self.events.write(
                 {"step": done, "action": "resume", "checkpoint": found.name, "changed": changes}
             )

@@ -28,7 +28,7 @@ from marlow.diagnostics.runstats import run_statistics
 from marlow.diagnostics.signatures import latest_signatures, read_signatures
 from marlow.diagnostics.sinks import read_jsonl
 from marlow.policy.routing import make_routing
-from marlow.training.resume import run_workflow
+from marlow.workflows.check import run_workflow
 
 ROLE_METRICS = (
     "reward",

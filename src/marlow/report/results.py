@@ -33,7 +33,7 @@ from marlow.diagnostics.runstats import run_statistics
 from marlow.diagnostics.signatures import read_signatures
 from marlow.diagnostics.sinks import read_jsonl
 from marlow.titles import scale_title
-from marlow.training.resume import run_workflow
+from marlow.workflows.check import run_workflow
 from marlow.workflows.spec import is_workflow_file
 
 IDENTITY = ("kind", "workflow", "policy", "scale", "task", "seed")

@@ -40,6 +40,7 @@ from marlow.config import ConfigError, RunConfig, differences, load_config
 from marlow.diagnostics.sinks import read_jsonl
 from marlow.fileio import DamagedFileError, write_text
 from marlow.training import checkpoint, runbase
+from marlow.workflows.check import WORKFLOW_COPY, workflow_copy
 from marlow.workflows.spec import is_workflow_file
 
 RESUME_SAFE = {
@@ -121,22 +122,6 @@ def preflight(
     return found, changes
 
 
-WORKFLOW_COPY = "workflow.yaml"
-"""A file workflow's text as the run started with it: ``config.yaml`` names only its path, as
-typed (relative to the folder it was typed in), so every command that reads a run reads this
-copy instead (:func:`workflow_copy`)."""
-
-
-def workflow_copy(run_dir: Path) -> Path | None:
-    """The run's own copy of its workflow file, once the run has records (``metrics.jsonl``);
-    None for a built-in workflow or a folder no run has written to yet (a fresh start reads the
-    path as typed and then keeps its text here). Inspect, eval, resume and the report read this,
-    never the typed path, so a run folder reads the same from any folder and after its source
-    file changed or moved."""
-    copy = run_dir / WORKFLOW_COPY
-    return copy if copy.is_file() and (run_dir / "metrics.jsonl").exists() else None
-
-
 def record_workflow_file(run_dir: Path, cfg: RunConfig) -> None:
     """Keep the run's workflow file beside its config when the run starts (a resumed run keeps
     the copy it has), so that the run folder alone reproduces it; a built-in workflow ships with
@@ -144,14 +129,6 @@ def record_workflow_file(run_dir: Path, cfg: RunConfig) -> None:
     copy = run_dir / WORKFLOW_COPY
     if is_workflow_file(cfg.workflow.name) and workflow_copy(run_dir) is None:
         write_text(copy, Path(cfg.workflow.name).read_text())
-
-
-def run_workflow(run_dir: Path, cfg: RunConfig):
-    """The workflow spec of the run in ``run_dir`` trained with ``cfg``: a file workflow from the
-    run's own copy (:func:`workflow_copy`). Raises ConfigError naming the field."""
-    from marlow.workflows.check import check_workflow
-
-    return check_workflow(cfg.workflow, copy=workflow_copy(run_dir))
 
 
 def finished(run_dir: Path, cfg: RunConfig, resume_from: int | None = None) -> str | None:

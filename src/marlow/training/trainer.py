@@ -78,7 +78,7 @@ from marlow.training.nonfinite import NonFiniteGuard
 from marlow.training.optim import AdapterOptimizers
 from marlow.training.sync import check_sync, engine_drift
 from marlow.types import Episode, SamplingParams
-from marlow.workflows.check import check_run_config
+from marlow.workflows.check import check_run_config, workflow_copy
 from marlow.workflows.engine import run_episodes
 from marlow.workflows.spec import EpisodeRules
 
@@ -113,7 +113,7 @@ class Trainer:
         torch.manual_seed(config.seed)
         # What can be refused without the model is refused first: role-level settings, the
         # device, data.
-        copy = resume_lib.workflow_copy(Path(run_dir) if run_dir is not None else self.out)
+        copy = workflow_copy(Path(run_dir) if run_dir is not None else self.out)
         self.workflow = check_run_config(config, copy)
         if config.rollout.backend == "vllm":
             from marlow.rollout.vllm import require_vllm

@@ -22,7 +22,7 @@ from marlow.workflows.spec import WorkflowSpec
 def check_workflow(cfg: WorkflowConfig, copy: Path | None = None) -> WorkflowSpec:
     """The workflow ``cfg`` names (a built-in name or a workflow file's path), built; ``copy``: a
     run folder's own copy of that file, read instead of the typed path
-    (:func:`marlow.training.resume.workflow_copy`). Raises ConfigError naming ``workflow.name``
+    (:func:`workflow_copy`). Raises ConfigError naming ``workflow.name``
     (an unknown name, a bad file) or ``workflow.params``."""
     try:
         return build_workflow(cfg.name, cfg.rounds_count, copy=copy, **cfg.params)
@@ -30,6 +30,29 @@ def check_workflow(cfg: WorkflowConfig, copy: Path | None = None) -> WorkflowSpe
         raise ConfigError(f"config field 'workflow.params': {err}") from None
     except ValueError as err:
         raise ConfigError(f"config field 'workflow.name': {err}") from None
+
+
+WORKFLOW_COPY = "workflow.yaml"
+"""A file workflow's text as the run started with it, in the run folder
+(:func:`marlow.training.resume.record_workflow_file` writes it): ``config.yaml`` names only its
+path, as typed (relative to the folder it was typed in), so every command that reads a run reads
+this copy instead (:func:`workflow_copy`)."""
+
+
+def workflow_copy(run_dir: Path) -> Path | None:
+    """The run's own copy of its workflow file, once the run has records (``metrics.jsonl``);
+    None for a built-in workflow or a folder no run has written to yet (a fresh start reads the
+    path as typed and then keeps its text here). Inspect, eval, resume and the report read this,
+    never the typed path, so a run folder reads the same from any folder and after its source
+    file changed or moved."""
+    copy = run_dir / WORKFLOW_COPY
+    return copy if copy.is_file() and (run_dir / "metrics.jsonl").exists() else None
+
+
+def run_workflow(run_dir: Path, cfg: RunConfig) -> WorkflowSpec:
+    """The workflow spec of the run in ``run_dir`` trained with ``cfg``: a file workflow from the
+    run's own copy (:func:`workflow_copy`). Raises ConfigError naming the field."""
+    return check_workflow(cfg.workflow, copy=workflow_copy(run_dir))
 
 
 def check_run_config(cfg: RunConfig, copy: Path | None = None) -> WorkflowSpec:

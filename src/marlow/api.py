@@ -6,10 +6,11 @@ These are what ``import marlow`` exports (``marlow.train``, ``marlow.load_run``,
 Settings: ``config`` is a YAML path, a nested dict, a :class:`marlow.config.RunConfig`, or None
 (the tiny preset's defaults); keyword settings go over it, by top-level field, a section as a
 dict merged into that section (``steps=50, optim={"lr": 5e-4}``), or a dotted key as on the
-command line (``**{"optim.lr": 5e-4}``). Library code prints nothing:
+command line (``**{"optim.lr": 5e-4}``). Library code prints nothing itself:
 ``verbose=True`` sends marlow's log lines to stderr and lets third-party progress bars (Hugging
-Face's "Loading weights") show; by default both are silent. Choices of marlow, not fixed by the
-spec.
+Face's "Loading weights") show; by default marlow is quiet, not mute: one line on stderr per
+long phase (pre-training a tiny world, with an estimate of its time; training; evaluating) and
+no third-party bars. Choices of marlow, not fixed by the spec.
 
 The README's "From Python" section holds a runnable example (``tests/e2e/test_api.py`` runs it).
 """
@@ -27,6 +28,7 @@ from typing import Any
 
 from marlow.config import ConfigError, RunConfig, load_config, merge, resolve
 from marlow.diagnostics.sinks import read_jsonl
+from marlow.logs import quiet
 
 ConfigLike = str | Path | dict | RunConfig | None
 
@@ -78,7 +80,8 @@ def _dotted(settings: dict, prefix: str = "") -> list[str]:
 
 @contextlib.contextmanager
 def _quiet(verbose: bool) -> Iterator[Any]:
-    """The log function to hand down; third-party progress bars off unless ``verbose``."""
+    """The log function to hand down: every line when ``verbose``, else only the lines that open
+    a long phase (:class:`marlow.logs.Phase`); third-party progress bars off unless ``verbose``."""
     from transformers.utils import logging as hf_logging
 
     was = hf_logging.is_progress_bar_enabled()
@@ -87,7 +90,11 @@ def _quiet(verbose: bool) -> Iterator[Any]:
         hf_logging.disable_progress_bar()
         os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     try:
-        yield (lambda message: print(message, file=sys.stderr, flush=True)) if verbose else None
+
+        def say(message: str) -> None:
+            print(message, file=sys.stderr, flush=True)
+
+        yield say if verbose else quiet(say)  # quiet, not mute: one line per long phase
     finally:
         if was:
             hf_logging.enable_progress_bar()

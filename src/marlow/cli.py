@@ -2,7 +2,8 @@
 
 Errors a user can fix (config, model id, run folder, a command-line flag) print one line and
 exit 2, with rich markup escaped (a hint such as ``pip install 'marlow[data]'`` keeps its
-``[data]``). A run folder that ``train`` or ``eval`` created is removed again when the command
+``[data]``). An interrupt (Ctrl-C, or SIGINT from a script) of ``train``, ``grid`` or
+``quickstart`` exits 130 after one line saying what was kept and how to go on. A run folder that ``train`` or ``eval`` created is removed again when the command
 then fails on such an error before the run wrote its first record (``metrics.jsonl``): a failed
 start leaves nothing behind, a run that trained keeps its files.
 """
@@ -154,7 +155,9 @@ def _split_args(args: list[str] | None) -> tuple[Path | None, list[str]]:
 
 
 def _log(message: str) -> None:
-    console.print(f"[dim]{escape(message)}[/dim]", highlight=False)
+    """A library log line, dimmed, on stderr: one line each, never wrapped (a log file or a
+    grep sees the whole message)."""
+    console.print(f"[dim]{escape(message)}[/dim]", highlight=False, soft_wrap=True)
 
 
 def _examples(*lines: str) -> str:
@@ -220,7 +223,7 @@ def train(
         int,
         typer.Option(
             help="data-parallel processes on this machine: launches torchrun --nproc_per_node "
-            "NPROC -m marlow train (needs rollout.seeding=request)",
+            "NPROC -m marlow train (rollout.seeding=auto picks request there)",
             min=1,
         ),
     ] = 1,
@@ -232,6 +235,7 @@ def train(
     if nproc > 1:
         _launch_data_parallel(nproc, args or [], out, resume, resume_from)
         return
+    trainer = None
     try:
         cfg = _train_config(args, out, resuming, resume_from)
         from marlow.training.trainer import Trainer
@@ -241,8 +245,47 @@ def train(
             trainer.run(resume=resuming, resume_from=resume_from, on_step=progress.update)
     except _user_errors() as err:
         _fail(str(err))
+    except KeyboardInterrupt:  # Ctrl-C, or SIGINT from a script or a scheduler
+        if os.environ.get("RANK", "0") == "0":
+            _interrupted(out, started=trainer is not None)
+        raise typer.Exit(130) from None
     if os.environ.get("RANK", "0") == "0":
         _train_summary(out, time.monotonic() - started)
+
+
+def _interrupted(out: Path, started: bool) -> None:
+    """What an interrupted ``marlow train`` kept and how to go on, in one line: the step it was
+    in (one past the last step in ``metrics.jsonl``), the last checkpoint (a resume redoes the
+    steps after it) and the command that resumes."""
+    from marlow.training import checkpoint as ckpt
+    from marlow.training.trainer import read_metrics
+
+    if not started or not (out / "metrics.jsonl").exists():
+        console.print(
+            "interrupted before the run's first record; nothing to resume: run the same "
+            "command again to start it",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return
+    try:
+        done = max((int(r["step"]) for r in read_metrics(out) if "step" in r), default=0)
+    except ValueError:  # a half-written last line: the resume drops it
+        done = 0
+    latest = ckpt.latest(out)
+    kept = (
+        f"the last checkpoint is step {ckpt.step_of(latest)}"
+        if latest is not None
+        else "no checkpoint yet (a resume starts from step 1)"
+    )
+    console.print(
+        escape(
+            f"interrupted at step {done + 1}; {kept}; resume with "
+            f"`marlow train --out {out} --resume`"
+        ),
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def _train_summary(out: Path, seconds: float) -> None:
@@ -508,6 +551,14 @@ def quickstart(
             )
         except (*_user_errors(), RuntimeError) as err:
             _fail(str(err))
+        except KeyboardInterrupt:  # its grid stopped the running cells and wrote the index
+            console.print(
+                "interrupted; run the same `marlow quickstart` again to finish only what is "
+                "missing",
+                highlight=False,
+                soft_wrap=True,
+            )
+            raise typer.Exit(130) from None
     table = Table(title=f"validation accuracy ({out})")
     for col in ("cell", "peak", "peak step", "final", "n val"):
         table.add_column(col)
@@ -534,13 +585,20 @@ def quickstart(
 
 @app.command(
     epilog=_examples(
-        "marlow grid configs/grids/tiny-demo.yaml --out runs/demo",
-        "marlow grid configs/grids/tiny-matrix.yaml --dry-run",
+        "marlow grid configs/grids/tiny-demo.yaml steps=4 optim.lr=3e-3 --out runs/demo",
+        "marlow grid configs/grids/tiny-matrix.yaml --dry-run   (the cells and their count)",
         "marlow grid configs/grids/tiny-matrix.yaml --runner ray --workers 8",
     )
 )
 def grid(
     file: Annotated[Path, typer.Argument(help="a grid YAML file (axes and shared settings)")],
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="\\[key=value ...] settings for every cell, over the file's settings",
+            show_default=False,
+        ),
+    ] = None,
     out: Annotated[Path, typer.Option(help="results folder")] = Path("runs/grid"),
     runner: Annotated[str, typer.Option(help="local or ray")] = "local",
     address: Annotated[
@@ -549,19 +607,26 @@ def grid(
     workers: Annotated[
         int | None, typer.Option(help="cells at once (default: sized to cores and memory)")
     ] = None,
-    dry_run: Annotated[bool, typer.Option(help="list the cells and stop")] = False,
+    dry_run: Annotated[bool, typer.Option(help="list the cells, say how many, and stop")] = False,
 ) -> None:
-    """Run every cell of a grid; finished cells are skipped, interrupted ones resumed."""
-    from marlow.experiments.grid import expand, load_grid
+    """Run every cell of a grid; finished cells are skipped, interrupted ones resumed.
+
+    Besides one trained cell per workflow and policy, a grid runs controls: by default
+    (no controls key) the SA-RL control (Single trained alone) and a base cell (no training)
+    per workflow, so a grid of 2 workflows x 2 policies is 8 cells; controls: [] runs none.
+    --dry-run prints the cells and their count."""
+    from marlow.experiments.grid import describe_cells, expand, load_grid
     from marlow.experiments.runner import run_grid
 
     _check_out(out)
 
     try:
-        spec = load_grid(file)
+        spec = load_grid(file, overrides)
         if dry_run:
-            for cell in expand(spec):
+            cells = expand(spec)
+            for cell in cells:
                 print(cell.name)
+            print(describe_cells(spec, cells))
             return
         started = time.monotonic()
         with _CellProgress(34) as bars:
@@ -571,12 +636,22 @@ def grid(
                 runner=runner,
                 workers=workers,
                 address=address,
-                grid_text=file.read_text(),
+                grid_text=_grid_text(file, overrides),
                 log=_log,
                 on_progress=bars,
             )
     except (*_user_errors(), RuntimeError) as err:
         _fail(str(err))
+    except KeyboardInterrupt:  # the runner stopped the running cells and wrote the index
+        console.print(
+            escape(
+                f"interrupted; {out / 'index.json'} marks the stopped cells pending; run the "
+                "same `marlow grid` again to resume them"
+            ),
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(130) from None
     counts = {s: sum(v == s for v in states.values()) for s in ("done", "failed", "pending")}
     rows = [(state, str(n)) for state, n in counts.items()]
     rows.append(("time", _clock(time.monotonic() - started)))
@@ -585,6 +660,14 @@ def grid(
     Console().print(f"next: marlow report {escape(str(out))}", highlight=False, soft_wrap=True)
     if counts["failed"]:
         raise typer.Exit(1)
+
+
+def _grid_text(file: Path, overrides: list[str] | None) -> str:
+    """The grid as given, for ``RESULTS/grid.yaml``: the file, and the overrides it ran with."""
+    text = file.read_text()
+    if overrides:
+        text += f"\n# run with: {' '.join(overrides)}\n"
+    return text
 
 
 @app.command(

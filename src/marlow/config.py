@@ -320,11 +320,13 @@ class RolloutConfig(_Section):
         "bases (marlow.rollout.lean: the same logits with less Python); auto: on for a float32 "
         "base on the CPU, off elsewhere (the copy costs GPU memory; bfloat16 rounds the sum)",
     )
-    seeding: Literal["call", "request"] = Field(
-        "call",
+    seeding: Literal["auto", "call", "request"] = Field(
+        "auto",
         description="call: a stage's samples come from one generator in request order; request: "
         "each request has its own seed, so a sample does not depend on its batch or rank (data "
-        "parallel runs need it; the same run on one process then samples the same tokens)",
+        "parallel runs need it; the same run on one process then samples the same tokens); "
+        "auto: request under several processes (torchrun), call otherwise; a run records the "
+        "value it resolved to (marlow.training.distributed.resolve_seeding)",
     )
 
 
@@ -828,9 +830,18 @@ def _refuse_moved(data: dict[str, Any]) -> None:
         )
 
 
+def _shorthand(data: dict[str, Any]) -> dict[str, Any]:
+    """``workflow: NAME`` (``workflow=FILE`` on the command line) is short for ``workflow.name``:
+    a built-in name or a workflow file's path, the one field a user sets most (issue 35)."""
+    if isinstance(data.get("workflow"), str):
+        return {**data, "workflow": {"name": data["workflow"]}}
+    return data
+
+
 def resolve(data: dict[str, Any]) -> RunConfig:
     """Validate a merged dict over its preset (:func:`preset_settings`); raise ConfigError with
     one line naming the field."""
+    data = _shorthand(data)
     _refuse_moved(data)
     task = data.get("task")
     name = task.get("name") if isinstance(task, dict) else None
@@ -868,8 +879,8 @@ def load_config(
             raise ConfigError(f"config {path} is not valid YAML{where}: {problem}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config {path} must be a YAML mapping, got {type(loaded).__name__}")
-        data = merge(data, loaded)
-    return resolve(merge(data, parse_overrides(overrides or [])))
+        data = merge(data, _shorthand(loaded))
+    return resolve(merge(data, _shorthand(parse_overrides(overrides or []))))
 
 
 def dump_config(config: RunConfig) -> str:

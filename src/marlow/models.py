@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from marlow.config import DEVICE_FORM, DEVICES, ConfigError, ModelConfig
+from marlow.logs import Phase
 
 
 class ModelLoadError(RuntimeError):
@@ -96,6 +97,54 @@ def is_tiny(name: str) -> bool:
     from marlow.tiny.model import SCALES
 
     return name in SCALES
+
+
+PRETRAIN_MS_PER_EXAMPLE = {"tiny-s": 4.0, "tiny-m": 10.0, "tiny-l": 20.0}
+"""Milliseconds a tiny world's pre-training spends per example on the 2-core CPU marlow is built
+on (README: tiny-s's full recipe, 64 x 1,200 examples, 280-340 s; tiny-m about 16 min; tiny-l
+37-51 min), for the estimate printed before a world is pre-trained. Another machine, or the code
+world's longer examples, may take longer: the line says it is an estimate."""
+
+
+def pretrain_notice(config: ModelConfig, task: str = "math") -> str | None:
+    """The line to say before the tiny world of ``config`` is pre-trained (None when it is
+    cached): what happens, roughly how long it takes, that it happens once, and, for a tiny-s
+    math world other than the quickstart's, whether ``preset=quickstart`` would reuse a cached
+    one (the quickstart's quick recipe trains in about half the time)."""
+    from marlow.presets import PRESETS
+    from marlow.tiny.model import get_scale
+    from marlow.tiny.pretrain import BATCH_EXAMPLES, tiny_path
+
+    steps, batch = config.pretrain_steps, config.pretrain_batch
+    path = tiny_path(config.name, steps=steps, batch=batch, task=task)
+    if (path / "meta.json").exists():
+        return None
+    steps = get_scale(config.name).pretrain_steps if steps is None else steps
+    batch = BATCH_EXAMPLES if batch is None else batch
+    minutes = steps * batch * PRETRAIN_MS_PER_EXAMPLE[config.name] / 60_000
+    took = f"about {minutes:.0f} min" if minutes >= 1.5 else "about a minute or less"
+    line = (
+        f"the tiny world {config.name} ({task}) is not cached: pre-training it first "
+        f"({steps:,} steps of {batch} examples), {took} on 2 CPU cores (an estimate), once: "
+        f"later runs reuse it ({path.parent})"
+    )
+    quick = PRESETS["quickstart"]["model"]
+    if (config.name, task) == (quick["name"], "math") and (steps, batch) != (
+        quick["pretrain_steps"],
+        quick["pretrain_batch"],
+    ):
+        world = ModelConfig(
+            name=quick["name"],
+            pretrain_steps=quick["pretrain_steps"],
+            pretrain_batch=quick["pretrain_batch"],
+        )
+        if _shipped(world, "math") is not None:
+            line += "; preset=quickstart uses the world marlow ships (no pre-training)"
+        elif (tiny_path(quick["name"], **_recipe(world, "math")) / "meta.json").exists():
+            line += "; preset=quickstart reuses the quickstart's world, already cached"
+        else:
+            line += "; preset=quickstart trains on the quickstart's quicker world (half the time)"
+    return line
 
 
 def prompt_style(name: str) -> str:
@@ -183,6 +232,9 @@ def tiny_world(
             f"{config.pretrain_batch}); shipped: {shipped.listing()}. Set model.world=auto to "
             "pre-train it"
         )
+    notice = pretrain_notice(config, task)
+    if notice is not None and log is not None:
+        log(Phase(notice))
     return pretrain_tiny(config.name, log=log, **_recipe(config, task))
 
 

@@ -55,7 +55,7 @@ already in the local Hugging Face cache.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +157,8 @@ class Plan:
     gpu_mem_gib: float | None
     fits: bool | None  # None without gpu_mem_gib
     max_micro_tokens: int | None  # the largest grpo.micro_tokens that fits (None: none does)
+    # what to set, together, for a run that does not fit: setting -> value (:func:`suggest`)
+    suggestions: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -191,12 +193,15 @@ def plan_run(
     kv = kv_cache_bytes(shape, b, cfg.rollout.max_batch, turn)
     peak = base_bytes + adapter_bytes + max(activations, kv)
     fits = max_micro = None
+    suggestions: dict[str, Any] = {}
     if gpu_mem_gib is not None:
         budget = gpu_mem_gib * GIB
         fits = peak <= budget
         room = budget - base_bytes - adapter_bytes
         if adapters and room >= kv and room >= turn * per_token:
             max_micro = math.floor(room / per_token)
+        if not fits:
+            suggestions = suggest(cfg, shape, b, per_token, room, prompt_tokens)
     return Plan(
         model=cfg.model.name,
         source=source,
@@ -217,7 +222,45 @@ def plan_run(
         gpu_mem_gib=gpu_mem_gib,
         fits=fits,
         max_micro_tokens=max_micro,
+        suggestions=suggestions,
     )
+
+
+def suggest(
+    cfg: RunConfig, shape: Shape, b: int, per_token: int, room: float, prompt_tokens: int
+) -> dict[str, Any]:
+    """The settings that, set together, make a run that does not fit do so: ``room`` is the
+    memory left beside the base weights and the adapters, which both the rollout's KV cache and
+    one micro-batch's activations must fit in (the peak takes the larger). Each number is the
+    largest that fits, so the run keeps as much batch as the card allows:
+
+    * ``rollout.max_batch``: the most sequences whose KV cache fits;
+    * ``grpo.micro_tokens``: the most tokens per forward whose activations fit;
+    * ``rollout.max_new_tokens``: only when one sequence (or one turn's forward, which is never
+      split) is already too long; then the two above are sized for the shorter turn;
+    * ``dtype`` / ``policy.lora_rank`` / ``model.name``: when the weights alone leave no room.
+
+    The ``--prompt-tokens`` assumption (:data:`PROMPT_TOKENS`) is part of every figure."""
+    r = cfg.rollout
+    if room <= 0:  # the weights and adapters alone pass the card
+        out: dict[str, Any] = {"model.name": "a smaller model"}
+        if cfg.dtype == "float32":
+            out = {"dtype": "bfloat16", **out}
+        return out
+    new = r.max_new_tokens
+    kv_token = kv_cache_bytes(shape, b, 1, 1)  # one token of one sequence
+    longest = math.floor(room / max(kv_token, per_token)) - prompt_tokens  # one sequence fits
+    out = {}
+    if new > longest:
+        if longest < 1:  # one prompt of --prompt-tokens alone does not fit
+            return {"model.name": "a smaller model"}
+        new = out["rollout.max_new_tokens"] = longest
+    turn = prompt_tokens + new
+    if kv_cache_bytes(shape, b, r.max_batch, turn) > room:
+        out["rollout.max_batch"] = math.floor(room / kv_cache_bytes(shape, b, 1, turn))
+    if per_token and max(cfg.grpo.micro_tokens, turn) * per_token > room:
+        out["grpo.micro_tokens"] = math.floor(room / per_token)
+    return out
 
 
 def _attach(
@@ -310,7 +353,8 @@ def render(plan: Plan) -> list:
         else "adapters: none (the routing trains nothing, so no backward and no activations)",
         f"KV cache: one rollout batch of {plan.max_batch} sequences x ({plan.prompt_tokens:,} "
         f"prompt (--prompt-tokens) + {plan.max_new_tokens:,} new) tokens",
-        "peak: base + adapters + max(activations, KV cache)",
+        "peak: base + adapters + max(activations, KV cache), per GPU: each data-parallel "
+        "process (torchrun, marlow train --nproc) holds all of it",
     ]
     out: list = [table, Text("\n".join(notes), style="dim")]
     if plan.gpu_mem_gib is not None:
@@ -319,13 +363,12 @@ def render(plan: Plan) -> list:
             verdict = f"fits in {plan.gpu_mem_gib:g} GiB ({_gib(spare)} spare)"
         else:
             verdict = f"does NOT fit in {plan.gpu_mem_gib:g} GiB"
-            if plan.max_micro_tokens is not None:
-                verdict += f"; grpo.micro_tokens={plan.max_micro_tokens:,} or less would"
-            else:
-                verdict += (
-                    "; the weights with one turn's activations or the rollout's KV cache already "
-                    "pass it (lower rollout.max_batch or rollout.max_new_tokens, or a smaller model)"
+            if plan.suggestions:
+                settings = " ".join(
+                    f"{k}={v}" if " " not in str(v) else f"{k}: {v}"
+                    for k, v in plan.suggestions.items()
                 )
+                verdict += f"; it would with {settings} (each the largest that fits, or less)"
         out.append(Text(verdict))
     return out
 

@@ -8,7 +8,8 @@ settings for one ``task.name``. Pure data: this module imports nothing of marlow
 Two presets reproduce the study (issue 17):
 
 * ``paper``: its text (Table 7 and §A.7). Every field's default *is* its Table 7 value, so the
-  preset only names the model and its bfloat16 base weights.
+  preset only names the model and its bfloat16 base weights, and sizes the rollout batch and the
+  micro-batch for the study's GPUs (:data:`_STUDY_CARDS`).
 * ``official``: its released code (github.com/XHMY/marl-llm-workflows with its verl fork), on
   every point where that code and the text disagree or the text is silent; each such point is
   a config switch, listed in :data:`SWITCHES` with both sources. ``marlow diff-presets paper
@@ -29,7 +30,16 @@ from typing import Any
 
 PER_TASK = "per_task"  # the key of a preset's per-task overlays (not a config field)
 
-_PAPER_MODEL = {"dtype": "bfloat16", "model": {"name": "Qwen/Qwen3-1.7B"}}
+# The study's hardware (§A.8): one node of two GPUs per cell, an 80 GB H100 for 1.7B and 4B, a
+# 48 GB L40S for 0.6B, with the micro-batch tokens set per scale and card. marlow's data parallel
+# puts the whole run on each GPU, so these two memory settings (neither changes the algorithm) are
+# sized with `marlow plan` to fit each card for every model the study trained: at the preset's
+# 5,120 new tokens and plan's 1,024-token prompt, Qwen3-0.6B peaks at 33.8 GiB of 48, 1.7B at
+# 43.5 GiB and 4B at 72.1 GiB of 80 (tests/e2e/test_cli_plan.py). Table 7 does not give them;
+# the defaults (256 sequences, 8,192 tokens) fit none of the three. A 4B turn of 6,144 tokens is
+# scored whole whatever micro_tokens says, so 6,144 costs the small models speed, not memory.
+_STUDY_CARDS = {"rollout": {"max_batch": 48}, "grpo": {"micro_tokens": 6144}}
+_PAPER_MODEL = {"dtype": "bfloat16", "model": {"name": "Qwen/Qwen3-1.7B"}, **_STUDY_CARDS}
 
 # The tiny world's: what trains on a CPU in minutes (the studies under docs/results ran with it).
 # Per-role credit: with the paper's broadcast credit Voting gained +3 points in 24 steps, with
@@ -59,7 +69,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     # The official code: the paper preset with every switch of SWITCHES at its official value.
     "official": {
         **_PAPER_MODEL,
-        "grpo": {"minibatch_unit": "prompts", "advantage_scope": "trajectory", "clip_ratio_c": 3.0},
+        "grpo": {
+            **_STUDY_CARDS["grpo"],
+            "minibatch_unit": "prompts",
+            "advantage_scope": "trajectory",
+            "clip_ratio_c": 3.0,
+        },
         "optim": {"schedule_stepping": "shared-uncapped"},
         "workflow": {
             "parse": "first-match",

@@ -36,6 +36,12 @@ def test_the_readmes_python_example_runs_as_written(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert not cache.exists()  # the shipped world: nothing pre-trained, nothing cached
     assert "Loading weights" not in done.stderr + done.stdout  # quiet unless verbose
+    # quiet, not mute (issue 35, item 6): one line per long phase, and no detail
+    phases = done.stderr.splitlines()
+    assert phases[0].startswith("training Voting (sp) on tiny-s (math), 2 steps"), phases
+    assert phases[1].startswith("trained to step 2 in "), phases
+    assert phases[2].startswith("evaluating checkpoint "), phases
+    assert len(phases) == 3, phases
     lines = done.stdout.splitlines()
     assert len(lines) == 3, done.stdout
     assert [step for step, _ in eval(lines[0])] == [0, 2]  # noqa: S307 - our own printout

@@ -57,6 +57,11 @@ ROWS = {
     "unknown top field": (GOOD + "extra: 1\n", "line 16", "field 'extra'", "valid: name, title"),
     "no roles field": (swap("roles:", "rolez:"), "field 'rolez'", "unknown field"),
     "no answer": (GOOD.replace("answer: selected\n", ""), "field 'answer'", "required"),
+    "stage holds its prompt's text (issue 35)": (
+        swap("prompt: say,", 'prompt: "Say: {problem}",'),
+        "field 'stages[0].prompt'",
+        "roles.generator.prompts",
+    ),
     "unknown kind": (
         swap("kind: select", "kind: critic"),
         "line 8",

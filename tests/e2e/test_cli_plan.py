@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from marlow.config import load_config
 from marlow.plan import plan_run
 
@@ -49,7 +51,53 @@ def test_the_table_and_both_verdicts(tmp_path: Path):
         "fits in 80 GiB",
     ):
         assert needle in fits.stdout, (needle, fits.stdout)
-    too_small = plan_cli("preset=paper", "--gpu-mem", "80", cwd=tmp_path)
+    too_small = plan_cli("preset=paper", "--gpu-mem", "24", cwd=tmp_path)
     assert too_small.returncode == 0, too_small.stderr
-    assert "does NOT fit in 80 GiB" in too_small.stdout
+    shown = " ".join(too_small.stdout.split())
+    assert "does NOT fit in 24 GiB; it would with " in shown
+    suggested = plan_run(load_config(None, ["preset=paper"]), gpu_mem_gib=24.0).suggestions
+    assert suggested and all(f"{k}={v}" in shown for k, v in suggested.items()), shown
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("model", "card"),
+    [("Qwen/Qwen3-0.6B", 48), ("Qwen/Qwen3-1.7B", 80), ("Qwen/Qwen3-4B", 80)],
+)
+def test_the_paper_preset_fits_the_studys_cards(model, card, tmp_path):
+    """§A.8: two GPUs per cell, 48 GB L40S for 0.6B, 80 GB H100 for 1.7B and 4B; each
+    data-parallel process holds the whole plan, so the verdict is per GPU (issue 35, item 5)."""
+    done = plan_cli("preset=paper", f"model.name={model}", "--gpu-mem", str(card), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"fits in {card} GiB" in done.stdout, done.stdout
+
+
+def test_plans_first_help_example_fits(tmp_path):
+    config = Path(__file__).parents[2] / "configs" / "paper-voting-ip.yaml"
+    done = plan_cli(str(config), "--gpu-mem", "80", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "fits in 80 GiB" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "card", "needed"),
+    [
+        # the rollout batch's KV cache and the micro-batch's activations
+        (("rollout.max_batch=256", "grpo.micro_tokens=65536"), 80, {"max_batch", "micro_tokens"}),
+        # one turn alone is too long for the card
+        (("rollout.max_new_tokens=30000",), 80, {"max_new_tokens"}),
+        ((), 40, {"max_new_tokens", "micro_tokens"}),  # the paper preset on a 40 GiB card
+    ],
+)
+def test_a_run_that_does_not_fit_gets_every_setting_that_would_make_it(extra, card, needed):
+    base = ("preset=paper", "model.name=Qwen/Qwen3-4B", *extra)
+    first = plan_run(load_config(None, list(base)), gpu_mem_gib=card)  # as plan --json prints
+    assert first.fits is False
+    suggested = [f"{k}={v}" for k, v in first.suggestions.items()]
+    assert {s.split("=")[0].split(".")[1] for s in suggested} == needed, suggested
+    # together they fit, and each is the largest that does: one more of any of them does not
+    assert plan_run(load_config(None, [*base, *suggested]), gpu_mem_gib=card).fits is True
+    for s in suggested:
+        key, value = s.split("=")
+        more = [x if x != s else f"{key}={int(value) + 1}" for x in suggested]
+        assert plan_run(load_config(None, [*base, *more]), gpu_mem_gib=card).fits is False, s

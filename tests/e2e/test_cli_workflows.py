@@ -27,6 +27,11 @@ def test_workflows_lists_the_built_ins_and_checks_a_file(tmp_path):
     assert "2. debater x2; prompt rebut; round 1; reads mine=own.debater" in out
     assert "Q: What is 12 + 30?\nA: <debater output 2>\nC: 1) <debater output 1>\nFix:" in out
     assert "--- judge slot 0 round 0 (select) prompt:" in out
+    # placeholders count a role's outputs over the episode: round 2 revises the second answer
+    done = run(["workflows", "check", "eval_opt"], "", tmp_path)
+    assert done.returncode == 0, done.stderr
+    second = "--- generator slot 0 round 2 (answer) prompt:\nQ: What is 12 + 30?\n"
+    assert second + "A: <generator output 2>\nC: <evaluator output 2>\nFix:" in done.stdout
 
 
 @pytest.mark.parametrize("routing", ["sp", "ip"])

@@ -260,13 +260,10 @@ def test_a_run_killed_anywhere_resumes_bit_equal(reference, tmp_path, point):
     assert records(run) == records(reference)
 
 
-def test_a_file_workflow_is_kept_in_the_run_and_a_changed_file_refuses_resume(
-    small_config, tmp_path
-):
+def test_a_file_workflow_is_kept_in_the_run_and_a_resume_reads_the_copy(small_config, tmp_path):
     """config.yaml names a workflow file by its path; the run keeps the file's text beside it
-    (RUN/workflow.yaml), and a resume after the file changed is refused in one line."""
-    from marlow.training.resume import ResumeError
-
+    (RUN/workflow.yaml), and a resume reads that copy, never the path: after the file changed,
+    and after it is gone, the run goes on with the workflow it started with (issue 35)."""
     source = Path(__file__).parents[2] / "configs" / "workflows" / "debate.yaml"
     mine = tmp_path / "debate.yaml"
     shutil.copy(source, mine)
@@ -274,8 +271,11 @@ def test_a_file_workflow_is_kept_in_the_run_and_a_changed_file_refuses_resume(
     cfg = small_config(steps=1, val_every=1, workflow={"name": str(mine)}, task={"val_size": 4})
     Trainer(cfg, run).run()
     assert (run / "workflow.yaml").read_text() == source.read_text()
-    Trainer(cfg.model_copy(update={"steps": 2}), run).run(resume=True)  # unchanged: resumes
-    mine.write_text(source.read_text().replace("rounds", "turns", 1))
-    with pytest.raises(ResumeError, match=r"workflow file .*debate\.yaml changed since the run"):
-        Trainer(cfg.model_copy(update={"steps": 3}), run).run(resume=True)
+    mine.write_text(source.read_text().replace("debater", "speaker"))  # another workflow now
+    trainer = Trainer(cfg.model_copy(update={"steps": 2}), run)
+    assert trainer.workflow.roles == ["debater", "judge"]  # the copy's roles, not the file's
+    trainer.run(resume=True)
+    mine.unlink()
+    Trainer(cfg.model_copy(update={"steps": 3}), run).run(resume=True)
+    assert [r["step"] for r in records(run)] == [0, 1, 2, 3]
     assert (run / "workflow.yaml").read_text() == source.read_text()

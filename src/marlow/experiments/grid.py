@@ -7,7 +7,8 @@ A grid file::
     scales: [tiny-s, tiny-m]                       # tiny scales or Hugging Face ids / paths
     tasks: [math, code]
     seeds: [0, 1]
-    controls: [base, sa-rl, transfer]              # any of these; default: base and sa-rl
+    controls: [base, sa-rl, transfer]              # any of these; default: base and sa-rl,
+                                                   # so a grid without this key runs them too
     settings: {steps: 24, optim: {lr: 1e-3}}       # config for every cell (preset default: tiny)
     variants:                                      # optional: named settings, each a copy of
       lr3e-3: {optim: {lr: 3e-3}}                  # the whole grid over those settings
@@ -67,6 +68,7 @@ from pydantic import (
 
 from marlow.config import ConfigError, RunConfig, merge, resolve
 from marlow.titles import POLICY_TITLES, scale_title
+from marlow.training.distributed import resolve_seeding
 from marlow.workflows.check import check_run_config
 from marlow.workflows.load import workflow_title
 from marlow.workflows.spec import is_workflow_file, workflow_names
@@ -167,6 +169,7 @@ class Cell:
     config: RunConfig = field(repr=False, compare=False)
     needs: tuple[str, ...] = ()  # cells that must finish first (a transfer needs its SA-RL)
     variant: str | None = None  # the grid variant it belongs to, if the grid has variants
+    title: str = ""  # the workflow's title, as in the cell's name (the report calls it so)
 
     def matches(self, entry: dict[str, Any]) -> bool:
         """Whether every axis value of an ``exclude`` entry is this cell's."""
@@ -178,6 +181,7 @@ class Cell:
             "name": self.name,
             "kind": self.kind,
             "workflow": self.workflow,
+            "title": self.title or workflow_title(self.workflow),
             "policy": self.policy,
             "scale": self.scale,
             "task": self.task,
@@ -195,8 +199,35 @@ def cell_name(
     return "-".join(parts) + (f"-s{seed}" if seed is not None else "")
 
 
-def load_grid(path: str | Path) -> GridSpec:
-    path = Path(path)
+def load_grid(path: str | Path, overrides: list[str] | None = None) -> GridSpec:
+    """The grid file at ``path``; ``overrides`` (``key=value``, as for ``marlow train``) are
+    merged over its ``settings``, so they reach every cell (and each cell's checks)."""
+    spec = _read_grid(Path(path))
+    if overrides:
+        from marlow.config import parse_overrides
+
+        spec = spec.model_copy(
+            update={"settings": merge(spec.settings, parse_overrides(overrides))}
+        )
+    return spec
+
+
+def describe_cells(grid: GridSpec, cells: list[Cell]) -> str:
+    """The line ``marlow grid --dry-run`` ends with: how many cells, trained and controls, and
+    whether the controls are the default ones (which a grid gets without a ``controls`` key)."""
+    trained = sum(c.kind == "trained" for c in cells)
+    kinds = {k: sum(c.kind == k for c in cells) for k in ("sa-rl", "base", "transfer")}
+    parts = [f"{n} {k}" for k, n in kinds.items() if n]
+    line = f"{len(cells)} cells: {trained} trained" + "".join(f", {p}" for p in parts)
+    if "controls" not in grid.model_fields_set and grid.controls:
+        line += (
+            f" (controls {', '.join(grid.controls)} are the default: set `controls: []` in the "
+            "grid file for none)"
+        )
+    return line
+
+
+def _read_grid(path: Path) -> GridSpec:
     if not path.is_file():
         raise FileNotFoundError(f"grid file {path} does not exist")
     try:
@@ -293,8 +324,9 @@ class _Point:
             },
         )
         try:
-            resolved = resolve(config)
-            check_run_config(resolved)  # workflow name, params and roles: before anything runs
+            # a cell runs in one process: rollout.seeding=auto is call, as its config.yaml says
+            resolved, _ = resolve_seeding(resolve(config), 1)
+            spec = check_run_config(resolved)  # workflow name, params, roles: before anything runs
         except ConfigError as err:
             raise ConfigError(f"cell {name}: {err}") from None
         return Cell(
@@ -308,6 +340,7 @@ class _Point:
             resolved,
             tuple(needs),
             self.variant,
+            spec.title,
         )
 
     def trained(self) -> list[Cell]:

@@ -29,6 +29,7 @@ class Pool(Protocol):
     def submit(self, cell: Cell, args: tuple) -> Any: ...
     def wait(self, handles: list[Any], timeout: float) -> list[Any]: ...
     def result(self, handle: Any) -> str: ...
+    def stop(self, handles: list[Any]) -> None: ...
     def close(self) -> None: ...
 
 
@@ -55,6 +56,20 @@ class LocalPool:
 
     def result(self, handle: Any) -> str:
         return handle.result()
+
+    def stop(self, handles: list[Any]) -> None:
+        """Stop every worker now (an interrupted grid): SIGTERM, then SIGKILL after 10 s. A
+        cell's own children end with it (the math grader's worker on its closed stdin, the code
+        sandbox on ``PR_SET_PDEATHSIG``). The cells resume from their last checkpoint."""
+        processes = list((self._pool._processes or {}).values())  # no public handle on them
+        for proc in processes:
+            proc.terminate()
+        for proc in processes:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=10)
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -102,6 +117,11 @@ class RayPool:
 
     def result(self, handle: Any) -> str:
         return self._ray.get(handle)
+
+    def stop(self, handles: list[Any]) -> None:
+        """Cancel the running cells' tasks (force: their worker processes are killed)."""
+        for handle in handles:
+            self._ray.cancel(handle, force=True)
 
     def close(self) -> None:
         self._ray.shutdown()

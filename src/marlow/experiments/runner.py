@@ -6,7 +6,10 @@ are submitted up to the pool's width, and each one is recorded in the index as i
 a grid again skips cells with ``DONE``, resumes the others from their last checkpoint
 (``Trainer.run(resume=True)`` continues exactly as if never stopped) and retries failed ones. A
 transfer cell waits for its SA-RL cell; when that failed, the transfer fails with a message
-naming it.
+naming it. An interrupt (SIGINT to the grid process, whether from a terminal's Ctrl-C or
+``kill -INT``) stops the running cells' processes, marks those cells ``pending`` in the index
+(with the step each reached: a choice of marlow, so the index never says ``running`` for a cell
+nothing runs) and re-raises, so the caller exits; the next run resumes them.
 
 The pieces, one concern each: :mod:`~marlow.experiments.results_folder` (the folder, its index
 and lock), :mod:`~marlow.experiments.pools` (local processes or Ray, and how many at once),
@@ -95,14 +98,36 @@ def _drive(
     """Submit ready cells up to the pool's width; record each one as it ends."""
     waiting = list(todo)
     running: dict[Any, Cell] = {}  # pool handle -> its cell
-    while waiting or running:
-        _submit_ready(pool, waiting, running, index, threads, log)
-        if not running:
+    try:
+        while waiting or running:
+            _submit_ready(pool, waiting, running, index, threads, log)
+            if not running:
+                continue
+            for handle in pool.wait(list(running), timeout=1.0):
+                _record_end(pool, handle, running.pop(handle), index, log)
+            if on_progress is not None:
+                _show_progress(running.values(), index, on_progress)
+    except KeyboardInterrupt:  # SIGINT to the grid (Ctrl-C, or kill -INT from a script)
+        _interrupt(pool, running, index, log)
+        raise
+
+
+def _interrupt(pool: Pool, running: dict[Any, Cell], index: GridIndex, log: Log) -> None:
+    """Stop the running cells' processes, then mark them ``pending`` in the index (with the
+    step each reached), so that the index says what is true: nothing runs, and running the grid
+    again resumes them from their last checkpoint. A cell that finished meanwhile (``DONE``)
+    is recorded done."""
+    pool.stop(list(running))
+    for cell in running.values():
+        if index.done(cell.name):
+            index.set(cell.name, "done")
             continue
-        for handle in pool.wait(list(running), timeout=1.0):
-            _record_end(pool, handle, running.pop(handle), index, log)
-        if on_progress is not None:
-            _show_progress(running.values(), index, on_progress)
+        step = last_step(index.dir(cell.name))
+        index.set(cell.name, "pending", f"interrupted at step {step}; the grid resumes it")
+    log(
+        f"interrupted: stopped {len(running)} running cell(s); run the same `marlow grid` again "
+        "to resume them from their last checkpoint"
+    )
 
 
 def _submit_ready(
@@ -120,7 +145,8 @@ def _submit_ready(
         if blocked:
             waiting.remove(cell)
             index.set(cell.name, "failed", f"needs {blocked[0]}, which failed")
-            log(f"{cell.name}: failed (needs {blocked[0]})")
+            finished = sum(s in ("done", "failed") for s in index.state.values())
+            log(f"[{finished}/{len(index.state)}] {cell.name}: failed (needs {blocked[0]})")
         elif len(running) < pool.workers and all(index.done(n) for n in cell.needs):
             waiting.remove(cell)
             sa_rl = str(index.dir(cell.needs[0])) if cell.needs else None
@@ -146,9 +172,11 @@ def _record_end(pool: Pool, handle: Any, cell: Cell, index: GridIndex, log: Log)
         log(f"[{finished}/{len(index.state)}] {cell.name}: done{took}")
     except Exception as err:  # noqa: BLE001 - a cell's failure must not stop the grid
         message = f"{type(err).__name__}: {err}".splitlines()[0]
-        write_text(index.dir(cell.name) / "error.txt", traceback.format_exc())
+        error = index.dir(cell.name) / "error.txt"
+        write_text(error, traceback.format_exc())
         index.set(cell.name, "failed", message)
-        log(f"{cell.name}: failed: {message}")
+        finished = sum(s in ("done", "failed") for s in index.state.values())
+        log(f"[{finished}/{len(index.state)}] {cell.name}: failed: {message.rstrip('.')} ({error})")
 
 
 def _show_progress(running: Iterable[Cell], index: GridIndex, on_progress: Progress) -> None:

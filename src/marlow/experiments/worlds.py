@@ -22,7 +22,8 @@ def pretrain_worlds(cells: list[Cell], log: Callable[[str], None]) -> None:
     logged (its cells will try again and record the error themselves)."""
     import multiprocessing
 
-    from marlow.models import is_tiny, tiny_world_folder
+    from marlow.config import ModelConfig
+    from marlow.models import is_tiny, pretrain_notice, tiny_world_folder
 
     needed = {}
     for c in cells:
@@ -33,6 +34,8 @@ def pretrain_worlds(cells: list[Cell], log: Callable[[str], None]) -> None:
     for folder, (scale, task, steps, batch) in sorted(needed.items(), key=str):
         if (folder / "meta.json").exists():  # a shipped world, or one in the cache
             continue
+        model = ModelConfig(name=scale, pretrain_steps=steps, pretrain_batch=batch)
+        log(pretrain_notice(model, task) or f"pre-training {scale} ({task})")
         child = multiprocessing.get_context("spawn").Process(
             target=_pretrain_world, args=(scale, task, steps, batch), daemon=True
         )

@@ -1,7 +1,9 @@
 """``marlow inspect RUN``: what a run folder says, per role, in one JSON-able report.
 
 The report holds, for every role of the run's workflow (and ``all``): the latest training value
-of each per-role metric (:data:`ROLE_METRICS`) and the latest validation values; the run-level
+of each per-role metric (:data:`ROLE_METRICS`) with the step it was logged at (``latest_step``:
+a metric sampled every ``diagnostics.every`` steps, like ``chi2_update``, is shown from its own
+last step, not left out) and the latest validation values; the run-level
 statistics (``runstats``); each adapter's latest grad norm, learning rate and update count; the
 latest trajectory signatures; every detector's verdict recomputed now, with the run's own
 thresholds (``detect.*`` of its ``config.yaml``), and the events the trainer logged.
@@ -26,7 +28,7 @@ from marlow.diagnostics.runstats import run_statistics
 from marlow.diagnostics.signatures import latest_signatures, read_signatures
 from marlow.diagnostics.sinks import read_jsonl
 from marlow.policy.routing import make_routing
-from marlow.workflows import build_workflow
+from marlow.workflows.check import run_workflow
 
 ROLE_METRICS = (
     "reward",
@@ -62,24 +64,44 @@ def _latest(records: list[dict], prefix: str) -> dict:
     return {}
 
 
+def _last_values(records: list[dict]) -> dict[str, tuple[int, float]]:
+    """Every key's latest (step, value) over the records."""
+    out: dict[str, tuple[int, float]] = {}
+    for r in records:
+        for key, value in r.items():
+            if key != "step":
+                out[key] = (r.get("step"), value)
+    return out
+
+
 def inspect_run(run_dir: str | Path, overrides: list[str] | None = None) -> dict:
     """The report of one run folder; ``overrides`` (``key=value``) change detector thresholds."""
     run = Path(run_dir)
     metrics = run / "metrics.jsonl"
+    if not metrics.exists() and (run / "index.json").is_file():
+        cells = sorted(p.name for p in (run / "cells").glob("*") if (p / "metrics.jsonl").exists())
+        example = run / "cells" / (cells[0] if cells else "NAME")
+        raise FileNotFoundError(
+            f"{run} is a grid's results folder, not a run: inspect one of its cells (marlow "
+            f"inspect {example}) or make its report (marlow report {run})"
+        )
     if not metrics.exists():
         raise FileNotFoundError(f"{run} holds no run: no metrics.jsonl (give a run folder)")
     cfg = load_config(run / "config.yaml", overrides)
-    workflow = build_workflow(cfg.workflow.name, cfg.workflow.rounds_count, **cfg.workflow.params)
+    workflow = run_workflow(run, cfg)  # a file workflow: the run's own copy
     adapters = make_routing(cfg.policy.routing, workflow.roles, cfg.policy.role_map).adapters
     records = list(read_jsonl(metrics))
     train, val = _latest(records, "train/"), _latest(records, "val/")
     stats = run_statistics(records)
     roles = {}
+    last = _last_values(records)
     for role in [*workflow.roles, "all"]:
+        keys = [(m, f"train/{role}/{m}") for m in ROLE_METRICS if f"train/{role}/{m}" in last]
         roles[role] = {
-            "latest": {
-                m: train[f"train/{role}/{m}"] for m in ROLE_METRICS if f"train/{role}/{m}" in train
-            },
+            # each metric's latest value and its step: chi2_update and kl_to_base are logged
+            # only every diagnostics.every steps, so theirs is often older than the last step
+            "latest": {m: last[k][1] for m, k in keys},
+            "latest_step": {m: last[k][0] for m, k in keys},
             "val": {k.split("/")[2]: v for k, v in val.items() if k.startswith(f"val/{role}/")},
             "run": stats["roles"].get(role, {}),
         }
@@ -141,12 +163,16 @@ def render(report: dict) -> list:
 
     roles = report["roles"]
     names = [m for m in ROLE_METRICS if any(m in r["latest"] for r in roles.values())]
-    table = Table(title=f"latest training metrics (step {report['train_step']})")
+    step = report["train_step"]
+    table = Table(
+        title=f"latest training metrics (step {step}; an older value names its step)",
+        title_justify="left",
+    )
     table.add_column("metric")
     for role in roles:
         table.add_column(role, justify="right")
     for m in names:
-        table.add_row(m, *(_fmt(r["latest"].get(m)) for r in roles.values()))
+        table.add_row(m, *(_at(r, m, step) for r in roles.values()))
     for m in sorted({k for r in roles.values() for k in r["val"]}):
         table.add_row(f"val {m}", *(_fmt(r["val"].get(m)) for r in roles.values()))
     out.append(table)
@@ -199,6 +225,14 @@ def render(report: dict) -> list:
         what = e.get("detector") or e.get("action")
         out.append(Text(f"event at step {e['step']}: {what}"))
     return out
+
+
+def _at(role: dict, metric: str, step: int | None) -> str:
+    """A role's latest value of ``metric``, with its step when older than the last one."""
+    value, taken = role["latest"].get(metric), role.get("latest_step", {}).get(metric)
+    if value is None or taken is None or taken == step:
+        return _fmt(value)
+    return f"{_fmt(value)} (step {taken})"
 
 
 def _brief(evidence: dict) -> str:

@@ -33,7 +33,8 @@ from marlow.diagnostics.runstats import run_statistics
 from marlow.diagnostics.signatures import read_signatures
 from marlow.diagnostics.sinks import read_jsonl
 from marlow.titles import scale_title
-from marlow.workflows import build_workflow
+from marlow.workflows.check import run_workflow
+from marlow.workflows.spec import is_workflow_file
 
 IDENTITY = ("kind", "workflow", "policy", "scale", "task", "seed")
 TRAINED_KINDS = ("trained", "sa-rl")  # kinds that train (the others only validate)
@@ -128,7 +129,7 @@ def load_results(results_dir: str | Path) -> GridRuns:
         cid = CellId(
             name,
             entry["kind"],
-            entry["workflow"],
+            _workflow_key(entry),
             entry["policy"],
             # a variant's cells are shown (and matched) as a scale of their own: "tiny-s lr3e-3"
             " ".join(
@@ -155,6 +156,16 @@ def load_results(results_dir: str | Path) -> GridRuns:
     return GridRuns(root, index.get("grid") or {}, ids, runs, missing)
 
 
+def _workflow_key(entry: dict) -> str:
+    """How the report names a cell's workflow: a built-in by its name (``voting``), a workflow
+    file by the title its cells are named with (``SolverCritic``, not the path as typed, which
+    may not even resolve from the folder the report is built in)."""
+    workflow = str(entry["workflow"])
+    if not is_workflow_file(workflow):
+        return workflow
+    return str(entry.get("title") or Path(workflow).stem)
+
+
 def _missing(name: str, entry: dict, reason: str) -> dict:
     return {"name": name, "kind": entry.get("kind"), "state": entry.get("state"), "reason": reason}
 
@@ -169,7 +180,7 @@ def load_cell(cid: CellId, path: Path) -> CellRun:
     if "val" not in stats:
         raise ValueError("metrics.jsonl holds no val/all/accuracy")
     cfg = load_config(path / "config.yaml")
-    workflow = build_workflow(cfg.workflow.name, cfg.workflow.rounds_count, **cfg.workflow.params)
+    workflow = run_workflow(path, cfg)  # a file workflow: the cell's own copy
     slots = {role: workflow.slots_of(role) for role in workflow.roles}
     signatures = read_signatures(path)
     events_path = path / "events.jsonl"

@@ -16,7 +16,8 @@ it, and the copies meet only where the algorithm needs all of them (docs/scaling
   events, checkpoints) and decides on alarms; the others follow its broadcast.
 
 Samples equal a one-process run's only when each request carries its own seed
-(``rollout.seeding=request``, required with more than one process): then a two-process run and a
+(``rollout.seeding=request``, required with more than one process: the default ``auto`` picks it
+under torchrun, :func:`resolve_seeding`): then a two-process run and a
 one-process run with the same global batch and seeds train the same adapters up to float
 round-off (tests/integration/test_data_parallel.py). Backends: gloo for CPU runs, nccl for CUDA.
 Timing metrics (``time/*``) and the code sandbox's error count are rank 0's own.
@@ -98,14 +99,34 @@ SOLO = World()
 """A world of one process: every collective is the identity."""
 
 
+def resolve_seeding(config: RunConfig, size: int) -> tuple[RunConfig, str | None]:
+    """``rollout.seeding=auto`` resolved for a run of ``size`` processes: ``request`` under
+    several (data parallel needs it), ``call`` under one (so a one-process run samples exactly
+    as before ``auto`` existed). Returns the config with the resolved value, which the run
+    records in its ``config.yaml`` (so a resume or a re-read sees what ran), and the line to log
+    once (None when nothing was resolved)."""
+    if config.rollout.seeding != "auto":
+        return config, None
+    value = "request" if size > 1 else "call"
+    rollout = config.rollout.model_copy(update={"seeding": value})
+    why = (
+        f"{size} data-parallel processes: each request samples from its own seed"
+        if size > 1
+        else "one process"
+    )
+    return config.model_copy(update={"rollout": rollout}), f"rollout.seeding=auto: {value} ({why})"
+
+
 def check_world(config: RunConfig, size: int) -> None:
-    """What a run needs to be split over ``size`` processes, refused in one line otherwise."""
+    """What a run needs to be split over ``size`` processes, refused in one line otherwise
+    (``rollout.seeding=auto`` becomes ``request``: :func:`resolve_seeding`)."""
     if size == 1:
         return
-    if config.rollout.seeding != "request":
+    if config.rollout.seeding not in ("request", "auto"):
         raise ConfigError(
             f"config field 'rollout.seeding' is {config.rollout.seeding!r}, but a data-parallel "
-            f"run ({size} processes) samples each request from its own seed; valid: request"
+            f"run ({size} processes) samples each request from its own seed; valid: request, "
+            "auto"
         )
     if config.grpo.batch_problems < size:
         raise ConfigError(

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from marlow.config import ConfigError, load_config
 from marlow.fileio import write_json
+from marlow.logs import Phase
 from marlow.training import checkpoint as ckpt
 
 DEFAULT_OUT = Path("runs/eval")
@@ -115,10 +116,10 @@ def evaluate(
     if target.checkpoint is not None:
         ckpt.check(target.checkpoint)  # a damaged checkpoint is refused before a model loads
     if log is not None:
-        log(f"evaluating {target.label} -> {target.folder}")
+        log(Phase(f"evaluating {target.label} -> {target.folder}"))
     made = not target.folder.exists()
     try:
-        with Trainer(cfg, target.folder, log=log) as trainer:
+        with Trainer(cfg, target.folder, log=log, run_dir=target.run) as trainer:
             step = 0
             if target.checkpoint is not None:
                 step = ckpt.load(target.checkpoint, trainer.model, trainer.adapters, trainer.optim)

@@ -40,6 +40,7 @@ from marlow.config import ConfigError, RunConfig, differences, load_config
 from marlow.diagnostics.sinks import read_jsonl
 from marlow.fileio import DamagedFileError, write_text
 from marlow.training import checkpoint, runbase
+from marlow.workflows.check import WORKFLOW_COPY, workflow_copy
 from marlow.workflows.spec import is_workflow_file
 
 RESUME_SAFE = {
@@ -112,7 +113,6 @@ def preflight(
     base_changed = runbase.changed(run_dir, new.model, new.task.name)
     if base_changed:
         raise ResumeError(base_changed)
-    check_workflow_file(run_dir, new)
     found = pick_checkpoint(run_dir, resume_from)
     if found is not None:
         try:
@@ -122,28 +122,25 @@ def preflight(
     return found, changes
 
 
-WORKFLOW_COPY = "workflow.yaml"
-"""A file workflow's text as the run started with it: ``config.yaml`` names only its path."""
-
-
 def record_workflow_file(run_dir: Path, cfg: RunConfig) -> None:
-    """Keep the run's workflow file beside its config (once, when the run starts), so that the
-    run folder alone reproduces it; a built-in workflow ships with marlow and is not copied."""
+    """Keep the run's workflow file beside its config when the run starts (a resumed run keeps
+    the copy it has), so that the run folder alone reproduces it; a built-in workflow ships with
+    marlow and is not copied."""
     copy = run_dir / WORKFLOW_COPY
-    if is_workflow_file(cfg.workflow.name) and not copy.exists():
+    if is_workflow_file(cfg.workflow.name) and workflow_copy(run_dir) is None:
         write_text(copy, Path(cfg.workflow.name).read_text())
 
 
-def check_workflow_file(run_dir: Path, cfg: RunConfig) -> None:
-    """Refuse to resume when the workflow file changed since the run started."""
-    copy = run_dir / WORKFLOW_COPY
-    if not (is_workflow_file(cfg.workflow.name) and copy.is_file()):
-        return
-    if Path(cfg.workflow.name).read_text() != copy.read_text():
-        raise ResumeError(
-            f"workflow file {cfg.workflow.name} changed since the run started; restore it from "
-            f"{copy} (the text the run trained with) or start a new run"
-        )
+def finished(run_dir: Path, cfg: RunConfig, resume_from: int | None = None) -> str | None:
+    """The line to say when the run in ``run_dir`` has nothing left to do under ``cfg``: its
+    checkpoint to resume from is at (or past) ``cfg.steps``. None when there is training left.
+    The trainer still makes the checks and repairs of any resume (a torn last record, a
+    checkpoint commit cut short) but writes no ``resume`` event."""
+    found = pick_checkpoint(run_dir, resume_from) if run_dir.is_dir() else None
+    if found is None or checkpoint.step_of(found) < cfg.steps:
+        return None
+    step = checkpoint.step_of(found)
+    return f"{run_dir} already finished at step {step}; pass steps=N to extend it (N > {step})"
 
 
 def _safe(field: str) -> bool:

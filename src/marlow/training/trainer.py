@@ -38,7 +38,9 @@ from marlow.diagnostics.metrics import Meter, episode_metrics
 from marlow.diagnostics.runstats import series
 from marlow.diagnostics.signatures import read_signatures, trajectory_signatures, write_signatures
 from marlow.diagnostics.sinks import JsonlSink, open_sinks, read_jsonl
+from marlow.diagnostics.truncation import truncation_warnings
 from marlow.fileio import write_json, write_text
+from marlow.logs import Phase
 from marlow.models import load_base, prompt_style, resolve_device
 from marlow.policy.adapters import (
     LoraSpec,
@@ -54,7 +56,13 @@ from marlow.tasks import build_task
 from marlow.training import checkpoint, runbase
 from marlow.training import resume as resume_lib
 from marlow.training.batch import build_batches, credit_rows, empty_batch
-from marlow.training.distributed import bind_local_device, check_world, join_world
+from marlow.training.distributed import (
+    bind_local_device,
+    check_world,
+    join_world,
+    launched_size,
+    resolve_seeding,
+)
 from marlow.training.grpo import (
     finish_role_stats,
     fused_old_logp,
@@ -70,7 +78,7 @@ from marlow.training.nonfinite import NonFiniteGuard
 from marlow.training.optim import AdapterOptimizers
 from marlow.training.sync import check_sync, engine_drift
 from marlow.types import Episode, SamplingParams
-from marlow.workflows.check import check_run_config
+from marlow.workflows.check import check_run_config, workflow_copy
 from marlow.workflows.engine import run_episodes
 from marlow.workflows.spec import EpisodeRules
 
@@ -84,7 +92,19 @@ def step_seed(seed: int, step: int, salt: int = 0) -> int:
 class Trainer:
     """Builds everything a run needs from its config; ``run()`` trains."""
 
-    def __init__(self, config: RunConfig, out_dir: str | Path, *, log: Log | None = None) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        out_dir: str | Path,
+        *,
+        log: Log | None = None,
+        run_dir: str | Path | None = None,
+    ) -> None:
+        """``run_dir``: the run whose own copy of a workflow file to read (default ``out_dir``;
+        an eval writes elsewhere); a run not started yet reads the path as typed."""
+        # rollout.seeding=auto, resolved for the processes torchrun started (one without it);
+        # the run records and uses the resolved value
+        config, seeding = resolve_seeding(config, launched_size())
         self.cfg = config
         self.out = Path(out_dir)
         self.log = log or (lambda _msg: None)
@@ -93,7 +113,8 @@ class Trainer:
         torch.manual_seed(config.seed)
         # What can be refused without the model is refused first: role-level settings, the
         # device, data.
-        self.workflow = check_run_config(config)
+        copy = workflow_copy(Path(run_dir) if run_dir is not None else self.out)
+        self.workflow = check_run_config(config, copy)
         if config.rollout.backend == "vllm":
             from marlow.rollout.vllm import require_vllm
 
@@ -105,6 +126,8 @@ class Trainer:
         check_world(config, self.world.size)
         if not self.world.main:  # rank 0 speaks and writes for the run
             self.log = lambda _msg: None
+        if seeding is not None and self.world.size > 1:  # a one-process run samples as ever
+            self.log(seeding)
         self.task = build_task(config.task, log=self.log)
         self.isolation = sandbox_isolation(config, self.log)  # the code sandbox's, logged
         self.base, self.tokenizer = load_base(
@@ -159,6 +182,7 @@ class Trainer:
         self.val_set = self.task.val_problems()
         self.step = 0
         self._sandbox_errors = 0  # programs whose sandbox failed to set up, up to the last step
+        self._truncation_warned: set[tuple[str, str]] = set()  # (split, role) warned of cut turns
         # last: an engine may start processes, which close() stops (the caller's with-block)
         backend = config.rollout.backend
         if backend == "vllm":
@@ -346,6 +370,14 @@ class Trainer:
         )
         return out
 
+    def _warn_truncation(self, step: int, record: dict) -> None:
+        """Log :func:`truncation_warnings`, once per role and split in this process (a run cut
+        on every step would otherwise say it every step)."""
+        for seen, line in truncation_warnings(step, record, self.cfg.rollout.max_new_tokens):
+            if seen not in self._truncation_warned:
+                self._truncation_warned.add(seen)
+                self.log(Phase(line))
+
     def diagnostics_step(self, step: int) -> bool:
         """Whether step ``step`` runs the sampled diagnostics (steps 1, 1 + k, 1 + 2k, ...)."""
         return (step - 1) % self.cfg.diagnostics.every == 0
@@ -424,9 +456,25 @@ class Trainer:
             for line in self.sinks.describe():
                 self.log(line)
             self.sinks.truncate_after(done)
+            started, first = time.monotonic(), self.step
+            if self.step < self.cfg.steps:
+                self.log(Phase(self._describe_run()))
             self._loop(on_step)
+            if self.step > first:
+                seconds = time.monotonic() - started
+                self.log(Phase(f"trained to step {self.step} in {seconds:.0f} s -> {self.out}"))
         self.world.leave()  # after rank 0 closed the run's files
         return self.out
+
+    def _describe_run(self) -> str:
+        """The line that opens training: what trains, from which step, to which, where."""
+        c = self.cfg
+        where = f"steps {self.step + 1}-{c.steps}" if self.step else f"{c.steps} steps"
+        return (
+            f"training {self.workflow.title} ({c.policy.routing}) on {c.model.name} ({c.task.name})"
+            f", {where}, validating every {c.val_every} on {len(self.val_set)} problems "
+            f"-> {self.out}"
+        )
 
     def _begin(self, resume: bool, resume_from: int | None) -> int:
         """:meth:`_start` on rank 0; the other data-parallel ranks then load the checkpoint it
@@ -479,7 +527,10 @@ class Trainer:
         for path in (self.out / "signatures").glob("step_*.json"):
             if int(path.stem[len("step_") :]) > done:
                 path.unlink()
-        if found is not None:
+        said = resume_lib.finished(self.out, self.cfg, resume_from) if found is not None else None
+        if said:  # nothing to train: repaired as any resume (above), but no resume event
+            self.log(said)
+        elif found is not None:
             self.events.write(
                 {"step": done, "action": "resume", "checkpoint": found.name, "changed": changes}
             )
@@ -578,6 +629,7 @@ class Trainer:
     def _record(self, step: int, record: dict, on_step) -> None:
         if not self.world.main:
             return
+        self._warn_truncation(step, record)
         self.metrics.write({"step": step, **record})
         self.sinks.write({"step": step, **record})
         if on_step is not None:

@@ -40,6 +40,7 @@ from marlow.workflows.spec import (
     Stage,
     WorkflowSpec,
     is_workflow_file,
+    workflow_names,
     workflow_path,
 )
 
@@ -190,6 +191,13 @@ class _Checker:
         self.stages.append((loc, st))
 
     def templates(self, st: StageFile, loc: Loc) -> dict[tuple[str, str], str]:
+        if any(c in st.prompt for c in "{} \n"):  # a template's text where its name belongs
+            raise self.err(
+                (*loc, "prompt"),
+                f"a stage names its prompt, it does not hold the text ({st.prompt[:40]!r}); "
+                f'put the text under roles.{st.role}.prompts (e.g. prompts: {{mine: "..."}}) '
+                "and write prompt: mine here, or name a library prompt ROLE/VARIANT",
+            )
         if "/" in st.prompt:
             found = library_templates(st.prompt)
             if not found:
@@ -403,13 +411,19 @@ def load_workflow(
     return compile_workflow(wf, err, label, params or {}, rounds_count)
 
 
-def build_workflow(name: str, rounds_count: str = "revisions", **params: Any) -> WorkflowSpec:
+def build_workflow(
+    name: str, rounds_count: str = "revisions", *, copy: Path | None = None, **params: Any
+) -> WorkflowSpec:
     """The spec of workflow ``name`` (a registered name or a file path), with its count
     parameters (e.g. ``rounds=2``) and what its repeat counts count (:data:`ROUNDS_COUNTS`).
-    Raises WorkflowFileError for the file, ParamError for a parameter, ValueError for an unknown
-    name."""
-    label = None if is_workflow_file(name) else name
-    return load_workflow(workflow_path(name), params, name=label, rounds_count=rounds_count)
+    ``copy``: for a file ``name``, read the file's text from there instead (a run folder's own
+    ``workflow.yaml``), named as ``name`` itself would be (its ``name:``, else its stem), so that
+    a run reads the same wherever its typed path now points. Raises WorkflowFileError for the
+    file, ParamError for a parameter, ValueError for an unknown name."""
+    if is_workflow_file(name) and name not in workflow_names():
+        wf, err = read_workflow_file(copy if copy is not None else name)
+        return compile_workflow(wf, err, wf.name or Path(name).stem, params, rounds_count)
+    return load_workflow(workflow_path(name), params, name=name, rounds_count=rounds_count)
 
 
 def workflow_title(name: str) -> str:

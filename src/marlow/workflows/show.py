@@ -3,7 +3,7 @@ prompts of an example episode.
 
 The example episode runs the real engine on a stub problem with a stub sampler, so its prompts are
 exactly the ones a run would render: every completion is the placeholder ``<ROLE output k>``
-(k counts the calls of the stage), which parses as no verdict, no selection and no strategies, so
+(k counts the role's completions over the episode), which parses as no verdict, no selection and no strategies, so
 the fallbacks show (a judge's unparseable verdict counts as Incorrect: every revision round runs).
 """
 
@@ -21,10 +21,19 @@ STUB = Problem("stub", "What is 12 + 30?", "42")
 
 
 class _Placeholders:
-    """A sampler whose completion k of a call is ``<ADAPTER output k>`` (IP: adapter = role)."""
+    """A sampler whose k-th completion for an adapter is ``<ADAPTER output k>`` (IP: adapter =
+    role), k counting over the whole episode, so a revision's prompt shows the answer it revises
+    by its own number (``<generator output 2>`` is the generator's second answer, not its
+    first)."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
 
     def generate(self, requests: Sequence[GenRequest], params: SamplingParams) -> list[Completion]:
-        texts = [f"<{r.adapter} output {k}>" for k, r in enumerate(requests, 1)]
+        texts = []
+        for r in requests:
+            self.calls[r.adapter] = k = self.calls.get(r.adapter, 0) + 1
+            texts.append(f"<{r.adapter} output {k}>")
         return [Completion([0] * len(t), [0.0] * len(t), "stop", t) for t in texts]
 
 

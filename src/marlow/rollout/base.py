@@ -12,7 +12,7 @@ import importlib
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from marlow.types import Completion, GenRequest, SamplingParams
+from marlow.types import BASE, Completion, GenRequest, SamplingParams
 
 
 @runtime_checkable
@@ -52,6 +52,28 @@ class RolloutEngine(Protocol):
     def close(self) -> None:
         """Release what the engine holds (processes, memory, files); safe to call twice."""
         ...
+
+
+def check_requests(
+    requests: Sequence[GenRequest], temperature: float, max_new_tokens: int, adapters: Sequence[str]
+) -> None:
+    """The checks every backend makes on a call, each a one-line ValueError: temperature >= 0,
+    max_new_tokens >= 1, every request names ``BASE`` or one of ``adapters`` and has a prompt,
+    and either every request carries its own seed or none does."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    valid = {BASE, *adapters}
+    for i, req in enumerate(requests):
+        if req.adapter not in valid:
+            raise ValueError(
+                f"request {i}: unknown adapter {req.adapter!r}; valid: {sorted(valid)}"
+            )
+        if not req.prompt_ids:
+            raise ValueError(f"request {i}: empty prompt_ids (nothing to condition on)")
+        if (req.seed is None) != (requests[0].seed is None):
+            raise ValueError(f"request {i}: either every request of a call has a seed or none")
 
 
 EngineFactory = Callable[..., RolloutEngine]

@@ -51,6 +51,7 @@ from packaging.version import Version
 from transformers import DynamicCache
 
 from marlow.policy.adapters import activate, active_adapter, adapter_names, can_merge, merged
+from marlow.rollout.base import check_requests
 from marlow.rollout.lean import LeanQwen3
 from marlow.types import BASE, Completion, FinishReason, GenRequest, SamplingParams
 
@@ -187,20 +188,9 @@ class HFEngine:
             yield
 
     def _validate(self, requests: Sequence[GenRequest], params: SamplingParams) -> None:
-        if params.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {params.temperature}")
-        if params.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {params.max_new_tokens}")
-        valid = {BASE, *adapter_names(self.model)}
-        for i, req in enumerate(requests):
-            if req.adapter not in valid:
-                raise ValueError(
-                    f"request {i}: unknown adapter {req.adapter!r}; valid: {sorted(valid)}"
-                )
-            if not req.prompt_ids:
-                raise ValueError(f"request {i}: empty prompt_ids (nothing to condition on)")
-            if (req.seed is None) != (requests[0].seed is None):
-                raise ValueError(f"request {i}: either every request of a call has a seed or none")
+        check_requests(
+            requests, params.temperature, params.max_new_tokens, adapter_names(self.model)
+        )
 
     def _sample(
         self,

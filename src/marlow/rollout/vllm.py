@@ -56,6 +56,7 @@ import torch
 
 from marlow.config import ConfigError, VLLMConfig
 from marlow.policy.adapters import WEIGHTS_NAME, adapter_names, save_adapters
+from marlow.rollout.base import check_requests
 from marlow.types import BASE, Completion, FinishReason, GenRequest, SamplingParams
 
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the ranks vLLM reserves LoRA slots for
@@ -369,20 +370,7 @@ class VLLMEngine:
     def _validate(self, requests: Sequence[GenRequest], temperature: float, n_new: int) -> None:
         if self._closed:
             raise RuntimeError("the vLLM engine was closed")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-        if n_new < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {n_new}")
-        valid = {BASE, *self.adapters}
-        for i, req in enumerate(requests):
-            if req.adapter not in valid:
-                raise ValueError(
-                    f"request {i}: unknown adapter {req.adapter!r}; valid: {sorted(valid)}"
-                )
-            if not req.prompt_ids:
-                raise ValueError(f"request {i}: empty prompt_ids (nothing to condition on)")
-            if (req.seed is None) != (requests[0].seed is None):
-                raise ValueError(f"request {i}: either every request of a call has a seed or none")
+        check_requests(requests, temperature, n_new, self.adapters)
 
 
 @contextmanager

@@ -530,8 +530,8 @@ def quickstart(
 ) -> None:
     """The main demo: train Voting-IP, Voting-SP and single-agent RL on the tiny world.
 
-    Pre-trains the tiny model (cached), trains the three cells, compares each with the base
-    model and writes summary.json and val_curves.png."""
+    Loads the tiny world marlow ships (no pre-training), trains the three cells, compares each
+    with the base model and writes summary.json and val_curves.png."""
     from marlow.config import parse_overrides
     from marlow.experiments.quickstart import quickstart as run_quickstart
 

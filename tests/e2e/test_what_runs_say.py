@@ -33,7 +33,7 @@ def test_an_uncached_world_and_cut_turns_are_said_in_one_line_each(tmp_path):
     said = " ".join(done.stderr.split())
     assert "the tiny world tiny-s (math) is not cached: pre-training it first (2 steps" in said
     assert "about a minute or less on 2 CPU cores (an estimate), once" in said
-    assert "preset=quickstart trains on the quickstart's quicker world" in said
+    assert "preset=quickstart uses the world marlow ships (no pre-training)" in said
     for role in ("generator", "aggregator"):
         warned = [line for line in done.stderr.splitlines() if f"of the {role} turns" in line]
         assert len(warned) == 2, done.stderr[-3000:]  # once in training, once in validation

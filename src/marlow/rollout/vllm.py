@@ -210,7 +210,8 @@ class VLLMEngine:
             threads = settings.cpu_threads or os.cpu_count() or 1
             with _engine_env(threads if on_cpu else None):
                 self.llm = vllm.LLM(**options)
-            self._watchdog = _watch([p.pid for p in _children() if p.pid not in before])
+            self._procs = [p for p in _children() if p.pid not in before]  # the engine's
+            self._watchdog = _watch([p.pid for p in self._procs])
         except Exception as err:
             self.close()
             first = " ".join(str(err).split())[:400] or type(err).__name__  # one line
@@ -370,6 +371,13 @@ class VLLMEngine:
     def _validate(self, requests: Sequence[GenRequest], temperature: float, n_new: int) -> None:
         if self._closed:
             raise RuntimeError("the vLLM engine was closed")
+        dead = [p.pid for p in self._procs if not _running(p)]
+        if dead:  # vLLM's client may wait forever on a core that was killed between calls
+            raise VLLMEngineError(
+                f"the vLLM engine failed while sampling (its process(es) {dead} have stopped: "
+                "killed, or out of memory); the last checkpoint is kept, resume with marlow "
+                "train --out RUN --resume"
+            )
         check_requests(requests, temperature, n_new, self.adapters)
 
 
@@ -460,6 +468,15 @@ def _children() -> list:
     import psutil
 
     return psutil.Process().children(recursive=True)
+
+
+def _running(process) -> bool:
+    import psutil
+
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _watch(pids: list[int]):

@@ -2,16 +2,17 @@
 
     .venv/bin/python bench/quickstart_cold.py            # this CPU's own kernels
     .venv/bin/python bench/quickstart_cold.py --avx2     # torch and oneDNN held to AVX2
+    .venv/bin/python bench/quickstart_cold.py --seed 1   # marlow quickstart --seed 1
 
 Runs ``marlow quickstart`` in a child process with ``MARLOW_CACHE`` pointing at a fresh empty
-folder (so the tiny world is pre-trained, as on a fresh machine) and its output in a temporary
-folder, and reports (JSON on stdout): the wall time of the whole command, the quickstart's own
+folder (as on a fresh machine: the shipped world is loaded from the package, anything else is
+made anew) and its output in a temporary folder, and reports (JSON on stdout): the wall time of the whole command, the quickstart's own
 split (pre-training, cells), each cell's peak and final validation accuracy, the best trained
 Voting cell's gain over the base through Voting (points, at its peak), the CPU capability the
 child's torch dispatched to, the versions of the packages that set the numbers, and the load
 average before and after. ``--avx2`` sets
-``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`` in the child (and its cells): how a CPU
-without AVX-512 or native bf16 runs. The installation (``make install``) is not timed.
+:data:`marlow.tiny.pretrain.AVX2_ONLY` in the child (and its cells: ATen, oneDNN and MKL held
+to AVX2): how a CPU without AVX-512 or native bf16 runs. The installation (``make install``) is not timed.
 
 Wall times mean something only on an otherwise idle machine: read the load average.
 """
@@ -28,7 +29,8 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
-AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+from marlow.tiny.pretrain import AVX2_ONLY
+
 CAPABILITY = "import torch; print(torch.backends.cpu.get_cpu_capability())"
 # The packages whose versions can change the quickstart's numbers (make install pins them all:
 # constraints.txt).
@@ -40,6 +42,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--avx2", action="store_true", help="hold torch and oneDNN to AVX2")
+    ap.add_argument("--seed", type=int, default=0, help="the quickstart's --seed")
     ap.add_argument("overrides", nargs="*", help="key=value settings passed to the quickstart")
     args = ap.parse_args()
     marlow = Path(sys.executable).with_name("marlow")
@@ -54,7 +57,15 @@ def main() -> None:
         load_before = os.getloadavg()
         t0 = time.perf_counter()
         done = subprocess.run(
-            [str(marlow), "quickstart", *args.overrides, "--out", str(out)],
+            [
+                str(marlow),
+                "quickstart",
+                *args.overrides,
+                "--seed",
+                str(args.seed),
+                "--out",
+                str(out),
+            ],
             env=env,
             capture_output=True,
             text=True,
@@ -66,6 +77,7 @@ def main() -> None:
     gains = summary["voting_gain_over_base"]
     best = max(gains, key=lambda name: gains[name]["peak_minus_base"])
     result = {
+        "seed": args.seed,
         "wall_s": round(wall, 1),
         "timings_s": {k: round(v, 1) for k, v in summary["timings_s"].items()},
         "cpu_capability": capability,

@@ -1,11 +1,11 @@
 """Build the tiny worlds marlow ships (``src/marlow/tiny/worlds/``) with marlow's own pre-training.
 
-    .venv/bin/python bench/ship_worlds.py                      # build all three, then ship them
+    .venv/bin/python bench/ship_worlds.py                      # build all four, then ship them
     .venv/bin/python bench/ship_worlds.py --cache /tmp/built   # take those already built there
     .venv/bin/python bench/ship_worlds.py --only quick         # (re)ship one, keep the others
 
-For each recipe of :data:`RECIPES` (the quickstart's tiny-s math world and the tiny preset's
-tiny-s math and code worlds) it pre-trains the world in ``--cache`` (or finds it there: the
+For each recipe of :data:`RECIPES` (the quickstart's tiny-s math world, the tiny preset's
+tiny-s math and code worlds, and the tiny-m math world of the dose-response grid) it pre-trains the world in ``--cache`` (or finds it there: the
 same code, the same key), measures its greedy generator on
 :data:`marlow.experiments.verify_world.VERIFY_PROBLEMS` validation problems, copies the folder
 into the package under its cache name and writes ``worlds.json`` (recipe, folder, the sha256 of
@@ -31,12 +31,13 @@ from marlow.experiments.tinyeval import greedy_report
 from marlow.experiments.verify_world import VERIFY_PROBLEMS
 from marlow.fileio import sha256_file
 from marlow.tiny import shipped
-from marlow.tiny.pretrain import default_cache_dir, pretrain_tiny
+from marlow.tiny.pretrain import AVX2_ONLY, default_cache_dir, pretrain_tiny
 
 RECIPES = {  # name: (scale, task, steps, examples per step); None: the scale's full recipe
     "quick": ("tiny-s", "math", 4800, 8),  # the quickstart preset's
     "math": ("tiny-s", "math", None, None),  # the tiny preset's
     "code": ("tiny-s", "code", None, None),  # the tiny preset's code world
+    "medium": ("tiny-m", "math", None, None),  # the dose-response grid's (tiny-dose.yaml)
 }
 WEIGHTS = "model.safetensors"
 
@@ -46,8 +47,8 @@ def main() -> None:
     ap.add_argument("--cache", type=Path, default=default_cache_dir(), help="where to build")
     ap.add_argument("--only", nargs="+", choices=list(RECIPES), default=list(RECIPES))
     args = ap.parse_args()
-    if os.environ.get("ATEN_CPU_CAPABILITY") or os.environ.get("ONEDNN_MAX_CPU_ISA"):
-        sys.exit("ship worlds built on the CPU's own kernels: unset ATEN_CPU_CAPABILITY/ONEDNN_*")
+    if any(os.environ.get(name) for name in AVX2_ONLY):
+        sys.exit(f"ship worlds built on the CPU's own kernels: unset {', '.join(AVX2_ONLY)}")
     rows = {w.folder: asdict(w) for w in shipped.shipped_worlds()}
     for name in args.only:
         scale, task, steps, batch = RECIPES[name]

@@ -15,7 +15,7 @@ machine: the load average is printed beside them, and the CPU capability torch d
 
 ``--precision`` times the pre-training loop side by side in one run under the shipped float32
 recipe and under bf16 autocast, on this CPU's own kernels and, when this CPU is above AVX2, again
-with torch and oneDNN held to AVX2 (``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2``: how an
+with torch and oneDNN held to AVX2 (:data:`marlow.tiny.pretrain.AVX2_ONLY`: how an
 AVX2-only CPU without native bf16 runs). Each measurement is a fresh child process.
 """
 
@@ -38,7 +38,7 @@ from marlow.rewards.math import grade_math
 from marlow.tiny.corpus import CorpusConfig
 from marlow.tiny.mathgen import val_problems
 from marlow.tiny.model import SCALES, build_model, n_parameters
-from marlow.tiny.pretrain import load_tiny, pretrain_tiny, train
+from marlow.tiny.pretrain import AVX2_ONLY, load_tiny, pretrain_tiny, train
 from marlow.tiny.tokenizer import build_tokenizer
 
 
@@ -67,7 +67,6 @@ def throughput(threads: int, steps: int = 40) -> dict[str, dict[str, float]]:
 
 
 PATHS = {"float32": False, "bf16-autocast": True}
-AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
 def one_path(path: str, threads: int, steps: int) -> dict[str, float | str]:

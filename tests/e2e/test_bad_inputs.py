@@ -274,8 +274,8 @@ CASES: list[Case] = [
     value("world-unknown", "model.world=fresh", "model.world", "'auto', 'shipped' or 'rebuild'"),
     Case(
         "world-not-shipped",
-        train("model.name=tiny-m", "model.world=shipped"),
-        ["model.world=shipped", "ships no tiny-m math world", "model.world=auto"],
+        train("model.name=tiny-l", "model.world=shipped"),
+        ["model.world=shipped", "ships no tiny-l math world", "model.world=auto"],
         model=True,
     ),
     value("task-name", "task.name=physics", "task.name", "'math'"),

@@ -92,4 +92,6 @@ def test_the_vllm_environment_is_pinned_whole_without_the_cuda_vision_packages()
     makefile = (ROOT / "Makefile").read_text()
     recipe = makefile[makefile.index("$(VLLM_STAMP):") :]
     assert recipe.index("torch==2.13.0") < recipe.index("--no-deps -r constraints-vllm.txt")
-    assert "make test test-vllm" in (ROOT / ".ci" / "run").read_text()
+    command = "make test test-vllm verify-worlds"  # the README's test command, CI's too
+    assert command in (ROOT / ".ci" / "run").read_text()
+    assert command in (ROOT / "README.md").read_text().split("```")[1]  # its first block

@@ -83,7 +83,7 @@ def test_one_recipe_no_autocast_and_the_key_does_not_depend_on_the_cpu(monkeypat
     key = pretrain.cache_key("tiny-s", 10, 0, CorpusConfig())
     code = "from marlow.tiny.pretrain import cache_key; from marlow.tiny.corpus import "
     code += "CorpusConfig; print(cache_key('tiny-s', 10, 0, CorpusConfig()))"
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    env = {**os.environ, **pretrain.AVX2_ONLY}
     other = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
@@ -193,7 +193,7 @@ pretrain.train(model, tok, CorpusConfig(), steps={PRETRAIN_STEPS}, lr=lr, seed=0
 torch.save(model.state_dict(), sys.argv[1])
 print(pretrain.tiny_path("tiny-s", cache_dir="x", steps={PRETRAIN_STEPS}).name)
 """
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    env = {**os.environ, **pretrain.AVX2_ONLY}
     weights = tmp_path / "avx2.pt"
     done = subprocess.run(
         [sys.executable, "-c", code, str(weights)], env=env, capture_output=True, text=True

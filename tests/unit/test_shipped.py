@@ -84,14 +84,14 @@ def test_rebuild_takes_the_cache_never_the_shipped_world(empty_cache, monkeypatc
 
 
 def test_a_recipe_marlow_does_not_ship_is_pretrained_under_auto(empty_cache, no_pretraining):
-    cfg = resolve({"preset": "tiny", "model": {"name": "tiny-m"}}).model
+    cfg = resolve({"preset": "tiny", "model": {"name": "tiny-l"}}).model
     assert tiny_world_folder(cfg).parent == empty_cache
-    with pytest.raises(AssertionError, match="pre-trained tiny-m"):
+    with pytest.raises(AssertionError, match="pre-trained tiny-l"):
         tiny_world(cfg)
 
 
 def test_world_shipped_without_a_shipped_recipe_fails_in_one_line(empty_cache, no_pretraining):
-    cfg = resolve({"preset": "tiny", "model": {"name": "tiny-m", "world": "shipped"}}).model
+    cfg = resolve({"preset": "tiny", "model": {"name": "tiny-l", "world": "shipped"}}).model
     with pytest.raises(ModelLoadError) as err:
         tiny_world(cfg)
     message = str(err.value)
@@ -134,7 +134,7 @@ def test_a_grid_pretrains_no_shipped_world(empty_cache, monkeypatch):
     monkeypatch.setattr(multiprocessing, "get_context", lambda *a: pytest.fail("pre-trained"))
     pretrain_worlds(expand(quickstart_grid(0, None, None, "math")), log=pytest.fail)
     pretrain_worlds(expand(quickstart_grid(0, None, None, "code")), log=pytest.fail)
-    only_shipped = {"model": {"name": "tiny-m", "world": "shipped"}}  # its cells will fail alone
+    only_shipped = {"model": {"name": "tiny-l", "world": "shipped"}}  # its cells will fail alone
     pretrain_worlds(expand(quickstart_grid(0, None, only_shipped, "math")), log=pytest.fail)
 
 

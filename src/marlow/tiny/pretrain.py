@@ -69,6 +69,15 @@ TASKS = ("math", "code")
 
 BATCH_EXAMPLES = 64  # examples per optimizer step, unless a run sets model.pretrain_batch
 POOL_BATCHES = 16  # batches sorted by length together
+AVX2_ONLY = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+}
+"""The environment that holds torch's CPU kernels to AVX2 on a CPU with AVX-512, as a CPU
+without AVX-512 or native bf16 runs them: ATen's vectorised kernels, oneDNN, and MKL (torch's
+BLAS; on an Intel CPU it takes its AVX-512 path unless told, as ``MKL_VERBOSE=1`` shows: before
+2026-11-26 marlow held only the first two). Set it before torch is imported (a child process)."""
 MICRO_TOKENS = 8192  # padded tokens per forward/backward; a step sums several (bounded memory)
 WARMUP_FRACTION = 0.05
 WEIGHT_DECAY = 0.01

@@ -7,8 +7,9 @@
 Reads ``report.json`` (every table of ``marlow report``) and ``index.json`` (each cell's wall
 seconds, as the grid runner recorded them) from the folder, so the page is regenerated from
 committed files alone. Per task, variant, scale and workflow: the mean peak and final validation
-accuracy of IP and SP over seeds and the base; then the claims, the mitigation criterion, the
-detectors against the labels and the cell time.
+accuracy of IP and SP over seeds and the base; then the claims, the dose-response when the grid
+has one (issue 34: its table, and each row's slope with its interval in words), the mitigation
+criterion, the detectors against the labels and the cell time.
 """
 
 from __future__ import annotations
@@ -98,6 +99,57 @@ def timing_lines(index: dict) -> list[str]:
     ]
 
 
+DOSE_COLUMNS = [
+    "workflow",
+    "policy",
+    "role",
+    "measure",
+    "prediction",
+    "seeds",
+    "doses",
+    "slope",
+    "ci_low",
+    "ci_high",
+    "p_value",
+    "min_p",
+    "detectable",
+    "verdict",
+]
+
+
+def dose_sentence(row: dict) -> str:
+    """One dose row in words: its slope per doubling of n with its interval and test."""
+    who = f"{row['workflow']} {row['policy'].upper()} {row['measure']} ({row['role']})"
+    if row["slope"] is None:
+        return f"- {who}: no slope (n never varies within a seed)."
+    text = f"- {who}: {row['slope']:+.3f} per doubling of n"
+    if row.get("ci_low") is not None:
+        text += f" (95 % CI {row['ci_low']:+.3f} to {row['ci_high']:+.3f})"
+    if row.get("p_value") is not None:
+        text += f", p = {row['p_value']:.3g}"
+        text += f" (smallest possible {row['min_p']:.3g})" if row.get("min_p") is not None else ""
+    if row.get("detectable") is not None:
+        text += f"; detectable with 80 % power: {row['detectable']:.3f}"
+    return f"{text}: {row['verdict']}."
+
+
+def dose_lines(tables: dict) -> list[str]:
+    """The Dose-response section (nothing when the report has no dose table)."""
+    if "table-dose" not in tables:
+        return []
+    table = tables["table-dose"]
+    return [
+        "## Dose-response of same-role parallelism",
+        "",
+        table["note"],
+        "",
+        *_table(table["rows"], DOSE_COLUMNS),
+        "",
+        *[dose_sentence(r) for r in table["rows"]],
+        "",
+    ]
+
+
 def main(folder: str) -> str:
     root = Path(folder)
     report = json.loads((root / "report.json").read_text())
@@ -124,6 +176,7 @@ def main(folder: str) -> str:
         "",
         *_table(tables["table-claims"]["rows"], claims_cols),
         "",
+        *dose_lines(tables),
         "## Mitigations on the unstable cells",
         "",
         tables["table-mitigations"]["note"],

@@ -32,7 +32,7 @@ from marlow.experiments.grid import expand, parse_grid
 from marlow.fileio import write_json, write_text
 from marlow.report import build_report, make_report, paired_test, sign_flip_p
 from marlow.report import stats as report_stats
-from marlow.report.figures import _figure, _seed_lines, layout_problems, slug
+from marlow.report.figures import _seed_lines, layout_problems, new_figure, slug
 from marlow.report.tables import fmt
 
 GRID = {
@@ -424,17 +424,17 @@ def test_the_headline_says_what_the_tables_say(built):
 
 
 def test_layout_problems_finds_overlapping_and_clipped_text():
-    fig = _figure(4, 3)
+    fig = new_figure(4, 3)
     ax = fig.subplots()
     ax.set_title("a title")
     assert layout_problems(fig) == []
     ax.text(0.5, 1.02, "a text over the title", transform=ax.transAxes, ha="center")
     assert any("overlap" in p and "a title" in p for p in layout_problems(fig))
-    fig = _figure(4, 3)
+    fig = new_figure(4, 3)
     fig.subplots()
     fig.text(0.9, 0.5, "far off to the right")
     assert any("clipped" in p for p in layout_problems(fig))
-    fig = _figure(6, 3)  # sixty tick labels on a short axis collide
+    fig = new_figure(6, 3)  # sixty tick labels on a short axis collide
     ax = fig.subplots()
     ax.set_yticks(range(60), [f"cell {i}" for i in range(60)])
     assert any("overlap" in p for p in layout_problems(fig))
@@ -455,7 +455,7 @@ def test_seeds_are_distinct_lines_around_their_mean():
         records = [{"step": s, "val/all/accuracy": v} for s, v in enumerate(vals)]
         return CellRun(None, None, records, {}, {}, {})
 
-    fig = _figure(4, 3)
+    fig = new_figure(4, 3)
     ax = fig.subplots()
     runs = [(0, run([0.2, 0.4])), (1, run([0.3, 0.5])), (2, run([0.4, 0.9]))]
     assert _seed_lines(ax, runs, "val/all/accuracy", "C0", ".")

@@ -61,11 +61,18 @@ def warmup_end(records: Sequence[dict]) -> int | None:
     return min(step for step, lr in lrs.items() if lr >= top * (1 - 1e-9))
 
 
+def after_warmup(points: list[tuple[int, float]], start: int | None) -> list[tuple[int, float]]:
+    """The (step, value) points from ``start`` on (the warmup's end); all of them when ``start``
+    is None or nothing is logged from there."""
+    if start is not None and any(step >= start for step, _ in points):
+        return [(step, v) for step, v in points if step >= start]
+    return points
+
+
 def _peak_over_first(
     points: list[tuple[int, float]], start: int | None = None
 ) -> dict[str, float | int | None]:
-    if start is not None and any(step >= start for step, _ in points):
-        points = [(step, v) for step, v in points if step >= start]
+    points = after_warmup(points, start)
     base = next(((step, v) for step, v in points if v > 0), None)
     peak_step, peak = max(points, key=lambda sv: (sv[1], -sv[0]))
     return {
@@ -86,8 +93,7 @@ def rise_curve(
     sampled-token ``chi2_update`` estimate (mean rho^2 - 1) is noisy and can be negative, and one
     spike fired the detector on a default-rate run (issue 13, D2). Empty when fewer than
     ``window`` values are logged or no median is positive. ``window=1`` is the raw series."""
-    if start is not None and any(step >= start for step, _ in points):
-        points = [(step, v) for step, v in points if step >= start]
+    points = after_warmup(points, start)
     medians = [
         (points[i][0], statistics.median(v for _, v in points[i - window + 1 : i + 1]))
         for i in range(window - 1, len(points))

@@ -4,7 +4,10 @@
   ``runstats`` and the detectors computed once;
 * :mod:`~marlow.report.tables` (Table 1, delta vs base, paired test, instability) and
   :mod:`~marlow.report.runtables` (Table 2, signatures, detector verdicts);
-* :mod:`~marlow.report.stats`: mean / sd / n over seeds and the sign-flip permutation test;
+* :mod:`~marlow.report.stats`: mean / sd / n over seeds, the sign-flip permutation test, the
+  within-seed slope with its stratified permutation test, and the detectable effect;
+* :mod:`~marlow.report.evidence`: the detectors judged on labelled events, the claims C1-C4 and
+  the mitigations; :mod:`~marlow.report.dose`: the dose-response over a role's slot count;
 * :mod:`~marlow.report.figures`: the PNG figures; :mod:`~marlow.report.html`: page and CSV;
 * :mod:`~marlow.report.build`: everything computed, then written atomically;
 * :mod:`~marlow.report.inspect`: ``marlow inspect RUN``, the report of one run folder.

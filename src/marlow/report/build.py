@@ -24,6 +24,7 @@ from pathlib import Path
 
 from marlow.config import ConfigError
 from marlow.fileio import write_json, write_text
+from marlow.report.dose import dose_figures, dose_series, dose_table
 from marlow.report.evidence import claims_table, detector_evaluation, mitigation_table
 from marlow.report.figures import (
     Plot,
@@ -114,6 +115,17 @@ def headline(tables: dict[str, Table]) -> list[str]:
         )
         + " (the Claims section gives effects, intervals and tests)."
     )
+    if "table-dose" in tables:
+        judged = [r for r in tables["table-dose"].rows if r["verdict"] != "no prediction"]
+        out.append(
+            "Dose-response over the parallel role's slots n (slope per doubling): "
+            + "; ".join(
+                f"{workflow_title(r['workflow'])} {r['policy'].upper()} {r['measure']} "
+                f"{r['verdict']}" + ("" if r["slope"] is None else f" ({r['slope']:+.3g}/doubling)")
+                for r in judged
+            )
+            + " (the Dose-response section gives intervals, tests and detectable effects)."
+        )
     fired: dict[str, list[str]] = {}
     for r in tables["table-detectors"].rows:
         if r["fired"]:
@@ -166,8 +178,15 @@ def make_report(results_dir: str | Path) -> Report:
         instability_figure(inst),
         *roles,
     ]
+    # only a grid whose cells differ in one role's slot count (issue 34) has a dose-response
+    doses = dose_series(res)
+    dose, dose_plots = dose_table(doses), dose_figures(doses)
+    dose_ids = ["table-dose", *(p.id for p in dose_plots)] if dose is not None else []
+    tables[1:1] = [dose] if dose is not None else []
+    plots += dose_plots
     sections = [
         ("sec-claims", "Claims C1-C4", ["table-claims"]),
+        *([("sec-dose", "Dose-response of same-role parallelism", dose_ids)] if dose_ids else []),
         ("sec-table1", "Table 1: peak accuracy and residuals vs SA-RL", ["table1"]),
         ("sec-delta", "Delta against the base", ["fig-delta", "table-delta"]),
         ("sec-ip-sp", "IP vs SP", ["fig-scatter", "table-paired"]),

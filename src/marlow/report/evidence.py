@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 
 from marlow.config import DetectConfig
 from marlow.diagnostics.detectors import run_detectors
-from marlow.diagnostics.runstats import series, warmup_end
+from marlow.diagnostics.runstats import after_warmup, series, warmup_end
 from marlow.report.results import CellRun, GridRuns
 from marlow.report.stats import ci95, min_p, sign_flip_p
 from marlow.report.tables import Table, matched_pairs
@@ -96,26 +96,33 @@ def label_cliff(run: CellRun) -> Label:
 
 
 def _norm_key(run: CellRun, role: str) -> str:
+    """The metric of ``role``'s gradient norm: its own (``grad_norm_own``) under a shared
+    adapter, else its adapter's (``grad_norm``; under IP the adapter is named after the role)."""
     own = f"train/{role}/grad_norm_own"
     return own if any(own in r for r in run.records) else f"train/{role}/grad_norm"
 
 
+def grad_norm_ratios(run: CellRun) -> dict[str, float]:
+    """Each role's gradient-norm peak over first (``runstats``: from the warmup's end; the
+    role's own norm ``grad_norm_own`` under SP, its adapter's under IP), where it has one."""
+    ratios: dict[str, float] = {}
+    for role, stats in run.stats.get("roles", {}).items():
+        ratio = stats.get("grad_norm", {}).get("peak_over_first")
+        if ratio is not None:
+            ratios[role] = ratio
+    return ratios
+
+
 def label_amplification(run: CellRun) -> Label:
     start = warmup_end(run.records)
-    ratios: dict[str, float] = {}
-    for role in run.slots:
-        stats = run.stats.get("roles", {}).get(role, {}).get("grad_norm")
-        if stats and stats.get("peak_over_first") is not None:
-            ratios[role] = stats["peak_over_first"]
+    ratios = {r: v for r, v in grad_norm_ratios(run).items() if r in run.slots}
     singles = [ratios[r] for r, n in run.slots.items() if n == 1 and r in ratios]
     for role, n in run.slots.items():
         ratio = ratios.get(role)
         if n < 2 or ratio is None or ratio < AMP_RATIO:
             continue
         if all(ratio >= AMP_OVER * s for s in singles):
-            points = [(s, v) for s, v in series(run.records, _norm_key(run, role))]
-            if start is not None:
-                points = [(s, v) for s, v in points if s >= start] or points
+            points = after_warmup(series(run.records, _norm_key(run, role)), start)
             first = next(v for _, v in points if v > 0)
             began = next(s for s, v in points if v >= AMP_RATIO * first)
             return Label(True, began, {"role": role, "ratio": ratio, "single_slot": singles})
@@ -353,11 +360,7 @@ def _verdict(values: Sequence[float]) -> dict:
 
 
 def _amplitude(run: CellRun) -> float | None:
-    ratios = [
-        s["grad_norm"]["peak_over_first"]
-        for s in run.stats.get("roles", {}).values()
-        if s.get("grad_norm", {}).get("peak_over_first") is not None
-    ]
+    ratios = grad_norm_ratios(run).values()
     return max(ratios) if ratios else None
 
 
@@ -490,7 +493,7 @@ def mitigation_table(res: GridRuns) -> Table:
             r.id.variant,
             r.id.workflow,
             r.id.policy,
-            r.id.scale.removesuffix(f" {r.id.variant}"),
+            r.id.grid_scale,
             r.id.task,
             r.id.seed,
         ): r

@@ -69,7 +69,7 @@ class Plot:
         return f"{self.title}. {self.caption}"
 
 
-def _figure(width: float, height: float) -> Figure:
+def new_figure(width: float, height: float) -> Figure:
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
     return fig
@@ -117,7 +117,7 @@ def layout_problems(fig: Figure) -> list[str]:
     return out
 
 
-def _plot(id: str, title: str, caption: str, fig: Figure) -> Plot:
+def finish_plot(id: str, title: str, caption: str, fig: Figure) -> Plot:
     problems = tuple(layout_problems(fig))
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI)
@@ -129,7 +129,7 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-")
 
 
-def _legend_below(fig: Figure, entries: dict[str, object], most: int = 5) -> None:
+def legend_below(fig: Figure, entries: dict[str, object], most: int = 5) -> None:
     """The figure's legend (label -> handle) under its plots, in rows of at most ``most``: never
     over a title or a curve."""
     if entries:
@@ -142,7 +142,7 @@ def _legend_below(fig: Figure, entries: dict[str, object], most: int = 5) -> Non
         )
 
 
-def _empty(fig: Figure, what: str) -> Figure:
+def empty_figure(fig: Figure, what: str) -> Figure:
     ax = fig.subplots()
     ax.axis("off")
     ax.text(0.5, 0.5, f"no data: {what}", ha="center", va="center", fontsize=12)
@@ -156,11 +156,11 @@ def delta_figure(delta: Table) -> Plot:
             key = (r["task"], r["scale"], r["workflow"], r["policy"])
             bars.setdefault(key, []).append(r["delta_peak"])
     keys = sorted(bars, key=lambda k: (k[2], k[0], k[1], k[3]))
-    fig = _figure(7.0, 1.4 + 0.3 * max(len(keys), 1))
+    fig = new_figure(7.0, 1.4 + 0.3 * max(len(keys), 1))
     caption = "Peak validation accuracy minus the base model's (bar: mean over seeds; dots: seeds)."
     title = "Delta against the base"
     if not keys:
-        return _plot("fig-delta", title, caption, _empty(fig, "no deltas"))
+        return finish_plot("fig-delta", title, caption, empty_figure(fig, "no deltas"))
     ax = fig.subplots()
     y = np.arange(len(keys))
     ax.barh(y, [np.mean(bars[k]) for k in keys], color=[COLORS.get(k[3], "C4") for k in keys])
@@ -173,15 +173,17 @@ def delta_figure(delta: Table) -> Plot:
     ax.invert_yaxis()
     ax.axvline(0, color="k", lw=0.8)
     ax.set_xlabel("peak accuracy \u2212 base")
-    return _plot("fig-delta", title, caption, fig)
+    return finish_plot("fig-delta", title, caption, fig)
 
 
 def scatter_figure(res: GridRuns) -> Plot:
     pairs = matched_pairs(res)
     caption = "IP vs SP peak validation accuracy on matched cells; above the diagonal SP is higher."
-    fig = _figure(5.2, 5.4)
+    fig = new_figure(5.2, 5.4)
     if not pairs:
-        return _plot("fig-scatter", "IP vs SP", caption, _empty(fig, "no matched IP/SP cells"))
+        return finish_plot(
+            "fig-scatter", "IP vs SP", caption, empty_figure(fig, "no matched IP/SP cells")
+        )
     ax = fig.subplots()
     workflows = list(dict.fromkeys(key[2] for key, *_ in pairs))
     seen: set[str] = set()
@@ -205,8 +207,8 @@ def scatter_figure(res: GridRuns) -> Plot:
     ax.set_aspect("equal")
     ax.tick_params(axis="x", labelrotation=45)
     handles, labels = ax.get_legend_handles_labels()
-    _legend_below(fig, dict(zip(labels, handles, strict=True)), most=3)
-    return _plot("fig-scatter", "IP vs SP", caption, fig)
+    legend_below(fig, dict(zip(labels, handles, strict=True)), most=3)
+    return finish_plot("fig-scatter", "IP vs SP", caption, fig)
 
 
 def dynamics_figures(res: GridRuns) -> list[Plot]:
@@ -267,7 +269,7 @@ def _dynamics(res: GridRuns, task: str, scale: str) -> Plot:
     from matplotlib.patches import Patch
 
     workflows = [wf for t, s, wf in groups(res) if (t, s) == (task, scale)]
-    fig = _figure(3.6 * len(workflows) + 0.8, 6.2)
+    fig = new_figure(3.6 * len(workflows) + 0.8, 6.2)
     axes = fig.subplots(2, len(workflows), squeeze=False, sharey="row", sharex="col")
     legend: dict[str, object] = {}
     windows: set[int] = set()  # the train row's smoothing, per policy
@@ -315,7 +317,7 @@ def _dynamics(res: GridRuns, task: str, scale: str) -> Plot:
     if len(point_seeds) > 1:
         for index, seed in enumerate(point_seeds[: len(SEED_DASHES)]):
             legend[f"seed {seed}"] = Line2D([], [], color="0.4", lw=0.8, ls=SEED_DASHES[index])
-    _legend_below(fig, legend)
+    legend_below(fig, legend)
     fig.suptitle(f"{task.title()} {scale}: training dynamics per workflow")
     window = max(windows, default=1)
     smooth = f" (a trailing mean over {window} steps)" if window > 1 else ""
@@ -326,7 +328,9 @@ def _dynamics(res: GridRuns, task: str, scale: str) -> Plot:
         "more seeds logged the step); dotted: the base model through the workflow (black) and "
         "as a single agent (brown)."
     )
-    return _plot(f"fig-dynamics-{slug(task)}-{slug(scale)}", "Training dynamics", caption, fig)
+    return finish_plot(
+        f"fig-dynamics-{slug(task)}-{slug(scale)}", "Training dynamics", caption, fig
+    )
 
 
 def instability_figure(inst: Table) -> Plot:
@@ -335,9 +339,9 @@ def instability_figure(inst: Table) -> Plot:
         "grad norm, entropy collapse depth; IP and SP side by side, one row per cell."
     )
     title = "Instability amplitude"
-    fig = _figure(9.0, 1.6 + 0.32 * max(len(inst.rows), 1))
+    fig = new_figure(9.0, 1.6 + 0.32 * max(len(inst.rows), 1))
     if not inst.rows:
-        return _plot("fig-instability", title, caption, _empty(fig, "no pairs"))
+        return finish_plot("fig-instability", title, caption, empty_figure(fig, "no pairs"))
     axes = fig.subplots(1, 3, sharey=True)
     y = np.arange(len(inst.rows))
     labels = [
@@ -360,8 +364,8 @@ def instability_figure(inst: Table) -> Plot:
     axes[0].set_yticks(y, labels, fontsize=8)
     axes[0].invert_yaxis()
     handles, labels = axes[0].get_legend_handles_labels()
-    _legend_below(fig, dict(zip(labels, handles, strict=True)))
-    return _plot("fig-instability", title, caption, fig)
+    legend_below(fig, dict(zip(labels, handles, strict=True)))
+    return finish_plot("fig-instability", title, caption, fig)
 
 
 ROLE_PANELS = (
@@ -393,7 +397,7 @@ def role_figures(res: GridRuns) -> list[Plot]:
 
 
 def _roles(run: CellRun) -> Plot:
-    fig = _figure(12.0, 2.9)
+    fig = new_figure(12.0, 2.9)
     axes = fig.subplots(1, len(ROLE_PANELS))
     roles = _role_keys(run)
     shown: dict[str, object] = {}
@@ -416,13 +420,13 @@ def _roles(run: CellRun) -> Plot:
         ax.tick_params(labelsize=8)
         if not ax.lines:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
-    _legend_below(fig, shown, most=6)
+    legend_below(fig, shown, most=6)
     fig.suptitle(run.id.name, fontsize=11)
     caption = (
         f"{run.id.name}: per-role training series over steps: reward, gradient norm (under a "
         "shared adapter each role's own), chi2 of the update, entropy and mean response length; "
         "each a trailing mean over a fifteenth of its points when it has 30 or more."
     )
-    return _plot(
+    return finish_plot(
         f"fig-roles-{slug(run.id.name)}", f"Per-role series of {run.id.name}", caption, fig
     )

@@ -54,6 +54,11 @@ class CellId:
     variant: str = ""  # the grid variant ("" without variants); ``scale`` then ends with it
 
     @property
+    def grid_scale(self) -> str:
+        """The scale's title without the variant (``tiny-s`` of ``tiny-s lr3e-3``)."""
+        return self.scale.removesuffix(f" {self.variant}") if self.variant else self.scale
+
+    @property
     def point(self) -> tuple[str, str, int]:
         """(task, scale, seed): cells are matched across kinds on it."""
         return (self.task, self.scale, self.seed)

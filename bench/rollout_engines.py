@@ -7,7 +7,9 @@ engines in this one process: P prompts of 64 tokens x C completions each (a GRPO
 sampled to exactly N new tokens (no stop token), temperature 1, LoRA rank 16 on every linear. The
 mixes: ``base`` (every row on the base), ``1-adapter`` (every row on one adapter), ``4-adapters``
 (rows cycling over four). A throughput is new tokens / wall seconds of one ``generate`` call,
-after one small warm-up call per engine; the vLLM engine's start-up is reported apart.
+after one small warm-up call per engine; each is measured ``--repeats`` times, the two engines
+taking turns, and the median is reported with the range (one call on a 2-core machine moves
+with anything else that wakes up); the vLLM engine's start-up is reported apart.
 
     .venv-vllm/bin/python bench/rollout_engines.py                       # the tiny scales
     .venv-vllm/bin/python bench/rollout_engines.py --scales qwen3-0.6b --prompts 4 \\
@@ -17,7 +19,8 @@ Scales: ``tiny-s``, ``tiny-m``, ``tiny-l`` (float32, the tiny worlds' architectu
 99-symbol vocabulary; positions raised from the worlds' 512 to 2,048 so that 1,024 new tokens
 fit: a cost measurement, not a length the worlds were trained for) and ``qwen3-0.6b`` (bfloat16, the Qwen3-0.6B architecture of
 ``marlow.archs``, 151,936-token vocabulary). ``--threads`` is both engines' CPU threads (the
-``hf`` loop's torch threads; vLLM's ``rollout.vllm.cpu_threads``). Results: a table on stdout
+``hf`` loop's torch threads; vLLM's ``rollout.vllm.cpu_threads``, unless ``--vllm-threads``
+gives vLLM its own: its engine core and the caller's process then keep the other cores). Results: a table on stdout
 and ``--json`` (default bench/results/rollout_engines.json).
 """
 
@@ -25,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -84,9 +89,9 @@ def requests(tokenizer, prompts: int, completions: int, mix: list[str]) -> list[
     return out
 
 
-def timed(engine, reqs, n_new: int) -> float:
+def timed(engine, reqs, n_new: int, seed: int) -> float:
     t0 = time.perf_counter()
-    out = engine.generate(reqs, SamplingParams(1.0, n_new, 0))
+    out = engine.generate(reqs, SamplingParams(1.0, n_new, seed))
     seconds = time.perf_counter() - t0
     assert all(len(c.token_ids) == n_new for c in out), "a row stopped early"
     return len(reqs) * n_new / seconds
@@ -100,12 +105,15 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, nargs="+", default=[64, 256, 1024])
     ap.add_argument("--mixes", nargs="+", default=list(MIXES), choices=list(MIXES))
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--vllm-threads", type=int, help="vLLM's CPU threads (default: --threads)")
+    ap.add_argument("--repeats", type=int, default=1, help="calls per engine and setting")
     ap.add_argument("--json", default=str(Path(__file__).parent / "results/rollout_engines.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rows = []
     print(
-        f"torch {torch.__version__}, {args.threads} threads, cpu {torch.backends.cpu.get_cpu_capability()}"
+        f"torch {torch.__version__}, {args.threads} threads, cpu {torch.backends.cpu.get_cpu_capability()}, "
+        f"load average {os.getloadavg()[0]:.2f}"
     )
     for scale in args.scales:
         with tempfile.TemporaryDirectory() as tmp:
@@ -115,17 +123,22 @@ def main() -> None:
             longest = 64 + max(args.new_tokens) + 8
             hf = HFEngine(model, tokenizer, stop_ids=[10**9], merge=dtype == "float32")
             t0 = time.perf_counter()
-            settings = VLLMConfig(kv_cache_gib=2.0, max_model_len=longest, cpu_threads=args.threads)
+            threads = args.vllm_threads or args.threads
+            settings = VLLMConfig(kv_cache_gib=2.0, max_model_len=longest, cpu_threads=threads)
             vllm = VLLMEngine(model, tokenizer, settings=settings, dtype=dtype, stop_ids=[])
             start = time.perf_counter() - t0
-            print(f"{scale} ({dtype}): vLLM engine started in {start:.1f} s")
+            print(f"{scale} ({dtype}): vLLM engine ({threads} threads) started in {start:.1f} s")
             try:
                 for engine in (hf, vllm):  # warm-up: first-call costs out of the figures
                     engine.generate(requests(tokenizer, 2, 2, ADAPTERS), SamplingParams(1.0, 4, 0))
                 for mix in args.mixes:
                     for n_new in args.new_tokens:
                         reqs = requests(tokenizer, args.prompts, args.completions, MIXES[mix])
-                        speed = {"hf": timed(hf, reqs, n_new), "vllm": timed(vllm, reqs, n_new)}
+                        runs = {"hf": [], "vllm": []}
+                        for k in range(args.repeats):  # the engines take turns
+                            for name, engine in (("hf", hf), ("vllm", vllm)):
+                                runs[name].append(timed(engine, reqs, n_new, k))
+                        speed = {name: statistics.median(v) for name, v in runs.items()}
                         row = dict(
                             scale=scale,
                             dtype=dtype,
@@ -134,13 +147,20 @@ def main() -> None:
                             new_tokens=n_new,
                             hf_tokens_per_s=speed["hf"],
                             vllm_tokens_per_s=speed["vllm"],
+                            hf_range=[min(runs["hf"]), max(runs["hf"])],
+                            vllm_range=[min(runs["vllm"]), max(runs["vllm"])],
+                            repeats=args.repeats,
+                            hf_threads=args.threads,
+                            vllm_threads=threads,
                             vllm_over_hf=speed["vllm"] / speed["hf"],
                             vllm_start_s=start,
                         )
                         rows.append(row)
                         print(
                             f"  {mix:<10} {len(reqs)} rows x {n_new:>4} new: hf {speed['hf']:>9,.0f} "
-                            f"tok/s, vllm {speed['vllm']:>9,.0f} tok/s, vllm/hf {row['vllm_over_hf']:.2f}",
+                            f"tok/s ({min(runs['hf']):,.0f}-{max(runs['hf']):,.0f}), vllm "
+                            f"{speed['vllm']:>9,.0f} tok/s ({min(runs['vllm']):,.0f}-"
+                            f"{max(runs['vllm']):,.0f}), vllm/hf {row['vllm_over_hf']:.2f}",
                             flush=True,
                         )
             finally:

@@ -74,6 +74,7 @@ def main() -> None:
         if done.returncode != 0:
             sys.exit(f"quickstart failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
         summary = json.loads((out / "summary.json").read_text())
+        index = json.loads((out / "index.json").read_text())["cells"]
     gains = summary["voting_gain_over_base"]
     best = max(gains, key=lambda name: gains[name]["peak_minus_base"])
     result = {
@@ -85,7 +86,10 @@ def main() -> None:
         "packages": {name: version(name) for name in PACKAGES},
         "load_avg_before_after": [load_before, os.getloadavg()],
         "cells": {
-            name: {k: row[k] for k in ("peak_accuracy", "peak_step", "final_accuracy", "n_val")}
+            name: {
+                **{k: row[k] for k in ("peak_accuracy", "peak_step", "final_accuracy", "n_val")},
+                "seconds": index.get(name, {}).get("seconds"),
+            }
             for name, row in summary["cells"].items()
         },
         "voting_gain_over_base": gains,

@@ -151,7 +151,7 @@ def test_the_quickstart_preset_is_the_tiny_one_on_a_quick_world_for_math_only():
     tiny, quick = resolve({}), resolve({"preset": "quickstart"})
     assert (quick.model.pretrain_batch, quick.model.pretrain_steps) == (8, 4800)
     assert (tiny.model.pretrain_batch, tiny.model.pretrain_steps) == (None, None)
-    assert (quick.steps, quick.val_every, tiny.steps) == (12, 6, 24)
+    assert (quick.steps, quick.val_every, tiny.steps) == (12, 12, 24)
     assert (quick.optim.warmup_steps, tiny.optim.warmup_steps, quick.optim.lr) == (1, 3, 1e-3)
     same = ("rollout", "grpo", "policy", "task")
     assert all(getattr(quick, k) == getattr(tiny, k) for k in same)

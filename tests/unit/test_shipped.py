@@ -39,7 +39,7 @@ def test_every_shipped_world_sits_under_its_recipes_cache_name():
     """A recipe change that moves a key (corpus, templates, tokenizer, training constants) must
     ship the worlds again: bench/ship_worlds.py."""
     worlds = shipped.shipped_worlds()
-    assert len(worlds) == 3
+    assert len(worlds) == 4
     for w in worlds:
         found = shipped.find_shipped(w.scale, steps=w.steps, batch=w.batch, task=w.task)
         assert found == w, f"{w.folder}: its recipe's key moved; run bench/ship_worlds.py"
@@ -61,6 +61,21 @@ def test_the_quickstarts_and_the_tiny_presets_worlds_are_shipped(task):
     for model in (quick, tiny):
         assert model.world == "auto"
         assert tiny_world_folder(model, task).parent == shipped.ROOT, (model, task)
+
+
+def test_the_dose_grids_world_is_shipped(empty_cache, monkeypatch):
+    """configs/grids/tiny-dose*.yaml run on tiny-m math: a fresh machine pre-trains nothing."""
+    import multiprocessing
+
+    from marlow.experiments.grid import expand, load_grid
+    from marlow.experiments.worlds import pretrain_worlds
+
+    monkeypatch.setattr(multiprocessing, "get_context", lambda *a: pytest.fail("pre-trained"))
+    grids = sorted((Path(__file__).parents[2] / "configs" / "grids").glob("tiny-dose*.yaml"))
+    assert [g.name for g in grids] == ["tiny-dose-sweep.yaml", "tiny-dose.yaml"]
+    for grid in grids:
+        pretrain_worlds(expand(load_grid(grid)), log=pytest.fail)
+    assert shipped.find_shipped("tiny-m") is not None
 
 
 def test_a_run_loads_a_shipped_world_with_no_pretraining(empty_cache, no_pretraining):

@@ -99,22 +99,8 @@ def timing_lines(index: dict) -> list[str]:
     ]
 
 
-DOSE_COLUMNS = [
-    "workflow",
-    "policy",
-    "role",
-    "measure",
-    "prediction",
-    "seeds",
-    "doses",
-    "slope",
-    "ci_low",
-    "ci_high",
-    "p_value",
-    "min_p",
-    "detectable",
-    "verdict",
-]
+DOSE_LEFT_OUT = ("task", "scale", "variants", "cells", "df", "figure")
+"""Columns of the report's dose table the page leaves out (the section names them once)."""
 
 
 def dose_sentence(row: dict) -> str:
@@ -143,7 +129,7 @@ def dose_lines(tables: dict) -> list[str]:
         "",
         table["note"],
         "",
-        *_table(table["rows"], DOSE_COLUMNS),
+        *_table(table["rows"], [c for c in table["columns"] if c not in DOSE_LEFT_OUT]),
         "",
         *[dose_sentence(r) for r in table["rows"]],
         "",

@@ -230,8 +230,11 @@ def test_each_alarm_and_labelled_event_is_listed_with_its_steps(monkeypatch):
     monkeypatch.setattr(evidence, "_trained", lambda res: runs)
     summary, events = evidence.detector_evaluation(None)
     (cliff,) = [r for r in summary.rows if r["detector"] == "terminal_cliff"]
-    assert cliff["tuned_on_seeds"] == "0" and cliff["reported_on_seed"] == 1
+    assert cliff["tuned_on_seeds"] == "0" and cliff["reported_on_seeds"] == "1"
     assert (cliff["tp"], cliff["fp"], cliff["fn"]) == (2, 0, 0)
+    assert cliff["labelled_tuning"] == 1 and cliff["judged"]  # one to tune on, two to score
+    (amp,) = [r for r in summary.rows if r["detector"] == "gradient_amplification"]
+    assert (amp["labelled_tuning"], amp["labelled"], amp["judged"]) == (0, 0, False)
     listed = {r["cell"]: r for r in events.rows if r["detector"] == "terminal_cliff"}
     assert set(listed) == {"cliff-s0", "cliff-s1", "cliff-late-s1"}  # the rising cells: neither
     late = listed["cliff-late-s1"]
@@ -264,3 +267,13 @@ def test_each_variant_has_its_own_verdicts(monkeypatch):
     assert c2["fast"]["verdict"] == "refuted" and c2["fast"]["n"] == 6  # not pooled with slow
     c4 = {r["variant"]: r["figure"] for r in table.rows if r["claim"] == "C4"}
     assert c4 == {"fast": dynamics[0], "slow": dynamics[1]}
+
+
+def test_a_grid_of_many_seeds_holds_out_half_of_them(monkeypatch):
+    runs = [cell([0.4, 0.6, 0.58, 0.52, 0.45], seed=s, name=f"cliff-s{s}") for s in range(6)]
+    monkeypatch.setattr(evidence, "_trained", lambda res: runs)
+    summary, events = evidence.detector_evaluation(None)
+    (cliff,) = [r for r in summary.rows if r["detector"] == "terminal_cliff"]
+    assert (cliff["tuned_on_seeds"], cliff["reported_on_seeds"]) == ("0, 1, 2", "3, 4, 5")
+    assert (cliff["labelled_tuning"], cliff["labelled"], cliff["tp"]) == (3, 3, 3)
+    assert {r["seed"] for r in events.rows if r["set"] == "reported"} == {3, 4, 5}

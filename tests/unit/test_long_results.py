@@ -1,6 +1,7 @@
-"""The committed long-run grid (issue 19): its report is of ``configs/grids/tiny-long.yaml`` as it
-stands, every cell finished, and its summary page is what ``docs/results/long_summary.py``
-writes from the committed files."""
+"""The committed long-run grids: the long grid (issue 19) and the dose-response grid (issue 34).
+Each report is of its grid file (``configs/grids/<name>.yaml``) as it stands, every cell
+finished, and each summary page is what ``docs/results/long_summary.py`` writes from the
+committed files."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 from marlow.experiments.grid import expand, load_grid
 
 ROOT = Path(__file__).parents[2]
 RESULTS = ROOT / "docs" / "results" / "tiny-long"
+DOSE = ROOT / "docs" / "results" / "tiny-dose"
 
 
 def test_the_committed_report_holds_every_cell_of_the_long_grid_file_finished():
@@ -31,16 +35,49 @@ def test_the_committed_report_holds_every_cell_of_the_long_grid_file_finished():
     assert sum(c["seconds"] for c in index.values()) / 2 < 3 * 3600
 
 
-def test_the_summary_page_is_generated_from_the_committed_report(monkeypatch):
+def test_the_committed_dose_report_holds_every_cell_of_the_dose_grid_file_finished():
+    cells = {c.name: c for c in expand(load_grid(ROOT / "configs" / "grids" / "tiny-dose.yaml"))}
+    index = json.loads((DOSE / "index.json").read_text())["cells"]
+    assert set(index) == set(cells)
+    assert {c["state"] for c in index.values()} == {"done"}
+    trained = [c for c in cells.values() if c.kind == "trained"]
+    assert min(c.config.steps for c in trained) >= 150
+    assert {c.workflow for c in trained} == {"voting", "orch_workers"}
+    assert {c.config.workflow.params["n"] for c in trained} == {1, 2, 4}
+    assert {c.policy for c in trained} == {"ip", "sp"} and len({c.seed for c in trained}) >= 4
+    assert sum(c["seconds"] for c in index.values()) / 2 < 3 * 3600
+
+
+def test_the_dose_report_gives_a_slope_per_workflow_policy_and_measure():
+    report = json.loads((DOSE / "report.json").read_text())
+    rows = report["tables"]["table-dose"]["rows"]
+    measures = {"amplitude", "mass_share", "terminal_drop", "peak"}
+    for workflow in ("voting", "orch_workers"):
+        for policy in ("ip", "sp"):
+            got = {r["measure"] for r in rows if (r["workflow"], r["policy"]) == (workflow, policy)}
+            assert got == measures
+    judged = [r for r in rows if r["verdict"] != "no prediction"]
+    assert {r["verdict"] for r in judged} <= {"holds", "refuted", "not shown"} and judged
+    for r in judged:
+        assert r["ci_low"] <= r["slope"] <= r["ci_high"] and r["detectable"] > 0
+    assert (DOSE / "report" / "fig-dose-terminal-drop.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("name", ["tiny-long", "tiny-dose"])
+def test_the_summary_page_is_generated_from_the_committed_report(monkeypatch, name):
     monkeypatch.chdir(ROOT)  # the page names the folder as given
     path = ROOT / "docs" / "results" / "long_summary.py"
     spec = importlib.util.spec_from_file_location("long_summary", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    page = module.main("docs/results/tiny-long")
-    committed = (ROOT / "docs" / "results" / "tiny-long.md").read_text()
+    page = module.main(f"docs/results/{name}")
+    committed = (ROOT / "docs" / "results" / f"{name}.md").read_text()
     assert committed.startswith(page)
-    report = json.loads((RESULTS / "report.json").read_text())
+    report = json.loads((ROOT / "docs" / "results" / name / "report.json").read_text())
     verdicts = {r["verdict"] for r in report["tables"]["table-claims"]["rows"]}
     assert verdicts <= {"holds", "refuted", "not shown"} and verdicts
+
+
+def test_the_long_grid_kl_variant_meets_the_mitigation_bar():
+    report = json.loads((RESULTS / "report.json").read_text())
     assert any(r["meets"] is True for r in report["tables"]["table-mitigations"]["rows"])

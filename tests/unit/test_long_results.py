@@ -18,34 +18,35 @@ RESULTS = ROOT / "docs" / "results" / "tiny-long"
 DOSE = ROOT / "docs" / "results" / "tiny-dose"
 
 
-def test_the_committed_report_holds_every_cell_of_the_long_grid_file_finished():
-    cells = {c.name: c for c in expand(load_grid(ROOT / "configs" / "grids" / "tiny-long.yaml"))}
-    index = json.loads((RESULTS / "index.json").read_text())["cells"]
+def finished_trained_cells(name: str) -> list:
+    """The trained cells of ``configs/grids/<name>.yaml``, after checking that the committed
+    index holds every cell of the file, each done, at 150 steps or more, and that the runner's
+    clock for all of them, two at a time, stays under 3 h."""
+    cells = {c.name: c for c in expand(load_grid(ROOT / "configs" / "grids" / f"{name}.yaml"))}
+    index = json.loads((ROOT / "docs" / "results" / name / "index.json").read_text())["cells"]
     assert set(index) == set(cells)
     assert {c["state"] for c in index.values()} == {"done"}
+    assert sum(c["seconds"] for c in index.values()) / 2 < 3 * 3600
     trained = [c for c in cells.values() if c.kind == "trained"]
     assert min(c.config.steps for c in trained) >= 150
+    return trained
+
+
+def test_the_committed_report_holds_every_cell_of_the_long_grid_file_finished():
+    trained = finished_trained_cells("tiny-long")
     assert {c.task for c in trained} == {"math", "code"}
     assert {c.workflow for c in trained if c.task == "math"} >= {"voting", "eval_opt"}
     assert {c.policy for c in trained} == {"ip", "sp"} and {c.seed for c in trained} == {0, 1, 2}
     assert len({c.scale for c in trained}) >= 2
     lrs = {c.config.optim.lr for c in trained}
     assert 3e-3 in lrs and len(lrs) >= 2  # an unstable rate and the preset's
-    # the runner's clock for the trained and base cells, two at a time, stays under 3 h
-    assert sum(c["seconds"] for c in index.values()) / 2 < 3 * 3600
 
 
 def test_the_committed_dose_report_holds_every_cell_of_the_dose_grid_file_finished():
-    cells = {c.name: c for c in expand(load_grid(ROOT / "configs" / "grids" / "tiny-dose.yaml"))}
-    index = json.loads((DOSE / "index.json").read_text())["cells"]
-    assert set(index) == set(cells)
-    assert {c["state"] for c in index.values()} == {"done"}
-    trained = [c for c in cells.values() if c.kind == "trained"]
-    assert min(c.config.steps for c in trained) >= 150
+    trained = finished_trained_cells("tiny-dose")
     assert {c.workflow for c in trained} == {"voting", "orch_workers"}
     assert {c.config.workflow.params["n"] for c in trained} == {1, 2, 4}
     assert {c.policy for c in trained} == {"ip", "sp"} and len({c.seed for c in trained}) >= 4
-    assert sum(c["seconds"] for c in index.values()) / 2 < 3 * 3600
 
 
 def test_the_dose_report_gives_a_slope_per_workflow_policy_and_measure():

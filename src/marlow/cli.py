@@ -122,6 +122,7 @@ def _user_errors():
     from marlow.config import ConfigError
     from marlow.fileio import DamagedFileError
     from marlow.models import ModelLoadError
+    from marlow.rewards.user import RewardsMissing
     from marlow.rollout.vllm import VLLMEngineError
     from marlow.training.checkpoint import CheckpointError
     from marlow.training.nonfinite import NonFiniteRun
@@ -139,6 +140,7 @@ def _user_errors():
         NonFiniteRun,
         AdapterSyncError,
         VLLMEngineError,
+        RewardsMissing,
     )
 
 
@@ -822,6 +824,19 @@ def diff_presets(
     for d in rows:
         table.add_row(*(escape(cell) for cell in d.cells()))
     Console().print(table)
+
+
+@app.command()
+def tasks() -> None:
+    """List the tasks task.name can name: the built-in ones and those installed packages publish
+    (entry-point group marlow.tasks)."""
+    from marlow.tasks.catalog import catalog
+
+    table = Table("name", "from", "what")
+    for info in catalog():
+        table.add_row(escape(info.name), escape(info.origin), escape(info.description))
+    Console().print(table)
+    print("Your own file and reward: task.source=FILE task.reward=MODULE:FUNCTION (docs/tasks.md).")
 
 
 workflows_app = typer.Typer(no_args_is_help=False)

@@ -68,6 +68,8 @@ class ModelConfig(_Section):
         return v
 
 
+BUILTIN_TASKS = ("math", "code")
+"""The tasks marlow grades itself; ``custom`` is a task of one's own file and reward."""
 MATH_DATASETS = ("gsm8k", "math500", "dapo")
 CODE_DATASETS = ("humaneval", "deepcoder")
 DEEPCODER_SUBSETS = ("primeintellect", "taco", "lcbv5", "codeforces")
@@ -75,7 +77,18 @@ DEEPCODER_SUBSETS = ("primeintellect", "taco", "lcbv5", "codeforces")
 
 
 class TaskConfig(_Section):
-    name: Literal["math", "code"] = Field("math", description="math or code (SPEC §3)")
+    name: str = Field(
+        "math",
+        description="math or code (marlow's own data formats and graders), custom (your own "
+        "file and reward: task.source, task.prompt_field, task.reward; the default when "
+        "task.reward is set), or a task an installed package publishes (marlow tasks)",
+    )
+    family: Literal["math", "code", "general"] | None = Field(
+        None,
+        description="which templates of the prompt set the roles read, and on a tiny model which "
+        "tiny world: math, code or general (chat models only); None: the task's own (custom: "
+        "general on a chat model, math on a tiny one)",
+    )
     source: str = Field("tiny", description="tiny, or a .jsonl/.jsonl.gz/.parquet path or hub id")
     dataset: str | None = Field(
         None,
@@ -137,11 +150,75 @@ class TaskConfig(_Section):
     strict: bool = Field(
         False,
         description="a dataset row the loader would skip (bad JSON, a missing field, a "
-        "duplicate...) is an error instead of a counted skip (SPEC §9)",
+        "duplicate...) is an error instead of a counted skip",
     )
+    prompt_field: str | None = Field(
+        None, description="custom: the column whose text fills {problem}; None: prompt"
+    )
+    answer_field: str | None = Field(
+        None, description="custom: the column holding the gold answer (optional)"
+    )
+    id_field: str | None = Field(
+        None,
+        description="custom: the column holding each row's id; None: id when the file has it, "
+        "else a hash of the row",
+    )
+    reward: str | None = Field(
+        None,
+        description="custom: the reward function, package.module:function or "
+        "path/to/file.py:function (docs/tasks.md)",
+    )
+    reward_form: Literal["trl", "verl"] = Field(
+        "trl",
+        description="custom: the reward's contract: trl (f(prompts, completions, **columns) -> "
+        "list of float or None, sync or async) or verl (compute_score(data_source, "
+        "solution_str, ground_truth, extra_info), per item)",
+    )
+    reward_timeout_s: float = Field(
+        60.0, gt=0.0, description="custom: seconds one reward call may take; longer: no reward"
+    )
+    reward_max_missing: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="custom: the share of a step's episodes without a reward (None, NaN, an "
+        "error, a timeout) above which the run stops",
+    )
+    correct_threshold: float = Field(
+        1.0,
+        description="custom: an episode is correct (accuracy, pass@N, majority, a verdict's "
+        "credit) when its reward is at least this",
+    )
+
+    @property
+    def custom(self) -> bool:
+        """Whether the task is one's own data and reward (``custom``, or an installed task)."""
+        return self.name not in BUILTIN_TASKS
+
+    def family_for(self, tiny: bool) -> str:
+        """The template family (and tiny world) of this task on a tiny model or a chat model."""
+        if self.family is not None:
+            return self.family
+        if self.custom:
+            return "math" if tiny else "general"
+        return self.name
 
     @model_validator(mode="after")
     def _dataset_fits_source(self) -> TaskConfig:
+        if self.custom:
+            return self._custom_fits()
+        custom_only = ("prompt_field", "answer_field", "id_field", "reward")
+        given = [k for k in custom_only if getattr(self, k) is not None]
+        if given:
+            raise ValueError(
+                f"task.{given[0]} is for task.name custom (your own file and reward); task.name "
+                f"is {self.name}, which reads its own formats (task.dataset)"
+            )
+        if self.family not in (None, self.name):
+            raise ValueError(
+                f"task.family is {self.family} but task.name is {self.name}; valid: "
+                f"{self.name}, or task.name custom"
+            )
         valid = MATH_DATASETS if self.name == "math" else CODE_DATASETS
         if self.source == "tiny":
             if self.dataset is not None:
@@ -189,6 +266,31 @@ class TaskConfig(_Section):
                     f"task.val_dataset is {self.val_dataset!r} for val_source "
                     f"{self.val_source!r}; valid: {', '.join(choices)}"
                 )
+        return self
+
+    def _custom_fits(self) -> TaskConfig:
+        if self.reward is None:
+            raise ValueError(
+                f"task.name is {self.name} but task.reward is not set; valid: "
+                "package.module:function or path/to/file.py:function"
+            )
+        if self.source == "tiny":
+            raise ValueError(
+                f"task.name is {self.name} but task.source is tiny; give your data: a .jsonl, "
+                ".jsonl.gz or .parquet file, or a hub id"
+            )
+        builtin_only = ("dataset", "subset", "hub_config", "runtime_filter", "val_dataset")
+        given = [k for k in builtin_only if getattr(self, k) is not None]
+        if given:
+            raise ValueError(
+                f"task.{given[0]} is for the built-in math and code tasks; a custom task reads "
+                "its columns (task.prompt_field, task.answer_field, task.id_field)"
+            )
+        if self.holdout is not None:
+            if isinstance(self.holdout, float) and not 0.0 < self.holdout < 1.0:
+                raise ValueError(f"task.holdout is {self.holdout}; a fraction must be in (0, 1)")
+            if isinstance(self.holdout, int) and self.holdout < 1:
+                raise ValueError(f"task.holdout is {self.holdout}; a count must be >= 1")
         return self
 
 
@@ -678,7 +780,7 @@ def preset_diff(left: str, right: str) -> list[PresetDiff]:
     drift from what a run gets."""
     switches = {s.key: s for s in SWITCHES}
     per_task: dict[str, dict[str, tuple[Any, Any]]] = {}
-    for task in get_args(TaskConfig.model_fields["name"].annotation):
+    for task in BUILTIN_TASKS:
         a, b = (_flat(resolve({"preset": p, "task": {"name": task}})) for p in (left, right))
         per_task[task] = {k: (a[k], b[k]) for k in a if a[k] != b[k] and k != "preset"}
     out: list[PresetDiff] = []
@@ -844,15 +946,39 @@ def resolve(data: dict[str, Any]) -> RunConfig:
     data = _shorthand(data)
     _refuse_moved(data)
     task = data.get("task")
+    if isinstance(task, dict) and task.get("reward") is not None and "name" not in task:
+        task = data["task"] = {**task, "name": "custom"}  # a reward of one's own: a custom task
     name = task.get("name") if isinstance(task, dict) else None
+    name = name if isinstance(name, str) else TaskConfig.model_fields["name"].default
+    installed = _installed_settings(name)
+    family = merge(installed.get("task", {}), task if isinstance(task, dict) else {}).get("family")
+    # the preset's overlay for the task's family when one is named, else for its name (a
+    # custom task gets none: the preset's own settings); then what an installed task brings
     preset = preset_settings(
         data.get("preset", RunConfig.model_fields["preset"].default),
-        name if isinstance(name, str) else TaskConfig.model_fields["name"].default,
+        family if isinstance(family, str) else name,
     )
     try:
-        return RunConfig.model_validate(merge(preset, data))
+        return RunConfig.model_validate(merge(merge(preset, installed), data))
     except ValidationError as err:
         raise ConfigError(_one_line(err)) from None
+
+
+def _installed_settings(name: str) -> dict[str, Any]:
+    """What task ``name`` brings when an installed package publishes it ({} for the built-in
+    names); an unknown name is one line listing the valid ones."""
+    if name in (*BUILTIN_TASKS, "custom"):
+        return {}
+    from marlow.entrypoints import TaskEntryError, installed_task, installed_tasks
+
+    try:
+        found = installed_task(name)
+    except TaskEntryError as err:
+        raise ConfigError(f"config field 'task.name': {err}") from None
+    if found is None:
+        valid = ", ".join((*BUILTIN_TASKS, "custom", *installed_tasks()))
+        raise ConfigError(f"config field 'task.name' is {name!r}; valid: {valid} (marlow tasks)")
+    return found
 
 
 def load_config(

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from marlow.config import DEVICE_FORM, DEVICES, ConfigError, ModelConfig
+from marlow.config import DEVICE_FORM, DEVICES, ConfigError, ModelConfig, TaskConfig
 from marlow.logs import Phase
 
 
@@ -145,6 +145,12 @@ def pretrain_notice(config: ModelConfig, task: str = "math") -> str | None:
         else:
             line += "; preset=quickstart trains on the quickstart's quicker world (half the time)"
     return line
+
+
+def task_family(model: ModelConfig, task: TaskConfig) -> str:
+    """The template family the run's roles read (``math``, ``code``, ``general``), which on a
+    tiny model is also the tiny world it loads (:meth:`TaskConfig.family_for`)."""
+    return task.family_for(is_tiny(model.name))
 
 
 def prompt_style(name: str) -> str:

@@ -45,7 +45,9 @@ SET_DIR = Path(__file__).parent / "prompt_sets"
 CHAT_SETS = ("marlow", "official")  # the built-in chat sets; ``tiny`` is the tiny style's
 DEFAULT_SET = "marlow"
 CONTEXTS = ("any", "conversation")
-TASKS = ("math", "code")
+TASKS = ("math", "code", "general")
+"""Template families: the built-in tasks' own, and ``general`` (chat sets only) for a task of
+one's own whose prompt column says what to do."""
 
 
 @dataclass(frozen=True)

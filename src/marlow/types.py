@@ -7,6 +7,7 @@ replayed from stored episodes.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -70,6 +71,34 @@ class Turn:
         return self.finish_reason == "length"
 
 
+REWARD_MISSING = ("reward_none", "reward_nonfinite", "reward_error", "reward_timeout")
+"""Why an item has no reward (a user's reward returned None, NaN or inf, raised, or timed out);
+each is counted per role per step in metrics.jsonl."""
+
+
+class NoReward(float):
+    """No reward for an item: NaN that says why (``reason``, one of :data:`REWARD_MISSING`)."""
+
+    reason: str
+
+    def __new__(cls, reason: str) -> NoReward:
+        obj = super().__new__(cls, math.nan)
+        obj.reason = reason
+        return obj
+
+    def __repr__(self) -> str:
+        return f"NoReward({self.reason!r})"
+
+
+def missing_reason(reward: float | None) -> str | None:
+    """Why ``reward`` is no reward, or None when it is a finite number."""
+    if reward is None:
+        return "reward_none"
+    if isinstance(reward, NoReward):
+        return reward.reason
+    return None if math.isfinite(reward) else "reward_nonfinite"
+
+
 @dataclass
 class Episode:
     """One full run of a workflow on one problem."""
@@ -83,6 +112,11 @@ class Episode:
     correct: bool = False
     counters: dict[str, int] = field(default_factory=dict)  # parse failures, fallbacks, ...
     info: dict[str, float] = field(default_factory=dict)  # workflow extras (pass@N, majority, ...)
+
+    def reward_of(self, turn: Turn) -> float:
+        """What ``turn`` is trained on: its own reward under per-role credit, else the episode's
+        (NaN, a :class:`NoReward`, when it has none)."""
+        return turn.reward if turn.reward is not None else self.reward
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,11 @@ def pretrain_worlds(cells: list[Cell], log: Callable[[str], None]) -> None:
     import multiprocessing
 
     from marlow.config import ModelConfig
-    from marlow.models import is_tiny, pretrain_notice, tiny_world_folder
+    from marlow.models import is_tiny, pretrain_notice, task_family, tiny_world_folder
 
     needed = {}
     for c in cells:
-        model, task = c.config.model, c.config.task.name
+        model, task = c.config.model, task_family(c.config.model, c.config.task)
         if is_tiny(model.name) and model.world != "shipped":  # shipped: nothing to pre-train
             key = (model.name, task, model.pretrain_steps, model.pretrain_batch)
             needed.setdefault(tiny_world_folder(model, task), key)

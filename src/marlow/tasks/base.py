@@ -3,9 +3,11 @@
 Training batches are a pure function of (seed, step): a resumed run draws exactly the batches
 the uninterrupted run would have drawn, and the data cursor is just the step count.
 
-Tasks: ``math`` (reward: ``marlow.rewards.grade_math`` against ``Problem.answer``) and ``code``
+Tasks: ``math`` (reward: ``marlow.rewards.grade_math`` against ``Problem.answer``), ``code``
 (reward: ``marlow.rewards.code`` on the hidden tests in ``Problem.meta["tests"]``, through
-:class:`CodeGrader`). Sources: ``tiny`` (synthetic arithmetic, ``marlow.tiny.mathgen``, or
+:class:`CodeGrader`) and ``custom``: a file of one's own columns
+(``marlow.tasks.loaders.load_columns``; ``Problem.meta["columns"]`` keeps every column but the
+prompt's) graded by a user's function (``marlow.rewards.user``). Sources: ``tiny`` (synthetic arithmetic, ``marlow.tiny.mathgen``, or
 synthetic code, ``marlow.tiny.codegen``; endless and seeded), or a dataset file / hub id read by
 ``marlow.tasks.loaders`` (``task.dataset`` names its format; code: ``humaneval`` or
 ``deepcoder`` with ``task.subset``). A dataset is split once, by ``task.split_rule`` and
@@ -28,15 +30,19 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from marlow.config import ConfigError, TaskConfig
 from marlow.rewards.math import grade_math
 from marlow.types import Problem
+
+if TYPE_CHECKING:
+    from marlow.tasks.loaders import LoadReport
 
 CODE_REWARDS = ("pass_rate", "all_pass")
 TINY_CODE_TIMEOUT_S = 2.0  # per hidden test: the tiny programs run in microseconds
@@ -153,7 +159,19 @@ class Task:
     data_report: dict | None = None  # a dataset's rows read, kept and skipped by reason
 
     def grader(self):
-        """A picklable (text, problem) -> reward function."""
+        """A (text, problem) -> reward function (picklable for math and code; a custom task's
+        is :class:`marlow.rewards.user.UserReward`, which imports the user's function)."""
+        if self.config.custom:
+            from marlow.rewards.user import UserReward, load_reward
+
+            c = self.config
+            return UserReward(
+                load_reward(c.reward),
+                spec=c.reward,
+                form=c.reward_form,
+                timeout_s=c.reward_timeout_s,
+                source=c.source,
+            )
         if self.name == "code":
             timeout = self.config.code_timeout_s or (
                 TINY_CODE_TIMEOUT_S if self.config.source == "tiny" else DATASET_CODE_TIMEOUT_S
@@ -196,26 +214,51 @@ def _epoch_order(seed: int, epoch: int, n: int) -> list[int]:
     return order
 
 
-def build_task(config: TaskConfig, log: Callable[[str], None] | None = None) -> Task:
+def build_task(
+    config: TaskConfig,
+    log: Callable[[str], None] | None = None,
+    vocabulary: str | None = None,
+) -> Task:
     """The task of ``config``; a dataset is loaded and split here, and ``log`` gets one line of
-    its row counts (``WARNING`` first when rows were skipped)."""
+    its row counts (``WARNING`` first when rows were skipped). ``vocabulary``: the characters
+    the model reads (the tiny world's); a custom task's prompt with any other character is
+    skipped and counted, and the characters logged."""
     if config.source == "tiny":
         return Task(config.name, config)
     from marlow.tasks.loaders import (
         DatasetError,
         held_out_count,
         load,
+        load_columns,
         permutation_split,
         split,
     )
 
-    try:
+    outside: Counter = Counter()
+
+    def read(source: str) -> tuple[list[Problem], LoadReport]:
+        if config.custom:
+            from marlow.rewards.user import RESERVED
+
+            return load_columns(
+                source,
+                prompt_field=config.prompt_field or "prompt",
+                answer_field=config.answer_field,
+                id_field=config.id_field,
+                vocabulary=vocabulary,
+                outside=outside,
+                reserved=RESERVED if config.reward_form == "trl" else (),
+                strict=config.strict,
+            )
         kwargs: dict = {"subset": config.subset} if config.dataset == "deepcoder" else {}
         if config.runtime_filter is not None:
             kwargs["runtime_filter"] = config.runtime_filter
         if config.hub_config is not None:
             kwargs["config"] = config.hub_config
-        problems, report = load(config.dataset, config.source, strict=config.strict, **kwargs)
+        return load(config.dataset, source, strict=config.strict, **kwargs)
+
+    try:
+        problems, report = read(config.source)
         holdout = config.holdout
         if holdout is None and config.val_source is None:
             holdout = config.val_size
@@ -239,7 +282,10 @@ def build_task(config: TaskConfig, log: Callable[[str], None] | None = None) -> 
             train, held = split(problems, n_held, config.split_seed)
         val = held[: config.val_size]
         if config.val_source is not None:  # validation from its own source
-            other, _ = load(config.val_dataset, config.val_source, strict=config.strict)
+            if config.custom:
+                other, _ = read(config.val_source)
+            else:
+                other, _ = load(config.val_dataset, config.val_source, strict=config.strict)
             if not other:
                 raise DatasetError(f"task.val_source {config.val_source} has no usable problem")
             val = other[: config.val_size]
@@ -249,6 +295,12 @@ def build_task(config: TaskConfig, log: Callable[[str], None] | None = None) -> 
     if log is not None:
         hint = "; task.strict=true makes a skipped row an error" if report.n_skipped else ""
         log(f"{'WARNING ' if report.n_skipped else ''}data {report.summary()}{hint}")
+        if outside:
+            chars = ", ".join(repr(c) for c, _ in outside.most_common(12))
+            log(
+                f"WARNING the tiny world reads printable ASCII only: prompts holding {chars} "
+                "were skipped (outside_vocabulary), not rewritten"
+            )
     data = {
         "dataset": report.dataset,
         "source": report.source,

@@ -40,6 +40,9 @@ form ``marlow.rewards.code.parse_tests`` accepts):
   Rows whose tests are empty go under ``empty_tests``; tests that are not JSON, have an unknown
   shape, or that ``parse_tests`` rejects go under ``unparseable_tests``. Never raises for a row.
 
+* ``custom`` (:func:`load_columns`): a file of one's own columns for a task graded by the
+  user's reward; the caller names the prompt, answer and id columns.
+
 Choices the spec leaves open:
 
 * Ids are ``<dataset>/<native id>`` where the data has one (MATH-500 ``unique_id``, HumanEval
@@ -48,7 +51,8 @@ Choices the spec leaves open:
   ``deepcoder/<subset>/<row>``. A repeated id is skipped under ``duplicate_id``.
 * Skip reasons: ``bad_json`` (a jsonl line that is not a JSON object), ``missing_field:<name>``
   (absent, null, or blank text), ``no_gold_marker`` (GSM8K), ``duplicate_prompt``,
-  ``duplicate_id``, ``empty_tests``, ``unparseable_tests``, ``no_passing_tests``.
+  ``duplicate_id``, ``empty_tests``, ``unparseable_tests``, ``no_passing_tests``,
+  ``outside_vocabulary`` (custom, on the tiny world).
 * ``strict=True`` turns the first skipped row into a ``DatasetError`` (SPEC §9); by default rows
   are skipped and counted. A source with no rows, or where *no* row could be kept, is a wrong file:
   ``DatasetError`` naming the first skip reason, the fields the dataset needs and the fields found.
@@ -362,7 +366,9 @@ def _run(
     limit: int | None,
     dedup_prompts: bool = False,
     prefilter: Callable[[dict, int], dict] | None = None,
+    needs: tuple[str, ...] | None = None,
 ) -> tuple[list[Problem], LoadReport]:
+    needs = needs if needs is not None else _FIELDS[dataset]
     report = LoadReport(dataset, str(source))
     problems: list[Problem] = []
     seen_ids: set[str] = set()
@@ -392,7 +398,7 @@ def _run(
             if strict:
                 raise DatasetError(
                     f"{source}: row {i} of {dataset} rejected ({s.reason}); "
-                    f"{dataset} rows need fields: {', '.join(_FIELDS[dataset])}"
+                    f"{dataset} rows need fields: {', '.join(needs)}"
                 ) from None
             report.skipped[s.reason] += 1
             continue
@@ -406,7 +412,7 @@ def _run(
         reason = report.skipped.most_common(1)[0][0]
         raise DatasetError(
             f"{source}: no row could be loaded as {dataset} (most rows: {reason}); "
-            f"{dataset} rows need fields: {', '.join(_FIELDS[dataset])}; "
+            f"{dataset} rows need fields: {', '.join(needs)}; "
             f"found: {', '.join(sorted(keys)) or 'none'}"
         )
     return problems, report
@@ -506,6 +512,66 @@ def _passing_tests(results: dict[str, dict[str, str]]) -> Callable[[dict, int], 
         return {**row, "tests": kept}
 
     return keep
+
+
+def load_columns(
+    source: str | Path,
+    *,
+    prompt_field: str = "prompt",
+    answer_field: str | None = None,
+    id_field: str | None = None,
+    vocabulary: str | None = None,
+    outside: Counter | None = None,
+    reserved: tuple[str, ...] = (),
+    split: str = "train",
+    strict: bool = False,
+    limit: int | None = None,
+) -> tuple[list[Problem], LoadReport]:
+    """A file of one's own columns (a custom task): ``prompt_field`` -> the prompt, the
+    ``answer_field`` (if any) -> the gold answer, ``id_field`` (or ``id`` when the row has one,
+    else the first 16 hex digits of the sha256 of the row's JSON) -> the id. Every column but
+    the prompt's is kept in ``meta["columns"]`` for the reward; a column named in ``reserved``
+    (the reward's own keywords) is an error. With ``vocabulary`` (the tiny world's characters)
+    a prompt holding any other character is skipped as ``outside_vocabulary`` and its
+    characters counted in ``outside``, never replaced."""
+    allowed = set(vocabulary) if vocabulary is not None else None
+
+    def convert(row: dict, i: int) -> Problem:
+        clash = [k for k in reserved if k in row and k != prompt_field]
+        if clash:
+            raise DatasetError(
+                f"{source}: column {clash[0]!r} has the name of a keyword marlow passes to the "
+                f"reward ({', '.join(reserved)}); rename the column"
+            )
+        prompt = _text(row, prompt_field)
+        answer = _text(row, answer_field) if answer_field is not None else ""
+        if id_field is not None:
+            native = _text(row, id_field)
+        elif row.get("id") not in (None, ""):
+            native = str(row["id"])
+        else:
+            blob = json.dumps(row, sort_keys=True, default=str).encode()
+            native = hashlib.sha256(blob).hexdigest()[:16]
+        if allowed is not None:
+            strange = sorted({c for c in prompt if c not in allowed})
+            if strange:
+                if outside is not None:
+                    outside.update(strange)
+                raise _Skip("outside_vocabulary")
+        columns = {k: v for k, v in row.items() if k != prompt_field}
+        return Problem(str(native), prompt, answer.strip(), {"columns": columns})
+
+    needs = tuple(f for f in (prompt_field, answer_field, id_field) if f is not None)
+    return _run(
+        "custom",
+        source,
+        convert,
+        config=None,
+        split=split,
+        strict=strict,
+        limit=limit,
+        needs=needs,
+    )
 
 
 def _n_tests(tests: Any) -> int:

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from marlow.algo.credit import CreditRows
-from marlow.types import BASE, Episode, Turn
+from marlow.types import BASE, Episode, Turn, missing_reason
 
 
 @dataclass
@@ -118,11 +118,15 @@ def empty_batch(adapter: str, device: torch.device | str = "cpu") -> AdapterBatc
 
 
 def credit_rows(episodes: Sequence[Episode]) -> tuple[list[Turn], CreditRows]:
-    """Every turn of the step in episode order, and the columns credit assignment reads."""
+    """Every turn of the step that has a reward, in episode order, and the columns credit
+    assignment reads. A turn without a reward (None, NaN, inf: a user's reward that failed)
+    is left out: it is in no group's advantage and gets no gradient."""
     turns: list[Turn] = []
     cols: dict[str, list] = {k: [] for k in CreditRows.__dataclass_fields__}
     for e, ep in enumerate(episodes):
         for t in ep.turns:
+            if missing_reason(ep.reward_of(t)) is not None:
+                continue
             turns.append(t)
             cols["episode"].append(e)
             cols["group"].append(ep.group)

@@ -39,6 +39,7 @@ from pathlib import Path
 from marlow.config import ConfigError, RunConfig, differences, load_config
 from marlow.diagnostics.sinks import read_jsonl
 from marlow.fileio import DamagedFileError, write_text
+from marlow.models import task_family
 from marlow.training import checkpoint, runbase
 from marlow.workflows.check import WORKFLOW_COPY, workflow_copy
 from marlow.workflows.spec import is_workflow_file
@@ -110,7 +111,7 @@ def preflight(
     accepted changes."""
     changes = resume_changes(run_dir, stored, new)
     check_records(run_dir)
-    base_changed = runbase.changed(run_dir, new.model, new.task.name)
+    base_changed = runbase.changed(run_dir, new.model, task_family(new.model, new.task))
     if base_changed:
         raise ResumeError(base_changed)
     found = pick_checkpoint(run_dir, resume_from)

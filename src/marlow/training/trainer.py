@@ -41,7 +41,7 @@ from marlow.diagnostics.sinks import JsonlSink, open_sinks, read_jsonl
 from marlow.diagnostics.truncation import truncation_warnings
 from marlow.fileio import write_json, write_text
 from marlow.logs import Phase
-from marlow.models import load_base, prompt_style, resolve_device
+from marlow.models import load_base, prompt_style, resolve_device, task_family
 from marlow.policy.adapters import (
     LoraSpec,
     adapter_parameters,
@@ -51,8 +51,10 @@ from marlow.policy.adapters import (
 )
 from marlow.policy.routing import Routing, make_routing
 from marlow.rewards.sandbox import Isolation, SandboxUnavailable, isolation_in_force
+from marlow.rewards.user import RewardsMissing
 from marlow.rollout import make_engine
 from marlow.tasks import build_task
+from marlow.tiny.tokenizer import CHARACTERS
 from marlow.training import checkpoint, runbase
 from marlow.training import resume as resume_lib
 from marlow.training.batch import build_batches, credit_rows, empty_batch
@@ -77,7 +79,7 @@ from marlow.training.grpo import (
 from marlow.training.nonfinite import NonFiniteGuard
 from marlow.training.optim import AdapterOptimizers
 from marlow.training.sync import check_sync, engine_drift
-from marlow.types import Episode, SamplingParams
+from marlow.types import Episode, SamplingParams, missing_reason
 from marlow.workflows.check import check_run_config, workflow_copy
 from marlow.workflows.engine import run_episodes
 from marlow.workflows.spec import EpisodeRules
@@ -128,12 +130,17 @@ class Trainer:
             self.log = lambda _msg: None
         if seeding is not None and self.world.size > 1:  # a one-process run samples as ever
             self.log(seeding)
-        self.task = build_task(config.task, log=self.log)
+        # the prompts' family, which on a tiny model is the world it loads; a tiny model reads
+        # printable ASCII only, so a custom task's prompts are checked against that
+        self.family = task_family(config.model, config.task)
+        tiny = prompt_style(config.model.name) == "tiny"
+        self.task = build_task(config.task, log=self.log, vocabulary=CHARACTERS if tiny else None)
         self.isolation = sandbox_isolation(config, self.log)  # the code sandbox's, logged
+        self.grade = self.task.grader()  # a user's reward is imported here, before the model
         self.base, self.tokenizer = load_base(
             config.model,
             log=self.log,
-            task=config.task.name,
+            task=self.family,
             dtype=config.dtype,
             device=self.device,
         )
@@ -143,7 +150,6 @@ class Trainer:
             positions = min(positions, served) if positions else served
         self.rules = self.rules.within_context(positions, config.rollout.max_new_tokens)
         self.style = prompt_style(config.model.name)
-        self.grade = self.task.grader()
         pol = config.policy
         self.routing: Routing = make_routing(pol.routing, self.workflow.roles, pol.role_map)
         spec = LoraSpec(pol.lora_rank, pol.lora_alpha, pol.lora_dropout, pol.target_modules)
@@ -219,7 +225,7 @@ class Trainer:
             tokenizer=self.tokenizer,
             routing=self.routing,
             grade=self.grade,
-            task=self.cfg.task.name,
+            task=self.family,
             style=self.style,
             sampling=sampling,
             rules=self.rules,
@@ -254,6 +260,7 @@ class Trainer:
             step_seed(self.cfg.seed, step),
             first_group=shard.start,
         )
+        self._reward_failures(step, "train", episodes)
         record = self.learn(step, episodes)
         errors = getattr(self.grade, "sandbox_errors", None)  # the code grader's count so far
         if errors is not None:
@@ -397,6 +404,7 @@ class Trainer:
             first_group=shard.start,
         )
         episodes = [e for rank in self.world.gather(episodes) for e in rank]  # in problem order
+        self._reward_failures(step, "val", episodes)
         meter = Meter()
         episode_metrics(meter, episodes)
         out = meter.result("val")
@@ -410,6 +418,37 @@ class Trainer:
         self._write_samples(step, "val", episodes)
         return out
 
+    def _reward_failures(self, step: int, split: str, episodes: list[Episode]) -> None:
+        """A user's reward calls that failed since the last look (``marlow.rewards.user``): one
+        event each in events.jsonl and one warning line. A training step in which more than
+        ``task.reward_max_missing`` of the episodes (every rank's) have no reward stops the run
+        before it learns, so the last checkpoint stands as it was."""
+        failed = getattr(self.grade, "events", None)
+        if failed:
+            if self.world.main:
+                for event in failed:
+                    self.events.write({"step": step, "split": split, **event})
+            items = sum(e["items"] for e in failed)
+            self.log(
+                f"WARNING step {step} ({split}): {len(failed)} reward call(s) failed, {items} "
+                f"item(s) without a reward; last: {self.grade.last_error}"
+            )
+            failed.clear()
+        if split != "train":
+            return
+        counts = self.world.gather(
+            (sum(missing_reason(ep.reward) is not None for ep in episodes), len(episodes))
+        )
+        missing, total = (sum(c[i] for c in counts) for i in (0, 1))
+        limit = self.cfg.task.reward_max_missing
+        if total and missing / total > limit:
+            last = getattr(self.grade, "last_error", None) or "rewards returned None or NaN"
+            raise RewardsMissing(
+                f"step {step}: {missing} of {total} episodes have no reward (more than "
+                f"task.reward_max_missing={limit:g}) from {getattr(self.grade, 'name', 'the reward')}"
+                f"; last error: {last}; the last checkpoint is kept"
+            )
+
     def _write_samples(self, step: int, split: str, episodes: list[Episode]) -> None:
         if not self.world.main:
             return
@@ -419,6 +458,9 @@ class Trainer:
                 "split": split,
                 **{k: v for k, v in asdict(ep).items() if k != "turns"},
             }
+            missing = missing_reason(ep.reward)
+            if missing is not None:  # null in the file, and why
+                record.update(reward=None, reward_missing=missing)
             record["turns"] = [
                 {
                     "role": t.role,
@@ -517,7 +559,7 @@ class Trainer:
                 checkpoint.remove(later)
         checkpoint.tidy(self.out)
         self.out.mkdir(parents=True, exist_ok=True)
-        runbase.record(self.out, self.cfg.model, self.cfg.task.name)  # once per run
+        runbase.record(self.out, self.cfg.model, self.family)  # once per run
         resume_lib.record_workflow_file(self.out, self.cfg)  # a file workflow's text, once
         write_text(self.out / "config.yaml", dump_config(self.cfg))
         record_isolation(self.out, self.isolation)

@@ -18,6 +18,7 @@ mixing them in one group would compare unlike things. Choices of marlow, not fix
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 
 from marlow.parsers import verdict_of
@@ -31,9 +32,12 @@ def assign_role_rewards(
     grade: Callable[[str], float],
     rules: Mapping[str, str] = DEFAULT_CREDIT,
     parse_rule: str = "last-box",
+    correct_at: float = 1.0,
 ) -> None:
     """Set ``turn.reward`` on every turn of one episode by its kind's rule in ``rules``;
-    ``grade`` scores an answer text; ``parse_rule`` reads verdicts (``marlow.parsers``)."""
+    ``grade`` scores an answer text (at least ``correct_at``: correct); ``parse_rule`` reads
+    verdicts (``marlow.parsers``). A verdict on an answer that has no reward (NaN) has none
+    either: the answer's NaN is its reward."""
     reviewed: str | None = None  # the latest answer-kind output
     for turn in turns:
         rule = rules[turn.kind]
@@ -43,8 +47,12 @@ def assign_role_rewards(
             verdict = verdict_of(
                 turn.completion_text, parse_rule
             )  # None: unparseable, counted wrong
-            right = verdict is not None and reviewed is not None
-            turn.reward = 1.0 if right and verdict == (grade(reviewed) >= 1.0) else 0.0
+            judged = grade(reviewed) if reviewed is not None else None
+            if judged is not None and math.isnan(judged):
+                turn.reward = judged  # no reward for the answer: none for its verdict
+            else:
+                right = verdict is not None and judged is not None
+                turn.reward = 1.0 if right and verdict == (judged >= correct_at) else 0.0
         else:
             turn.reward = episode_reward
         if turn.kind == "answer":

@@ -10,7 +10,10 @@ Parse failures never stop an episode: they are counted in ``Episode.counters``.
 Grading: a grader is a (text, problem) -> reward function. A grader that also has
 ``prefetch(pairs)`` (the code task's: one sandbox run per program, cached) is first handed every
 (text, problem) this call will grade, in one batch, so the programs of a step run in parallel
-and each distinct one once; the per-text calls that follow read its cache.
+and each distinct one once; the per-text calls that follow read its cache. A user's reward
+(``marlow.rewards.user``) is called the same way, one call per batch. A grader may return NaN
+(``marlow.rewards.user.NoReward``): the item has no reward, is never correct, and the trainer
+leaves it out of its group (``marlow.training.batch``).
 """
 
 from __future__ import annotations
@@ -117,14 +120,16 @@ def final_answer(workflow: WorkflowSpec, state: EpisodeState) -> str:
     return turns[-1].completion_text if turns else ""
 
 
-def extras(workflow: WorkflowSpec, state: EpisodeState, grade: Grader) -> dict[str, float]:
+def extras(
+    workflow: WorkflowSpec, state: EpisodeState, grade: Grader, correct_at: float = 1.0
+) -> dict[str, float]:
     """``rounds_used`` (a workflow with rounds: the highest round the episode reached) and, beside
     a selection, pass@N and majority-vote accuracy over its candidates."""
     out: dict[str, float] = {}
     if workflow.rounds:
         out["rounds_used"] = float(max((t.round for t in state.episode.turns), default=0))
     if any(s.parser == "selection" for s in workflow.stages):
-        out.update(selection_extras(state.candidates, state.problem, grade))
+        out.update(selection_extras(state.candidates, state.problem, grade, correct_at))
     return out
 
 
@@ -270,7 +275,7 @@ def run_episodes(
     for st in states:
         ep = st.episode
         ep.reward = grade(ep.final_answer, st.problem)
-        ep.correct = ep.reward >= 1.0
+        ep.correct = ep.reward >= rules.correct_at  # False for a missing (NaN) reward
         if rules.credit == "role":
             assign_role_rewards(
                 ep.turns,
@@ -278,6 +283,7 @@ def run_episodes(
                 lambda text, p=st.problem: grade(text, p),
                 workflow.credit,
                 rules.parse,
+                rules.correct_at,
             )
-        ep.info.update(extras(workflow, st, grade))
+        ep.info.update(extras(workflow, st, grade, rules.correct_at))
     return [st.episode for st in states]

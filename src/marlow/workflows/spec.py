@@ -96,7 +96,9 @@ class EpisodeRules:
       stage (counted ``prompt_cap``); None: no cap. A run also caps it so that a prompt and its
       completion fit in the model's context (:meth:`within_context`);
     * ``prompts``: the chat prompt set library templates come from (``marlow.prompts``; a tiny
-      model always reads the ``tiny`` set).
+      model always reads the ``tiny`` set);
+    * ``correct_at``: a reward at least this is correct (accuracy, pass@N, majority vote, a
+      verdict's credit); a missing reward (NaN) is never correct.
     """
 
     credit: str = "broadcast"
@@ -106,6 +108,7 @@ class EpisodeRules:
     context: str = "latest"
     max_prompt_tokens: int | None = None
     prompts: str = "marlow"
+    correct_at: float = 1.0
 
     @classmethod
     def of(cls, config: RunConfig) -> EpisodeRules:
@@ -117,6 +120,7 @@ class EpisodeRules:
             context=config.workflow.context,
             max_prompt_tokens=config.rollout.max_prompt_tokens,
             prompts=config.workflow.prompts,
+            correct_at=config.task.correct_threshold,
         )
 
     def within_context(self, positions: int | None, new_tokens: int) -> EpisodeRules:

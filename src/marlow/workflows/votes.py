@@ -50,9 +50,12 @@ def majority_index(texts: list[str], key: Callable[[str], str | None] = boxed_ke
     return first_of[winner]
 
 
-def selection_extras(candidates: list[str], problem: Problem, grade: Grader) -> dict[str, float]:
-    """pass@N (any candidate correct) and majority-vote accuracy beside the selection's."""
-    correct = [grade(t, problem) >= 1.0 for t in candidates]
+def selection_extras(
+    candidates: list[str], problem: Problem, grade: Grader, correct_at: float = 1.0
+) -> dict[str, float]:
+    """pass@N (any candidate correct: a reward of at least ``correct_at``; a candidate without
+    a reward is not) and majority-vote accuracy beside the selection's."""
+    correct = [grade(t, problem) >= correct_at for t in candidates]
     m = majority_index(candidates, answer_key(problem))
     return {
         "pass_at_n": float(any(correct)),

@@ -1,0 +1,302 @@
+"""A user's reward function, found by import path and called in batches behind one guard.
+
+``task.reward`` names the function: ``package.module:function`` (an importable module) or
+``path/to/file.py:function`` (a file, relative to the working directory). Two contracts, chosen
+by ``task.reward_form`` (never guessed from the signature):
+
+* ``trl`` (default), TRL's ``reward_funcs`` contract, so a function written for TRL works as it
+  is: ``fn(prompts=[...], completions=[...], **columns, **kwargs) -> list[float | None]``. Every
+  list is aligned: ``prompts[i]`` is the problem's prompt column (the text that fills
+  ``{problem}``), ``completions[i]`` the text being graded, and each dataset column (the answer
+  column among them) is a keyword whose list holds each item's value. marlow also passes
+  ``problem_ids``. The function may be ``async def``.
+* ``verl``, verl's ``compute_score(data_source, solution_str, ground_truth, extra_info)``, called
+  once per item: ``data_source`` is ``task.source``, ``ground_truth`` the answer column's value
+  ("" without one), ``extra_info`` a dict of the other columns. It returns a number, or a dict
+  whose ``score`` is one.
+
+Failure rules (every one counted, none a crash or a hang):
+
+* a ``None`` for an item: that item has no reward (``reward_none``); NaN or inf:
+  ``reward_nonfinite``;
+* the function raises: every item of the call has no reward (``reward_error``), and the call is
+  recorded as an event with the function's name and the first line of the error; so is a return
+  of the wrong length or type (the message names the expected and returned length or type);
+  under ``verl`` an exception costs its own item only;
+* a call that takes longer than ``task.reward_timeout_s``: every item of the call has no reward
+  (``reward_timeout``). The call runs in a daemon thread; a timed-out call is abandoned, not
+  stopped (Python cannot stop a thread), so a function that never returns keeps a thread busy
+  until the process ends, and the next call gets a thread of its own.
+
+An item without a reward is a :class:`marlow.types.NoReward`: a float NaN that carries its
+reason, so the workflow engine, the trainer and the metrics can leave it out and count it by
+reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import inspect
+import math
+import numbers
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from marlow.config import ConfigError
+from marlow.types import NoReward, Problem
+
+REWARD_FORMS = ("trl", "verl")
+RESERVED = ("prompts", "completions", "problem_ids")
+"""Keywords marlow passes to a TRL-form reward: no dataset column may have these names."""
+
+
+class RewardLoadError(ConfigError):
+    """``task.reward`` cannot be imported or is not a function; the message is one line."""
+
+
+class RewardsMissing(RuntimeError):
+    """A step had too many items without a reward (``task.reward_max_missing``); one line."""
+
+
+def load_reward(spec: str) -> Callable[..., Any]:
+    """The function ``spec`` names (``module:function`` or ``file.py:function``)."""
+    where, colon, name = spec.rpartition(":")
+    if not colon or not where or not name.isidentifier():
+        raise RewardLoadError(
+            f"task.reward is {spec!r}; valid: package.module:function or path/to/file.py:function"
+        )
+    if where.endswith(".py"):
+        path = Path(where).expanduser()
+        if not path.is_file():
+            raise RewardLoadError(f"task.reward {spec!r}: file {where} does not exist")
+        module_name = f"marlow_user_reward_{abs(hash(str(path.resolve())))}"
+        try:
+            found = importlib.util.spec_from_file_location(module_name, path)
+            module = importlib.util.module_from_spec(found)
+            sys.modules[module_name] = module  # dataclasses and pickling look modules up here
+            found.loader.exec_module(module)
+        except Exception as err:  # the user's module failed to run: one line
+            sys.modules.pop(module_name, None)
+            raise RewardLoadError(
+                f"task.reward {spec!r}: {where} failed to import: {_line(err)}"
+            ) from None
+    else:
+        try:
+            module = importlib.import_module(where)
+        except Exception as err:
+            raise RewardLoadError(
+                f"task.reward {spec!r}: cannot import {where}: {_line(err)}"
+            ) from None
+    fn = getattr(module, name, None)
+    if fn is None:
+        public = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
+        raise RewardLoadError(
+            f"task.reward {spec!r}: {where} has no {name!r}; its functions: "
+            f"{', '.join(public) or 'none'}"
+        )
+    if not callable(fn):
+        raise RewardLoadError(
+            f"task.reward {spec!r}: {name} is a {type(fn).__name__}, not callable"
+        )
+    return fn
+
+
+def _line(err: BaseException) -> str:
+    """``Type: first line`` of an exception, at most 300 characters."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"[:300].rstrip(": ")
+
+
+class _Failed(Exception):  # noqa: N818 - a whole call failed: its reason and one line
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def _call_in_thread(fn: Callable[[], Any], timeout_s: float) -> Any:
+    """``fn()`` (awaited when it returns a coroutine) in a daemon thread, at most ``timeout_s``."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            value = fn()
+            if inspect.isawaitable(value):
+                value = asyncio.run(_awaited(value))
+            box["value"] = value
+        except BaseException as err:  # noqa: BLE001 - the user's code: reported, never raised here
+            box["error"] = err
+
+    thread = threading.Thread(target=target, name="marlow-reward", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise _Failed("reward_timeout", f"took longer than task.reward_timeout_s={timeout_s:g}")
+    if "error" in box:
+        raise _Failed("reward_error", _line(box["error"]))
+    return box["value"]
+
+
+async def _awaited(value: Any) -> Any:
+    return await value
+
+
+def _as_reward(value: Any) -> float:
+    """One item's returned value as a reward; a non-number raises TypeError."""
+    if value is None:
+        return NoReward("reward_none")
+    if isinstance(value, dict) and "score" in value:  # verl may return {"score": ...}
+        value = value["score"]
+    if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:  # numpy / torch scalars
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(type(value).__name__)
+    value = float(value)
+    return value if math.isfinite(value) else NoReward("reward_nonfinite")
+
+
+class UserReward:
+    """A grader (``(text, problem) -> reward``) over a user's function, called in batches.
+
+    ``prefetch(pairs)`` grades every (text, problem) not graded yet in one call of the function
+    (the workflow engine hands it a step's final answers and answer turns first); a text asked
+    for later without a prefetch is graded in a call of its own. Results are kept per
+    (problem id, text), the newest ``cache_size``. ``events`` collects one record per failed
+    call (the trainer writes them to ``events.jsonl`` and empties the list); ``last_error`` is
+    the newest one's line.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        spec: str,
+        form: str = "trl",
+        timeout_s: float = 60.0,
+        source: str = "",
+        cache_size: int = 50_000,
+    ):
+        if form not in REWARD_FORMS:
+            raise ValueError(f"task.reward_form is {form!r}; valid: {', '.join(REWARD_FORMS)}")
+        self.fn = fn
+        self.spec = spec
+        self.form = form
+        self.timeout_s = timeout_s
+        self.source = source
+        self.cache_size = cache_size
+        self.events: list[dict[str, Any]] = []
+        self.last_error: str | None = None
+        self._cache: dict[tuple[str, str], float] = {}
+
+    @property
+    def name(self) -> str:
+        return getattr(self.fn, "__qualname__", None) or self.spec
+
+    def prefetch(self, pairs: Sequence[tuple[str, Problem]]) -> None:
+        todo: dict[tuple[str, str], tuple[str, Problem]] = {}
+        for text, problem in pairs:
+            key = (problem.id, text)
+            if key not in self._cache:
+                todo.setdefault(key, (text, problem))
+        if not todo:
+            return
+        rewards = self._grade(list(todo.values()))
+        for key, reward in zip(todo, rewards, strict=True):
+            self._cache[key] = reward
+        while len(self._cache) > self.cache_size:
+            self._cache.pop(next(iter(self._cache)))
+
+    def __call__(self, text: str, problem: Problem) -> float:
+        key = (problem.id, text)
+        if key not in self._cache:
+            self.prefetch([(text, problem)])
+        return self._cache[key]
+
+    def _grade(self, items: list[tuple[str, Problem]]) -> list[float]:
+        """One call of the function over ``items``; a failed call gives each item a NoReward."""
+        try:
+            if self.form == "verl":
+                return self._grade_verl(items)
+            return self._grade_trl(items)
+        except _Failed as failed:
+            self.last_error = f"{self.name}: {failed}"
+            self.events.append(
+                {
+                    "event": failed.reason,
+                    "function": self.name,
+                    "error": str(failed),
+                    "items": len(items),
+                }
+            )
+            return [NoReward(failed.reason)] * len(items)
+
+    def _grade_trl(self, items: list[tuple[str, Problem]]) -> list[float]:
+        columns: dict[str, list[Any]] = {}
+        names = sorted({k for _, p in items for k in p.meta.get("columns", {})})
+        for name in names:
+            columns[name] = [p.meta.get("columns", {}).get(name) for _, p in items]
+        kwargs = {
+            "prompts": [p.prompt for _, p in items],
+            "completions": [text for text, _ in items],
+            "problem_ids": [p.id for _, p in items],
+            **columns,
+        }
+        returned = _call_in_thread(lambda: self.fn(**kwargs), self.timeout_s)
+        if hasattr(returned, "tolist") and not isinstance(returned, list | tuple):
+            returned = returned.tolist()  # a numpy array or a tensor of rewards
+        if not isinstance(returned, list | tuple):
+            raise _Failed(
+                "reward_error",
+                f"returned a {type(returned).__name__}; expected a list of {len(items)} "
+                "float or None",
+            )
+        if len(returned) != len(items):
+            raise _Failed(
+                "reward_error",
+                f"returned {len(returned)} values for {len(items)} completions; expected one "
+                "float or None per completion",
+            )
+        out = []
+        for i, value in enumerate(returned):
+            try:
+                out.append(_as_reward(value))
+            except TypeError as err:
+                raise _Failed(
+                    "reward_error",
+                    f"returned a {err} at index {i}; expected float or None per completion",
+                ) from None
+        return out
+
+    def _grade_verl(self, items: list[tuple[str, Problem]]) -> list[float]:
+        def each() -> list[tuple[float, str | None]]:
+            out: list[tuple[float, str | None]] = []
+            for text, problem in items:
+                try:
+                    value = self.fn(
+                        data_source=self.source,
+                        solution_str=text,
+                        ground_truth=problem.answer,
+                        extra_info=dict(problem.meta.get("columns", {})),
+                    )
+                except Exception as err:  # one item's failure is its own
+                    out.append((NoReward("reward_error"), _line(err)))
+                    continue
+                try:
+                    out.append((_as_reward(value), None))
+                except TypeError as err:
+                    out.append((NoReward("reward_error"), f"returned a {err}; expected a number"))
+            return out
+
+        rewards = []
+        for reward, error in _call_in_thread(each, self.timeout_s):
+            if error is not None:
+                self.last_error = f"{self.name}: {error}"
+                self.events.append(
+                    {"event": "reward_error", "function": self.name, "error": error, "items": 1}
+                )
+            rewards.append(reward)
+        return rewards

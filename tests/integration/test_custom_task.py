@@ -1,0 +1,190 @@
+"""A custom task (one's own jsonl and reward) trained for real on the tiny world: each reward
+contract, and each failure rule on a real run (counted per role, recorded, or stopping the run
+with its last checkpoint intact)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import textwrap
+
+import pytest
+
+from marlow.rewards.user import RewardsMissing
+from marlow.tiny import mathgen
+from marlow.training import checkpoint
+from marlow.training.trainer import Trainer, read_metrics
+
+REWARDS = textwrap.dedent(
+    """
+    import asyncio, math, os, time
+
+    def spread(prompts, completions, answer, **kwargs):
+        # a spread in every group: the parity of the sum of its characters
+        return [float(sum(map(ord, c)) % 2) for c in completions]
+
+    async def spread_async(prompts, completions, **kwargs):
+        await asyncio.sleep(0)
+        return [float(sum(map(ord, c)) % 2) for c in completions]
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info):
+        if extra_info["level"] == 1:
+            raise ValueError("level 1 is not graded")
+        return {"score": float(sum(map(ord, solution_str)) % 2)}
+
+    def half_none(prompts, completions, **kwargs):
+        return [None if i % 2 else float(sum(map(ord, c)) % 2) for i, c in enumerate(completions)]
+
+    def half_nan(prompts, completions, **kwargs):
+        return [math.nan if i % 2 else float(sum(map(ord, c)) % 2) for i, c in enumerate(completions)]
+
+    def short(prompts, completions, **kwargs):
+        return [1.0] * (len(completions) - 1)
+
+    def sleepy(prompts, completions, **kwargs):
+        time.sleep(3)
+        return [1.0] * len(completions)
+
+    def fails_after_flag(prompts, completions, **kwargs):
+        if os.path.exists(os.environ["MARLOW_TEST_FLAG"]):
+            raise RuntimeError("the grading service is down")
+        return [float(sum(map(ord, c)) % 2) for c in completions]
+    """
+)
+
+
+@pytest.fixture
+def task_files(tmp_path):
+    rows = [
+        {"id": f"r{i}", "question": p.prompt, "answer": p.answer, "level": p.meta["level"]}
+        for i, p in enumerate(itertools.islice(mathgen.train_problems(seed=7), 40))
+    ]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "rewards.py").write_text(REWARDS)
+    return tmp_path
+
+
+def run(small_config, files, function, out, **task):
+    cfg = small_config(
+        workflow={"name": "voting"},
+        policy={"routing": "ip"},
+        task={
+            "source": str(files / "rows.jsonl"),
+            "prompt_field": "question",
+            "answer_field": "answer",
+            "reward": f"{files / 'rewards.py'}:{function}",
+            "val_size": 6,
+            **task,
+        },
+    )
+    with Trainer(cfg, out) as trainer:
+        trainer.run()
+    return read_metrics(out), [
+        json.loads(x) for x in (out / "events.jsonl").read_text().split("\n") if x
+    ]
+
+
+@pytest.mark.parametrize(
+    ("function", "form"),
+    [("spread", "trl"), ("spread_async", "trl"), ("compute_score", "verl")],
+)
+def test_a_custom_task_trains_voting_with_each_reward_form(
+    small_config, task_files, tmp_path, function, form
+):
+    records, events = run(
+        small_config,
+        task_files,
+        function,
+        tmp_path / "run",
+        reward_form=form,
+        reward_max_missing=1.0,
+    )
+    assert [r["step"] for r in records] == [0, 1, 2]
+    for r in records[1:]:
+        assert r["train/generator/grad_norm"] > 0  # the rewards varied: the adapters learned
+        assert 0.0 <= r["train/all/reward"] <= 1.0
+    data = next(e for e in events if e.get("action") == "data")
+    assert data["dataset"] == "custom" and data["kept"] == 40
+    if form == "verl":  # level-1 rows raise: each costs its own item, recorded by name
+        failed = [e for e in events if e.get("event") == "reward_error"]
+        assert failed and {e["function"] for e in failed} == {"compute_score"}
+        assert failed[0]["error"] == "ValueError: level 1 is not graded"
+        assert any(r.get("train/all/reward_error", 0) > 0 for r in records[1:])
+
+
+@pytest.mark.parametrize(
+    ("function", "reason"),
+    [("half_none", "reward_none"), ("half_nan", "reward_nonfinite")],
+)
+def test_none_and_nan_rewards_are_left_out_and_counted_per_role(
+    small_config, task_files, tmp_path, function, reason
+):
+    records, _ = run(small_config, task_files, function, tmp_path / "run")
+    for r in records[1:]:
+        # 3 problems x 4 episodes: the engine grades the final answers and the answer turns in
+        # one call, so which items are odd varies; some, never all, are missing
+        assert 0 < r[f"train/all/{reason}"] < 12
+        assert r[f"train/aggregator/{reason}"] == r[f"train/all/{reason}"]
+        assert r[f"train/generator/{reason}"] == 3 * r[f"train/all/{reason}"]
+
+
+def test_a_wrong_length_is_an_error_event_naming_the_function_and_the_lengths(
+    small_config, task_files, tmp_path
+):
+    records, events = run(
+        small_config, task_files, "short", tmp_path / "run", reward_max_missing=1.0
+    )
+    failed = [e for e in events if e.get("event") == "reward_error"]
+    assert failed and all(e["function"] == "short" for e in failed)
+    assert "values for" in failed[0]["error"] and "completions" in failed[0]["error"]
+    assert records[1]["train/all/reward_error"] == 12
+    assert "train/all/reward" not in records[1]  # no episode had a reward
+
+
+def test_a_reward_past_its_timeout_costs_its_items_not_the_run(small_config, task_files, tmp_path):
+    records, events = run(
+        small_config,
+        task_files,
+        "sleepy",
+        tmp_path / "run",
+        reward_timeout_s=0.3,
+        reward_max_missing=1.0,
+    )
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert records[1]["train/all/reward_timeout"] == 12
+    assert {e["event"] for e in events if "event" in e} == {"reward_timeout"}
+
+
+def test_a_reward_that_keeps_failing_stops_the_run_in_one_line_keeping_its_checkpoint(
+    small_config, task_files, tmp_path, monkeypatch
+):
+    flag = tmp_path / "down"
+    monkeypatch.setenv("MARLOW_TEST_FLAG", str(flag))
+    cfg = small_config(
+        steps=4,
+        val_every=4,
+        ckpt_every=2,
+        task={
+            "source": str(task_files / "rows.jsonl"),
+            "prompt_field": "question",
+            "reward": f"{task_files / 'rewards.py'}:fails_after_flag",
+            "val_size": 6,
+        },
+    )
+    out = tmp_path / "run"
+
+    def on_step(step, _record):
+        if step == 2:
+            flag.write_text("down")
+
+    with Trainer(cfg, out) as trainer, pytest.raises(RewardsMissing) as err:
+        trainer.run(on_step=on_step)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("step 3: 12 of 12 episodes have no reward")
+    assert "fails_after_flag" in message and "the grading service is down" in message
+    assert [r["step"] for r in read_metrics(out)] == [0, 1, 2]
+    kept = checkpoint.latest(out)
+    assert kept is not None and checkpoint.step_of(kept) == 2
+    checkpoint.check(kept)  # intact: it loads

@@ -1,10 +1,13 @@
 """The GPU check on the CPU, so that it cannot rot while no GPU is at hand: its dry run
 (``bench/gpu_check.py --device cpu --dry-run``: the environment, the device tests, a shrunken
 Qwen3-0.6B stand-in trained for a step) writes every field the GPU run writes; a failing or
-overrunning child is recorded, not fatal."""
+overrunning child is recorded, not fatal; and docs/scaling.md's "Measured on a GPU" section is
+what ``bench/gpu_docs.py`` makes of the committed JSON (or "Not yet measured" while there is
+none)."""
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import subprocess
@@ -27,6 +30,7 @@ def bench_module(name: str) -> ModuleType:
 
 
 gpu_check = bench_module("gpu_check")
+gpu_docs = bench_module("gpu_docs")
 
 
 @pytest.fixture(scope="module")
@@ -136,3 +140,75 @@ def test_junit_counts_name_the_failures(tmp_path):
         "passed": 1,
         "failed_tests": ["tests.a::test_bad: assert 1 == 2", "tests.b::test_err: boom"],
     }
+
+
+# -- docs/scaling.md's generated section ------------------------------------------------------
+
+
+def test_the_committed_section_is_what_the_committed_json_gives():
+    page = gpu_docs.PAGE.read_text()
+    assert gpu_docs.render_page(page, gpu_docs.read_result(gpu_docs.RESULT)) == page, (
+        "docs/scaling.md is stale: run python bench/gpu_docs.py"
+    )
+    if not gpu_docs.RESULT.exists():
+        assert f"{gpu_docs.BEGIN}\n{gpu_docs.NOT_YET}\n{gpu_docs.END}" in page
+
+
+def as_gpu_run(result: dict) -> dict:
+    """The dry run's JSON as a CUDA run would write it: a card, and memory in every step."""
+    gpu = copy.deepcopy(result)
+    gpu["environment"] |= {
+        "device": "cuda:0",
+        "gpu": "NVIDIA H100 80GB HBM3",
+        "gpu_memory_gib": 79.19,
+        "driver": "580.159.04",
+        "torch_cuda": "13.0",
+    }
+    for entry in gpu["sizes"].values():
+        for run in entry["runs"]:
+            for step in run["steps"]:
+                step |= {
+                    "rollout_peak_allocated_gib": 0.5,
+                    "rollout_peak_reserved_gib": 0.75,
+                    "learn_peak_allocated_gib": 1.25,
+                    "learn_peak_reserved_gib": 1.5,
+                }
+            run |= gpu_check.ratios(run["steps"], run["plan"])
+    return gpu
+
+
+def test_the_section_of_a_gpu_run_gives_the_date_the_card_and_each_figure(dry_run):
+    result = as_gpu_run(dry_run[1])
+    entry = next(iter(result["sizes"].values()))
+    entry["runs"].append({"routing": "sp", "status": "skipped", "error": "not enough time"})
+    text = gpu_docs.section(result)
+    date = result["check"]["started"][:10]
+    assert text.startswith(f"Measured on {date} on one NVIDIA H100 80GB HBM3 (79 GiB, driver ")
+    assert f"{result['tests']['passed']} passed, 0 failed, 0 errors, 0 skipped" in text
+    name, run = entry["settings"]["name"], entry["runs"][0]
+    assert f"| {name} | ip | 1 | " in text and "| 0.50 / 1.25 | 0.75 / 1.50 |" in text
+    plan = run["plan"]
+    peak = f"1.25 / {plan['peak_gib']:.2f} ({1.25 / plan['peak_gib']:.2f})"
+    assert f"| {name} | ip | {plan['prompt_tokens']:,} |" in text and peak in text
+    assert f"* {name} sp: skipped: not enough time" in text
+    page = gpu_docs.render_page(gpu_docs.PAGE.read_text(), result)
+    assert text in page and gpu_docs.NOT_YET not in page
+    assert page.startswith("# Scaling marlow") and page.count(gpu_docs.BEGIN) == 1
+
+
+def test_the_section_refuses_a_cpu_run_and_a_page_without_its_markers(dry_run, tmp_path):
+    with pytest.raises(gpu_docs.DocsError, match="ran on 'cpu' .a dry run"):
+        gpu_docs.section(dry_run[1])
+    with pytest.raises(gpu_docs.DocsError, match="no section between"):
+        gpu_docs.render_page("# a page\n", None)
+    page = tmp_path / "page.md"
+    page.write_text(gpu_docs.PAGE.read_text())
+    cpu = dry_run[2] / "gpu_check.json"
+    done = subprocess.run(
+        [sys.executable, "bench/gpu_docs.py", "--json", str(cpu), "--page", str(page)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "a dry run" in done.stderr and page.read_text() == gpu_docs.PAGE.read_text()

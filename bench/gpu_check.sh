@@ -5,10 +5,11 @@
 #     bench/gpu_check.sh [--no-wheels] OUT [gpu_check.py options]    e.g. bench/gpu_check.sh "$OUT"
 #
 # Writes OUT/gpu_check.json and OUT/gpu_check.log (the wheel install, then every step of the
-# check); about 7 minutes on one H100 (gpu_check.py --budget-s). The wheels in .whl/ come from
-# bench/gpu_wheels.sh, run beforehand where PyPI is reachable; with --no-wheels (or no .whl/) the
-# environment's own packages are used (a CPU dry run: --device cpu --dry-run). PYTHON names the interpreter (default python3, the one that holds the
-# CUDA build of torch). The JSON is written whatever fails; the exit status is the driver's.
+# check), within gpu_check.py's time budget (--budget-s, 420 s by default). The wheels in .whl/
+# come from bench/gpu_wheels.sh, run beforehand where PyPI is reachable; with --no-wheels (or no
+# .whl/) the environment's own packages are used (a CPU dry run: --device cpu --dry-run). PYTHON
+# names the interpreter (default python3, the one that holds the CUDA build of torch). The JSON
+# is written whatever fails; the exit status is the driver's.
 set -uo pipefail
 use_wheels=1
 if [ "${1:-}" = --no-wheels ]; then

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,12 +11,33 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from marlow.config import RunConfig, resolve
+from marlow.config import ConfigError, RunConfig, resolve
+from marlow.models import resolve_device
 from marlow.tiny.pretrain import pretrain_tiny
 
 # Tiny models gain nothing from intra-op threads, while two processes each spinning 2 OpenMP threads
 # on a 2-core machine slowed the rollout tests ~150x (1 s -> 187 s). One thread keeps tests steady.
 torch.set_num_threads(1)
+
+TEST_DEVICE = os.environ.get("MARLOW_TEST_DEVICE", "cpu")
+"""Where the device tests put their tensors and runs (tests/unit/test_device.py,
+tests/integration/test_precision.py and test_engine_sync.py: bench/gpu_check.py's
+``DEVICE_TESTS``): the CPU, unless the environment variable MARLOW_TEST_DEVICE names another
+device (a config's ``device`` value; the GPU check sets ``cuda``)."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    try:
+        resolve_device(TEST_DEVICE)
+    except ConfigError as err:  # one line naming the devices this machine has
+        raise pytest.UsageError(f"MARLOW_TEST_DEVICE={TEST_DEVICE}: {err}") from None
+
+
+@pytest.fixture(scope="session")
+def device() -> torch.device:
+    """The device tests' device (:data:`TEST_DEVICE`), resolved on this machine."""
+    return resolve_device(TEST_DEVICE)
+
 
 DATA = Path(__file__).resolve().parent / "data"
 """Real public data the conformance tests read (GSM8K test, MATH-500, HumanEval): a copy kept in

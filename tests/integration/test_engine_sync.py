@@ -4,7 +4,8 @@ After every update the trainer has the rollout engine score one probe turn per a
 compares with its own log-probs (``marlow.training.sync``). The HF engine scores through the
 trainer's own model: both score the probe turn alone at temperature 1, so its drift is exactly 0. Engines broken on purpose, one serving a stale deep copy of the model
 and one answering every adapter with another's weights, stop the run at step 1 with one line
-naming the adapter and the step; through the CLI that line is an exit code 2.
+naming the adapter and the step; through the CLI that line is an exit code 2. The runs are on the
+device tests' device (the CPU unless MARLOW_TEST_DEVICE names another: ``tests/conftest.py``).
 """
 
 from __future__ import annotations
@@ -20,11 +21,17 @@ from marlow.config import dump_config
 from marlow.rollout.hf import HFEngine
 from marlow.training.sync import TOLERANCE, AdapterSyncError, check_sync
 from marlow.training.trainer import Trainer
-from tests.conftest import shrunk_config
+from tests.conftest import TEST_DEVICE, shrunk_config
 from tests.integration.reference import VOTING_IP, vary_rewards
 
 # Step 1 runs the sampled diagnostics (all turns rescored), step 2 only the probe turn.
-SETTINGS = {**VOTING_IP, "steps": 2, "val_every": 2, "diagnostics": {"every": 2}}
+SETTINGS = {
+    **VOTING_IP,
+    "device": TEST_DEVICE,
+    "steps": 2,
+    "val_every": 2,
+    "diagnostics": {"every": 2},
+}
 
 
 class SwappedEngine(HFEngine):
@@ -51,6 +58,20 @@ def test_the_hf_engine_serves_every_update_exactly(tiny_cache, tmp_path):
         # the diagnostics step 1 too): bit for bit
         assert steps[0][f"train/{adapter}/engine_drift"] == 0.0
         assert steps[1][f"train/{adapter}/engine_drift"] == 0.0
+    # each step's peak device memory per phase, on CUDA alone (marlow.training.memory)
+    for record in steps:
+        memory = {k: v for k, v in record.items() if k.startswith("memory/")}
+        if t.device.type != "cuda":
+            assert memory == {}
+            continue
+        assert set(memory) == {
+            f"memory/{phase}_peak_{kind}_gib"
+            for phase in ("rollout", "learn")
+            for kind in ("allocated", "reserved")
+        }
+        for phase in ("rollout", "learn"):
+            allocated = memory[f"memory/{phase}_peak_allocated_gib"]
+            assert 0 < allocated <= memory[f"memory/{phase}_peak_reserved_gib"], memory
 
 
 @pytest.mark.parametrize("broken", ["stale-copy", "swapped-adapters"])

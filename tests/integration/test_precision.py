@@ -1,5 +1,7 @@
 """The tiny preset with bfloat16 base weights, end to end, against the same run in float32
-(issue 15, item 1). On the CPU: ``device=auto`` resolves to it here, ``device=cpu`` names it.
+(issue 15, item 1). The learn step compares the two on the device tests' device (the CPU unless
+MARLOW_TEST_DEVICE names another: ``tests/conftest.py``); the end-to-end run puts bfloat16 on
+``device=auto`` (the accelerator, where the machine has one) against float32 on the CPU.
 
 Tolerances come from measured differences (this 2-core machine, native bf16, torch 2.13.0),
 one learn step on the same episodes, float32 vs bfloat16 base, largest over Voting-IP,
@@ -32,6 +34,7 @@ import torch
 from marlow.policy.adapters import adapter_parameters
 from marlow.training import checkpoint
 from marlow.training.trainer import Trainer, read_metrics
+from tests.conftest import TEST_DEVICE
 from tests.integration.reference import vary_rewards
 
 RTOL = {"entropy": 2e-3, "nll": 2e-3, "perplexity": 2e-3, "ratio_max": 6e-2}
@@ -45,11 +48,11 @@ def lora_and_base(trainer) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     return lora, [p for p in trainer.model.parameters() if id(p) not in ids]
 
 
-def test_bfloat16_learn_step_matches_float32_on_the_same_episodes(small_config, tmp_path):
-    cfg = small_config(device="cpu", diagnostics={"every": 1})
+def test_bfloat16_learn_step_matches_float32_on_the_same_episodes(small_config, tmp_path, device):
+    cfg = small_config(device=TEST_DEVICE, diagnostics={"every": 1})
     f32 = Trainer(cfg, tmp_path / "f32")
     b16 = Trainer(cfg.model_copy(update={"dtype": "bfloat16"}), tmp_path / "b16")
-    assert f32.device == b16.device == torch.device("cpu")
+    assert f32.device == b16.device == device
     episodes = f32.rollout(f32.task.train_batch(0, 1, 3), 4, 0.7, seed=5)
     for ep in episodes:
         ep.reward = float(ep.sample % 2)

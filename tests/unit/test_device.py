@@ -1,6 +1,8 @@
 """Device and precision (issue 15, item 1): which device a config's ``device`` names on this
 machine, and which dtype each tensor kind has when the base is bfloat16 (base weights bfloat16;
-LoRA weights, their gradients, AdamW state and log-probs float32)."""
+LoRA weights, their gradients, AdamW state and log-probs float32), on the device tests' device
+(the CPU unless MARLOW_TEST_DEVICE names another: ``tests/conftest.py``); and the per-phase
+peak memory metrics, which only a CUDA device has."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from marlow.models import resolve_device
 from marlow.policy.adapters import LoraSpec, adapter_parameters, attach_adapters, use_adapter
 from marlow.rollout.hf import HFEngine
 from marlow.training.batch import build_batches
+from marlow.training.memory import phase_peaks, start_phase
 from marlow.training.optim import AdapterOptimizers
 from marlow.training.scoring import score_rows
 from marlow.types import GenRequest, SamplingParams, Turn
@@ -72,11 +75,13 @@ def test_a_device_the_machine_lacks_is_one_line_listing_those_it_has(
 # -- dtypes under a bfloat16 base ------------------------------------------------------------
 
 
-def test_lora_weights_gradients_and_adamw_state_are_float32_on_a_bfloat16_base(make_model):
-    model = attach_adapters(make_model().to(torch.bfloat16), ["gen", "agg"], LoraSpec(8, 16), 0)
+def test_lora_weights_gradients_and_adamw_state_are_float32_on_a_bfloat16_base(make_model, device):
+    bf16 = make_model().to(device, torch.bfloat16)
+    model = attach_adapters(bf16, ["gen", "agg"], LoraSpec(8, 16), 0)
     lora = {n: adapter_parameters(model, n) for n in ("gen", "agg")}
     lora_ids = {id(p) for params in lora.values() for p in params.values()}
     assert {p.dtype for params in lora.values() for p in params.values()} == {torch.float32}
+    assert {p.device for p in model.parameters()} == {device}
     base = [p for p in model.parameters() if id(p) not in lora_ids]
     assert base and {p.dtype for p in base} == {torch.bfloat16}
     optim = AdapterOptimizers(
@@ -89,7 +94,7 @@ def test_lora_weights_gradients_and_adamw_state_are_float32_on_a_bfloat16_base(m
         grad_clip=1.0,
         stepping="per-step",
     )
-    ids = torch.randint(4, 60, (2, 12))
+    ids = torch.randint(4, 60, (2, 12)).to(device)
     for name in ("gen", "agg"):
         with use_adapter(model, name):
             logits = model(input_ids=ids).logits  # (2, 12, V) in the base's dtype
@@ -102,6 +107,7 @@ def test_lora_weights_gradients_and_adamw_state_are_float32_on_a_bfloat16_base(m
         assert moments and {v.dtype for v in moments} == {torch.float32}
         snapshot = optim.snapshot(name)  # the non-finite guard's copy keeps dtype and device
         assert {w.dtype for w in snapshot["weights"]} == {torch.float32}
+        assert {w.device for w in snapshot["weights"]} == {device}
 
 
 def make_turn(prompt: list[int], completion: list[int]) -> Turn:
@@ -119,33 +125,63 @@ def make_turn(prompt: list[int], completion: list[int]) -> Turn:
     )
 
 
-def test_scored_logprobs_and_entropies_are_float32_arithmetic_on_bfloat16_logits(make_model):
+def test_scored_logprobs_and_entropies_are_float32_arithmetic_on_bfloat16_logits(
+    make_model, device
+):
     """The scorer's log-probs equal a float64 log-softmax of the same bfloat16 logits within
     1e-5; a bfloat16 log-softmax is off by up to ~1e-2 (its step at |logp| ~ 2 is 1/64)."""
-    model = attach_adapters(make_model(seed=1).to(torch.bfloat16), ["gen"], LoraSpec(8, 16), 0)
+    bf16 = make_model(seed=1).to(device, torch.bfloat16)
+    model = attach_adapters(bf16, ["gen"], LoraSpec(8, 16), 0)
     prompt, completion = [5, 17, 9, 30, 12], [40, 8, 22, 3]
     turn = make_turn(prompt, completion)
     rows = CreditRows([0], [0], ["generator"], [0], [0], [0.0], [None])
-    batch = build_batches([turn], rows, torch.zeros(1), pad_id=0)["gen"]
+    batch = build_batches([turn], rows, torch.zeros(1), pad_id=0, device=device)["gen"]
     with torch.no_grad():
         (_, scored), *_ = score_rows(model, batch, [0], temperature=0.7, micro_tokens=1000)
-        logits = model(input_ids=torch.tensor([prompt + completion])).logits[0]  # (S, V) bf16
+        ids = torch.tensor([prompt + completion], device=device)
+        logits = model(input_ids=ids).logits[0]  # (S, V) bf16
     assert logits.dtype == torch.bfloat16
     assert scored.logp.dtype == scored.entropy.dtype == torch.float32
+    assert scored.logp.device == device
     z = logits[len(prompt) - 1 : -1].double() / 0.7  # (L, V) the logits of the completion
-    want = torch.log_softmax(z, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
+    taken = torch.tensor(completion, device=device)[:, None]
+    want = torch.log_softmax(z, -1).gather(-1, taken)[:, 0]
     entropy = -(torch.softmax(z, -1) * torch.log_softmax(z, -1)).sum(-1)
     torch.testing.assert_close(scored.logp[0].double(), want, atol=1e-5, rtol=0)
     torch.testing.assert_close(scored.entropy[0].double(), entropy, atol=1e-5, rtol=0)
 
 
-def test_sampler_logprobs_are_float32_on_a_bfloat16_base(make_model, tokenizer):
+def test_sampler_logprobs_are_float32_on_a_bfloat16_base(make_model, tokenizer, device):
     """bfloat16 log-probs would all be bfloat16 numbers; float32 arithmetic gives values that
     bfloat16 cannot hold (a float32 log-softmax of the bfloat16 logits)."""
-    model = attach_adapters(make_model(seed=2).to(torch.bfloat16), ["gen"], LoraSpec(8, 16), 0)
+    bf16 = make_model(seed=2).to(device, torch.bfloat16)
+    model = attach_adapters(bf16, ["gen"], LoraSpec(8, 16), 0)
     reqs = [GenRequest(tokenizer.encode(p, add_special_tokens=False), "gen") for p in ("1+2=", "9")]
     out = HFEngine(model, tokenizer).generate(reqs, SamplingParams(0.8, 12, seed=3))
     logps = torch.tensor([lp for c in out for lp in c.logprobs])  # float32 from the engine
     assert len(logps) > 10
     held = logps.to(torch.bfloat16).float() == logps
     assert held.float().mean() < 0.5, logps
+
+
+# -- peak memory per step phase --------------------------------------------------------------
+
+
+def test_peak_memory_metrics_exist_on_cuda_alone(monkeypatch):
+    """On the CPU nothing is read; on CUDA each phase resets the device's peaks and reads them
+    back in GiB (the CUDA calls are simulated here; a run on a GPU checks them for real:
+    tests/integration/test_engine_sync.py)."""
+    cpu = torch.device("cpu")
+    start_phase(cpu)
+    assert phase_peaks(cpu, "rollout") == {}
+    cuda = torch.device("cuda", 1)
+    calls = []
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", calls.append)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d: 3 * 2**29)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda d: 5 * 2**30)
+    start_phase(cuda)
+    assert calls == [cuda]
+    assert phase_peaks(cuda, "learn") == {
+        "memory/learn_peak_allocated_gib": 1.5,
+        "memory/learn_peak_reserved_gib": 5.0,
+    }

@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import string
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -79,12 +80,19 @@ def build_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
 
 
 def save_stand_in(
-    arch: str, folder: str | Path, *, dtype: torch.dtype = torch.bfloat16, seed: int = 0
+    arch: str,
+    folder: str | Path,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+    overrides: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``arch`` (a shipped architecture) with random weights in ``dtype`` and the tokenizer
-    above to ``folder`` (``config.json``, ``model.safetensors``, tokenizer files); returns it."""
+    above to ``folder`` (``config.json``, ``model.safetensors``, tokenizer files); returns it.
+    ``overrides`` replace fields of the architecture's config (a shrunken stand-in for a quick
+    run: fewer layers, a narrower width; the vocabulary must keep Qwen3's special ids)."""
     folder = Path(folder)
-    config = Qwen3Config(**arch_config(arch))
+    config = Qwen3Config(**{**arch_config(arch), **(overrides or {})})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM._from_config(config, dtype=dtype)

@@ -18,7 +18,9 @@ the diagnostics and the non-finite guard's snapshots. Values leave the device on
 norm and summed loss, and whether the updated policy's log-probs are finite: a non-finite one
 undoes the update), and as the rollout's sampled tokens (:mod:`marlow.rollout.hf`). The
 mini-batch order is the one exception by design: it is a list of Python indices drawn from a CPU
-generator, so it is the same on every device and costs no device read.
+generator, so it is the same on every device and costs no device read. On a CUDA device each
+step's record also holds the peak memory of its rollout and of its learn phase (``memory/*``,
+:mod:`marlow.training.memory`).
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ from marlow.training.grpo import (
     score_old,
     update_adapter,
 )
+from marlow.training.memory import phase_peaks, start_phase
 from marlow.training.nonfinite import NonFiniteGuard
 from marlow.training.optim import AdapterOptimizers
 from marlow.training.sync import check_sync, engine_drift
@@ -253,6 +256,7 @@ class Trainer:
         problems = self.task.train_batch(self.cfg.seed, step, self.cfg.grpo.batch_problems)
         shard = self.world.shard(len(problems))  # every problem, in a world of one
         self.model.eval()
+        start_phase(self.device)  # per-phase peak memory, on CUDA (marlow.training.memory)
         episodes = self.rollout(
             problems[shard.start : shard.stop],
             self.cfg.grpo.group_size,
@@ -260,8 +264,11 @@ class Trainer:
             step_seed(self.cfg.seed, step),
             first_group=shard.start,
         )
+        memory = phase_peaks(self.device, "rollout")
         self._reward_failures(step, "train", episodes)
+        start_phase(self.device)
         record = self.learn(step, episodes)
+        record.update(memory | phase_peaks(self.device, "learn"))
         errors = getattr(self.grade, "sandbox_errors", None)  # the code grader's count so far
         if errors is not None:
             new = errors - self._sandbox_errors

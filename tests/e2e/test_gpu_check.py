@@ -1,0 +1,214 @@
+"""The GPU check on the CPU, so that it cannot rot while no GPU is at hand: its dry run
+(``bench/gpu_check.py --device cpu --dry-run``: the environment, the device tests, a shrunken
+Qwen3-0.6B stand-in trained for a step) writes every field the GPU run writes; a failing or
+overrunning child is recorded, not fatal; and docs/scaling.md's "Measured on a GPU" section is
+what ``bench/gpu_docs.py`` makes of the committed JSON (or "Not yet measured" while there is
+none)."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def bench_module(name: str) -> ModuleType:
+    """``bench/<name>.py`` imported as a module (bench/ is scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+gpu_check = bench_module("gpu_check")
+gpu_docs = bench_module("gpu_docs")
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict, Path]:
+    out = tmp_path_factory.mktemp("gpu-check")
+    command = [sys.executable, "bench/gpu_check.py", "--out", str(out), "--device", "cpu"]
+    proc = subprocess.run([*command, "--dry-run"], cwd=ROOT, capture_output=True, text=True)
+    return proc, json.loads((out / "gpu_check.json").read_text()), out
+
+
+def test_the_dry_run_records_every_part_and_plan_beside_each_step(dry_run):
+    proc, result, out = dry_run
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "done: all ok" in proc.stdout
+    log = (out / "gpu_check.log").read_text()
+    assert "passed" in log and "trained to step 1" in log  # the children's output is kept
+    assert result["check"]["device"] == "cpu" and result["check"]["dry_run"] is True
+    assert result["check"]["finished"] >= result["check"]["started"]
+
+    env = result["environment"]
+    assert env["device"] == "cpu" and "gpu" not in env
+    for name in ("torch", "transformers", "peft", "pydantic", "math-verify"):
+        assert env["packages"][name], name
+    assert env["unmet"] == []
+
+    tests = result["tests"]
+    assert tests["status"] == "ok" and tests["files"] == list(gpu_check.DRY_TESTS)
+    assert tests["passed"] == tests["tests"] > 0 and tests["failed_tests"] == []
+
+    assert list(result["sizes"]) == [s.name for s in gpu_check.DRY_SIZES]
+    for size in gpu_check.DRY_SIZES:
+        entry = result["sizes"][size.name]
+        assert entry["settings"]["arch"] == size.arch and entry["stand_in_s"] >= 0
+        assert [r["routing"] for r in entry["runs"]] == list(size.routings)
+        for run in entry["runs"]:
+            assert run["status"] == "ok", run
+            assert [s["step"] for s in run["steps"]] == list(range(1, size.steps + 1))
+            for step in run["steps"]:
+                assert step["rollout_s"] > 0 and step["learn_s"] > 0
+                assert step["rollout_tokens_per_s"] > 0
+                for phase in ("rollout", "learn"):  # the columns exist; the CPU has no figures
+                    for kind in ("allocated", "reserved"):
+                        assert step[f"{phase}_peak_{kind}_gib"] is None
+            plan = run["plan"]
+            assert plan["prompt_tokens_measured"] and plan["prompt_tokens"] > 50
+            assert plan["max_batch"] == 48  # the paper preset's
+            assert plan["forward_tokens"] == max(size.micro_tokens, plan["prompt_tokens"] + 8)
+            parts = [plan[k] for k in ("base_gib", "adapters_gib", "activations_gib")]
+            assert all(p > 0 for p in parts)
+            assert plan["base_gib"] < 0.05  # shrunken: 2 narrow layers (the 0.6B's: 1.1 GiB)
+            peak = plan["base_gib"] + plan["adapters_gib"]
+            peak += max(plan["activations_gib"], plan["kv_cache_gib"])
+            assert plan["peak_gib"] == pytest.approx(peak)
+            for key in ("peak_allocated_gib", "peak_reserved_gib", "ratio", "learn_ratio"):
+                assert run[key] is None
+
+
+def test_measured_over_predicted_takes_each_phase_peak_over_the_steps():
+    plan = {"base_gib": 1.0, "adapters_gib": 1.0, "kv_cache_gib": 2.0, "activations_gib": 4.0}
+    plan["peak_gib"] = 6.0
+    steps = [
+        {"rollout_peak_allocated_gib": 3.0, "learn_peak_allocated_gib": 5.4},
+        {"rollout_peak_allocated_gib": 3.5, "learn_peak_allocated_gib": 4.5},
+    ]
+    for s, reserved in zip(steps, (7.0, 8.0), strict=True):
+        s |= {"rollout_peak_reserved_gib": 4.0, "learn_peak_reserved_gib": reserved}
+    got = gpu_check.ratios(steps, plan)
+    assert got == {
+        "rollout_peak_allocated_gib": 3.5,
+        "rollout_ratio": 3.5 / 4.0,  # against base + adapters + KV cache
+        "learn_peak_allocated_gib": 5.4,
+        "learn_ratio": 5.4 / 6.0,  # against base + adapters + activations
+        "peak_allocated_gib": 5.4,
+        "peak_reserved_gib": 8.0,
+        "ratio": 5.4 / 6.0,  # against plan's peak
+    }
+    assert gpu_check.ratios([], plan)["ratio"] is None  # a run that finished no step
+
+
+def test_a_failing_or_overrunning_child_is_recorded_and_the_check_goes_on(tmp_path):
+    check = gpu_check.Check(tmp_path, "cpu", dry_run=True, budget_s=60)
+    failed = check.child(
+        [sys.executable, "-c", "print('step 1'); raise SystemExit('OOM here')"], 30
+    )
+    assert failed["status"] == "failed" and failed["rc"] == 1 and failed["error"] == "OOM here"
+    slow = check.child([sys.executable, "-c", "import time; print('started'); time.sleep(60)"], 1)
+    assert slow["status"] == "timeout" and "started" in slow["error"]
+    assert check.child([sys.executable, "-c", "print('fine')"], 30)["status"] == "ok"
+    assert "OOM here" in (tmp_path / "gpu_check.log").read_text()
+
+
+def test_junit_counts_name_the_failures(tmp_path):
+    xml = tmp_path / "t.xml"
+    xml.write_text(
+        '<testsuites><testsuite tests="4" failures="1" errors="1" skipped="1">'
+        '<testcase classname="tests.a" name="test_ok"/>'
+        '<testcase classname="tests.a" name="test_bad"><failure message="assert 1 == 2&#10;more"/>'
+        '</testcase><testcase classname="tests.b" name="test_err"><error message="boom"/>'
+        '</testcase><testcase classname="tests.b" name="test_skip"><skipped/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    assert gpu_check.junit_counts(xml) == {
+        "tests": 4,
+        "failures": 1,
+        "errors": 1,
+        "skipped": 1,
+        "passed": 1,
+        "failed_tests": ["tests.a::test_bad: assert 1 == 2", "tests.b::test_err: boom"],
+    }
+
+
+# -- docs/scaling.md's generated section ------------------------------------------------------
+
+
+def test_the_committed_section_is_what_the_committed_json_gives():
+    page = gpu_docs.PAGE.read_text()
+    assert gpu_docs.render_page(page, gpu_docs.read_result(gpu_docs.RESULT)) == page, (
+        "docs/scaling.md is stale: run python bench/gpu_docs.py"
+    )
+    if not gpu_docs.RESULT.exists():
+        assert f"{gpu_docs.BEGIN}\n{gpu_docs.NOT_YET}\n{gpu_docs.END}" in page
+
+
+def as_gpu_run(result: dict) -> dict:
+    """The dry run's JSON as a CUDA run would write it: a card, and memory in every step."""
+    gpu = copy.deepcopy(result)
+    gpu["environment"] |= {
+        "device": "cuda:0",
+        "gpu": "NVIDIA H100 80GB HBM3",
+        "gpu_memory_gib": 79.19,
+        "driver": "580.159.04",
+        "torch_cuda": "13.0",
+    }
+    for entry in gpu["sizes"].values():
+        for run in entry["runs"]:
+            for step in run["steps"]:
+                step |= {
+                    "rollout_peak_allocated_gib": 0.5,
+                    "rollout_peak_reserved_gib": 0.75,
+                    "learn_peak_allocated_gib": 1.25,
+                    "learn_peak_reserved_gib": 1.5,
+                }
+            run |= gpu_check.ratios(run["steps"], run["plan"])
+    return gpu
+
+
+def test_the_section_of_a_gpu_run_gives_the_date_the_card_and_each_figure(dry_run):
+    result = as_gpu_run(dry_run[1])
+    entry = next(iter(result["sizes"].values()))
+    entry["runs"].append({"routing": "sp", "status": "skipped", "error": "not enough time"})
+    text = gpu_docs.section(result)
+    date = result["check"]["started"][:10]
+    assert text.startswith(f"Measured on {date} on one NVIDIA H100 80GB HBM3 (79 GiB, driver ")
+    assert f"{result['tests']['passed']} passed, 0 failed, 0 errors, 0 skipped" in text
+    name, run = entry["settings"]["name"], entry["runs"][0]
+    assert f"| {name} | ip | 1 | " in text and "| 0.50 / 1.25 | 0.75 / 1.50 |" in text
+    plan = run["plan"]
+    peak = f"1.25 / {plan['peak_gib']:.2f} ({1.25 / plan['peak_gib']:.2f})"
+    assert f"| {name} | ip | {plan['prompt_tokens']:,} |" in text and peak in text
+    assert f"* {name} sp: skipped: not enough time" in text
+    page = gpu_docs.render_page(gpu_docs.PAGE.read_text(), result)
+    assert text in page and gpu_docs.NOT_YET not in page
+    assert page.startswith("# Scaling marlow") and page.count(gpu_docs.BEGIN) == 1
+
+
+def test_the_section_refuses_a_cpu_run_and_a_page_without_its_markers(dry_run, tmp_path):
+    with pytest.raises(gpu_docs.DocsError, match="ran on 'cpu' .a dry run"):
+        gpu_docs.section(dry_run[1])
+    with pytest.raises(gpu_docs.DocsError, match="no section between"):
+        gpu_docs.render_page("# a page\n", None)
+    page = tmp_path / "page.md"
+    page.write_text(gpu_docs.PAGE.read_text())
+    cpu = dry_run[2] / "gpu_check.json"
+    done = subprocess.run(
+        [sys.executable, "bench/gpu_docs.py", "--json", str(cpu), "--page", str(page)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "a dry run" in done.stderr and page.read_text() == gpu_docs.PAGE.read_text()

@@ -839,6 +839,43 @@ def tasks() -> None:
     print("Your own file and reward: task.source=FILE task.reward=MODULE:FUNCTION (docs/tasks.md).")
 
 
+task_app = typer.Typer(no_args_is_help=True, help="Check a task before training on it.")
+app.add_typer(task_app, name="task")
+
+
+@task_app.command(
+    "check",
+    epilog=_examples(
+        "marlow task check examples/sums/config.yaml",
+        "marlow task check task.source=my.jsonl task.reward=my_rewards.py:score --problems 8",
+    ),
+)
+def task_check(
+    args: Annotated[
+        list[str] | None,
+        typer.Argument(help="\\[CONFIG.yaml] \\[key=value ...]", show_default=False),
+    ] = None,
+    problems: Annotated[int, typer.Option(min=1, help="training problems to sample")] = 4,
+) -> None:
+    """Load the task, grade its gold answers, and sample a few episodes on the model: whether the
+    rewards vary within groups. Exits 1 with one line on any problem."""
+    from marlow.config import load_config
+    from marlow.training.taskcheck import check_task
+
+    config, overrides = _split_args(args)
+    try:
+        report = check_task(load_config(config, overrides), problems=problems, log=_log)
+    except _user_errors() as err:
+        _fail(str(err))
+    for line in report.lines:
+        print(line)
+    for line in report.problems[1:]:
+        print(f"problem: {line}")
+    if report.problems:
+        _fail(report.problems[0])
+    print("task check: no problem found")
+
+
 workflows_app = typer.Typer(no_args_is_help=False)
 app.add_typer(workflows_app, name="workflows")
 

@@ -6,13 +6,21 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import shutil
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
+from marlow.config import ConfigError, dump_config, resolve
 from marlow.rewards.user import RewardsMissing
+from marlow.tasks.catalog import catalog
 from marlow.tiny import mathgen
 from marlow.training import checkpoint
+from marlow.training.taskcheck import check_task
 from marlow.training.trainer import Trainer, read_metrics
 
 REWARDS = textwrap.dedent(
@@ -44,6 +52,16 @@ REWARDS = textwrap.dedent(
     def sleepy(prompts, completions, **kwargs):
         time.sleep(3)
         return [1.0] * len(completions)
+
+    def stingy(prompts, completions, **kwargs):
+        return [0.0] * len(completions)
+
+    def fair(prompts, completions, answer, **kwargs):
+        # the gold in a box: 1; anything else: 0 or 0.5 by its characters' parity
+        return [
+            1.0 if c == "\\\\boxed{" + a + "}" else 0.5 * (sum(map(ord, c)) % 2)
+            for c, a in zip(completions, answer, strict=True)
+        ]
 
     def fails_after_flag(prompts, completions, **kwargs):
         if os.path.exists(os.environ["MARLOW_TEST_FLAG"]):
@@ -188,3 +206,96 @@ def test_a_reward_that_keeps_failing_stops_the_run_in_one_line_keeping_its_check
     kept = checkpoint.latest(out)
     assert kept is not None and checkpoint.step_of(kept) == 2
     checkpoint.check(kept)  # intact: it loads
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sums"
+
+
+def test_the_example_task_installed_as_a_package_is_listed_and_trains_by_name(
+    small_config, tmp_path, monkeypatch
+):
+    source = shutil.copytree(EXAMPLE, tmp_path / "sums", ignore=shutil.ignore_patterns("build"))
+    site = tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
+    subprocess.run([*pip, "--target", str(site), str(source)], check=True, capture_output=True)
+    monkeypatch.syspath_prepend(str(site))
+
+    listed = {info.name: info for info in catalog()}
+    assert list(listed)[:3] == ["math", "code", "custom"]
+    assert listed["sums"].origin == "marlow-sums-task 0.1.0 (sums_task:TASK)"
+    assert "arithmetic" in listed["sums"].description
+    shown = subprocess.run(
+        [sys.executable, "-m", "marlow", "tasks"],
+        env={**os.environ, "PYTHONPATH": str(site), "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "sums" in shown and "marlow-sums-task 0.1.0" in shown
+
+    cfg = small_config(workflow={"name": "voting"}, task={"name": "sums", "val_size": 6})
+    assert cfg.task.source == str(site / "sums_task" / "sums.jsonl")
+    assert cfg.task.reward == "sums_task.reward:exact_answer" and cfg.task.val_size == 6
+    with Trainer(cfg, tmp_path / "run") as trainer:
+        trainer.run()
+    records = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert "train/all/reward" in records[1] and "train/all/reward_error" not in records[1]
+
+
+def test_an_unknown_task_name_lists_the_valid_ones():
+    with pytest.raises(ConfigError, match=r"'task.name' is 'chess'; valid: math, code, custom"):
+        resolve({"task": {"name": "chess"}})
+
+
+def task_config(small_config, files, function, **task):
+    return small_config(
+        workflow={"name": "voting"},
+        task={
+            "source": str(files / "rows.jsonl"),
+            "prompt_field": "question",
+            "answer_field": "answer",
+            "reward": f"{files / 'rewards.py'}:{function}",
+            "val_size": 6,
+            **task,
+        },
+    )
+
+
+def test_task_check_passes_a_task_whose_gold_scores_and_whose_groups_vary(small_config, task_files):
+    report = check_task(task_config(small_config, task_files, "fair"), problems=2)
+    assert report.problems == []
+    assert report.lines[0] == (
+        f"data: {task_files / 'rows.jsonl'}: read 40, kept 40, skipped none; 34 train, 6 validation"
+    )
+    assert report.lines[1] == "gold answers: 40 of 40 score at least task.correct_threshold=1"
+    assert [line.split(": rewards ")[0][:12] for line in report.lines[2:4]] == ["episodes of "] * 2
+    assert report.lines[4] == "groups whose rewards vary: 2 of 2"
+
+
+def test_task_check_reports_a_reward_that_cannot_teach(small_config, task_files):
+    report = check_task(task_config(small_config, task_files, "stingy"), problems=2)
+    assert len(report.problems) == 2
+    assert report.problems[0].startswith(
+        "the reward gives 40 of 40 gold answers less than task.correct_threshold=1 (problem r"
+    )
+    assert report.problems[0].endswith(" got 0); it cannot tell right from wrong")
+    assert report.problems[1].startswith("no group of 2 sampled has rewards that vary")
+    assert report.lines[-1] == "groups whose rewards vary: 0 of 2"
+
+
+def test_marlow_task_check_exits_non_zero_with_one_line(small_config, task_files, tmp_path):
+    cfg = task_config(small_config, task_files, "stingy")
+    (tmp_path / "c.yaml").write_text(dump_config(cfg))
+    done = subprocess.run(
+        [sys.executable, "-m", "marlow", "task", "check", str(tmp_path / "c.yaml")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "400"},
+    )
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1
+    assert errors[0].startswith("error: the reward gives 40 of 40 gold answers less than")
+    assert "gold '\\boxed{" in errors[0]
+    assert "problem: no group of 4 sampled" in done.stdout

@@ -202,6 +202,10 @@ class Task:
             out.append(self._train[_epoch_order(seed, epoch, n)[k]])
         return out
 
+    def train_problems(self) -> list[Problem]:
+        """A dataset's training problems (a tiny task's are endless: none listed)."""
+        return list(self._train)
+
     def val_problems(self) -> list[Problem]:
         if self.config.source == "tiny":
             return self._generator().val_problems(self.config.val_size)

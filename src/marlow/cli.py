@@ -839,6 +839,50 @@ def tasks() -> None:
     print("Your own file and reward: task.source=FILE task.reward=MODULE:FUNCTION (docs/tasks.md).")
 
 
+@app.command(
+    epilog=_examples(
+        "marlow rescore runs/sums-ip --reward my_rewards.py:lenient",
+        "marlow rescore runs/a --reward pkg.rewards:judge --form verl --threshold 0.5",
+    )
+)
+def rescore(
+    run: Annotated[Path, typer.Argument(help="a run folder")],
+    reward: Annotated[str, typer.Option(help="MODULE:FUNCTION or FILE.py:FUNCTION")],
+    form: Annotated[str, typer.Option(help="the reward's contract: trl or verl")] = "trl",
+    threshold: Annotated[
+        float | None, typer.Option(help="correct at this reward (default: the run's)")
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option(help="RUN/rescore/NAME.json (default: FUNCTION)")
+    ] = None,
+    overwrite: Annotated[
+        bool, typer.Option(help="replace an earlier rescore of that name")
+    ] = False,
+) -> None:
+    """Grade a run's stored validation answers with another reward, without generating anything;
+    the new figures go beside the run's own in RUN/rescore/NAME.json."""
+    from marlow.report.rescore import FIGURES
+    from marlow.report.rescore import rescore as rescore_run
+    from marlow.rewards.user import REWARD_FORMS
+
+    if form not in REWARD_FORMS:
+        _fail(f"--form {form!r} is unknown; valid: {', '.join(REWARD_FORMS)}")
+    try:
+        result = rescore_run(
+            run, reward, form=form, threshold=threshold, name=name, overwrite=overwrite, log=_log
+        )
+    except _user_errors() as err:
+        _fail(str(err))
+    table = Table("step", *(f"{k} {w}" for k in FIGURES for w in ("old", "new")), "no reward")
+    for s in result["steps"]:
+        cells = [_number(s[w][k]) for k in FIGURES for w in ("old", "new")]
+        table.add_row(str(s["step"]), *cells, str(s["new"]["no_reward"]))
+    Console().print(table)
+    if result["failures"]:
+        print(f"{len(result['failures'])} reward call(s) failed; last: {result['failures'][-1]}")
+    print(f"written: {result['file']}")
+
+
 task_app = typer.Typer(no_args_is_help=True, help="Check a task before training on it.")
 app.add_typer(task_app, name="task")
 

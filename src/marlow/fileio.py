@@ -15,13 +15,17 @@ class DamagedFileError(ValueError):
     one line naming the file."""
 
 
-def write_text(path: str | Path, text: str) -> Path:
+def write_bytes(path: str | Path, data: bytes) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
+    tmp.write_bytes(data)
     os.replace(tmp, path)
     return path
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    return write_bytes(path, text.encode())
 
 
 def write_json(path: str | Path, obj: Any, *, sort_keys: bool = False) -> Path:

@@ -153,6 +153,16 @@ def task_family(model: ModelConfig, task: TaskConfig) -> str:
     return task.family_for(is_tiny(model.name))
 
 
+def vocabulary(name: str) -> str | None:
+    """The characters model ``name`` reads, where it reads only some (a tiny model: printable
+    ASCII and newline); None for a real model's tokenizer."""
+    if not is_tiny(name):
+        return None
+    from marlow.tiny.tokenizer import CHARACTERS
+
+    return "".join(CHARACTERS)
+
+
 def prompt_style(name: str) -> str:
     """Tiny models read the terse ``tiny`` prompts; real chat models the ``chat`` ones."""
     return "tiny" if is_tiny(name) else "chat"

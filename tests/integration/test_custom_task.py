@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from marlow.config import ConfigError, dump_config, resolve
+from marlow.report.rescore import rescore
 from marlow.rewards.user import RewardsMissing
 from marlow.tasks.catalog import catalog
 from marlow.tiny import mathgen
@@ -299,3 +300,34 @@ def test_marlow_task_check_exits_non_zero_with_one_line(small_config, task_files
     assert errors[0].startswith("error: the reward gives 40 of 40 gold answers less than")
     assert "gold '\\boxed{" in errors[0]
     assert "problem: no group of 4 sampled" in done.stdout
+
+
+def test_rescore_grades_a_finished_runs_answers_again_without_generating(
+    small_config, task_files, tmp_path
+):
+    out = tmp_path / "run"
+    records, _ = run(small_config, task_files, "fair", out)
+    again = rescore(out, f"{task_files / 'rewards.py'}:fair")
+    validated = [r for r in records if "val/all/accuracy" in r]
+    assert [s["step"] for s in again["steps"]] == [r["step"] for r in validated] == [0, 2]
+    for s, r in zip(again["steps"], validated, strict=True):
+        # the same reward over the same stored answers: the run's own figures, exactly
+        assert s["new"]["accuracy"] == s["old"]["accuracy"] == r["val/all/accuracy"]
+        assert s["new"]["reward"] == pytest.approx(r["val/all/reward"], abs=1e-12)
+        assert s["new"]["pass_at_n"] == s["old"]["pass_at_n"] == r["val/all/pass_at_n"]
+    stingy = rescore(out, f"{task_files / 'rewards.py'}:stingy", threshold=0.5)
+    assert all(s["new"]["accuracy"] == 0.0 and s["new"]["reward"] == 0.0 for s in stingy["steps"])
+    assert stingy["threshold"] == 0.5
+    saved = json.loads((out / "rescore" / "stingy.json").read_text())
+    assert saved["steps"] == stingy["steps"]
+    with pytest.raises(FileExistsError, match="pass --overwrite"):
+        rescore(out, f"{task_files / 'rewards.py'}:stingy")
+    broken = rescore(out, f"{task_files / 'rewards.py'}:short", name="short")
+    assert all(s["new"]["no_reward"] == 6 and s["new"]["accuracy"] is None for s in broken["steps"])
+    assert broken["failures"][0]["function"] == "short"
+
+
+def test_rescore_refuses_a_folder_without_stored_answers(tmp_path):
+    (tmp_path / "config.yaml").write_text("steps: 1\n")
+    with pytest.raises(ConfigError, match="no stored validation answers"):
+        rescore(tmp_path, "m:f")

@@ -112,6 +112,14 @@ def _line(err: BaseException) -> str:
     return f"{type(err).__name__}: {lines[0] if lines else ''}"[:300].rstrip(": ")
 
 
+def _columns(problem: Problem) -> dict[str, Any]:
+    """The dataset columns a reward gets for ``problem``: a custom task's own; a built-in task's
+    problem (no columns of its own) passes its gold as ``answer``."""
+    if "columns" in problem.meta:
+        return dict(problem.meta["columns"])
+    return {"answer": problem.answer}
+
+
 class _Failed(Exception):  # noqa: N818 - a whole call failed: its reason and one line
     def __init__(self, reason: str, message: str):
         super().__init__(message)
@@ -235,10 +243,9 @@ class UserReward:
             return [NoReward(failed.reason)] * len(items)
 
     def _grade_trl(self, items: list[tuple[str, Problem]]) -> list[float]:
-        columns: dict[str, list[Any]] = {}
-        names = sorted({k for _, p in items for k in p.meta.get("columns", {})})
-        for name in names:
-            columns[name] = [p.meta.get("columns", {}).get(name) for _, p in items]
+        rows = [_columns(p) for _, p in items]
+        names = sorted({k for row in rows for k in row})
+        columns = {name: [row.get(name) for row in rows] for name in names}
         kwargs = {
             "prompts": [p.prompt for _, p in items],
             "completions": [text for text, _ in items],
@@ -280,7 +287,7 @@ class UserReward:
                         data_source=self.source,
                         solution_str=text,
                         ground_truth=problem.answer,
-                        extra_info=dict(problem.meta.get("columns", {})),
+                        extra_info=_columns(problem),
                     )
                 except Exception as err:  # one item's failure is its own
                     out.append((NoReward("reward_error"), _line(err)))

@@ -35,6 +35,8 @@ import torch
 
 from marlow.algo.credit import turn_advantages
 from marlow.config import ConfigError, RunConfig, dump_config
+from marlow.diagnostics.answers import remove_after as remove_answers_after
+from marlow.diagnostics.answers import write_answers
 from marlow.diagnostics.detectors import describe, run_detectors
 from marlow.diagnostics.metrics import Meter, episode_metrics
 from marlow.diagnostics.runstats import series
@@ -43,7 +45,7 @@ from marlow.diagnostics.sinks import JsonlSink, open_sinks, read_jsonl
 from marlow.diagnostics.truncation import truncation_warnings
 from marlow.fileio import write_json, write_text
 from marlow.logs import Phase
-from marlow.models import load_base, prompt_style, resolve_device, task_family
+from marlow.models import load_base, prompt_style, resolve_device, task_family, vocabulary
 from marlow.policy.adapters import (
     LoraSpec,
     adapter_parameters,
@@ -56,7 +58,6 @@ from marlow.rewards.sandbox import Isolation, SandboxUnavailable, isolation_in_f
 from marlow.rewards.user import RewardsMissing
 from marlow.rollout import make_engine
 from marlow.tasks import build_task
-from marlow.tiny.tokenizer import CHARACTERS
 from marlow.training import checkpoint, runbase
 from marlow.training import resume as resume_lib
 from marlow.training.batch import build_batches, credit_rows, empty_batch
@@ -136,8 +137,7 @@ class Trainer:
         # the prompts' family, which on a tiny model is the world it loads; a tiny model reads
         # printable ASCII only, so a custom task's prompts are checked against that
         self.family = task_family(config.model, config.task)
-        tiny = prompt_style(config.model.name) == "tiny"
-        self.task = build_task(config.task, log=self.log, vocabulary=CHARACTERS if tiny else None)
+        self.task = build_task(config.task, log=self.log, vocabulary=vocabulary(config.model.name))
         self.isolation = sandbox_isolation(config, self.log)  # the code sandbox's, logged
         self.grade = self.task.grader()  # a user's reward is imported here, before the model
         self.base, self.tokenizer = load_base(
@@ -423,6 +423,8 @@ class Trainer:
             )
         out["time/val_s"] = time.perf_counter() - t0
         self._write_samples(step, "val", episodes)
+        if self.world.main:  # every answer, for marlow rescore
+            write_answers(self.out, step, episodes)
         return out
 
     def _reward_failures(self, step: int, split: str, episodes: list[Episode]) -> None:
@@ -576,6 +578,7 @@ class Trainer:
         for path in (self.out / "signatures").glob("step_*.json"):
             if int(path.stem[len("step_") :]) > done:
                 path.unlink()
+        remove_answers_after(self.out, done)
         said = resume_lib.finished(self.out, self.cfg, resume_from) if found is not None else None
         if said:  # nothing to train: repaired as any resume (above), but no resume event
             self.log(said)

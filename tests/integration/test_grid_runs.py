@@ -3,6 +3,7 @@ again redoes only what was missing, and the resumed cell ends exactly as the uni
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from marlow.config import ConfigError
-from marlow.experiments.grid import parse_grid
+from marlow.experiments.grid import expand, parse_grid
 from marlow.experiments.runner import run_grid
 from tests.conftest import PRETRAIN_STEPS
 
@@ -130,3 +131,31 @@ def test_a_ray_request_larger_than_the_cluster_is_refused_in_one_line(tiny_cache
     with pytest.raises(ConfigError, match=r"'resources\.gpus' asks 1 per cell .* has 0"):
         run_grid(parse_grid(grid), tmp_path / "grid", runner="ray", workers=1)
     assert not (tmp_path / "grid" / "cells").exists()
+
+
+def test_a_grid_and_its_report_take_a_custom_task(tiny_cache, tmp_path):
+    from marlow.report.build import build_report
+    from marlow.tiny import mathgen
+
+    rows = tmp_path / "rows.jsonl"
+    problems = list(itertools.islice(mathgen.train_problems(seed=3), 30))
+    rows.write_text("".join(json.dumps({"q": p.prompt, "a": p.answer}) + "\n" for p in problems))
+    (tmp_path / "reward.py").write_text(
+        "def parity(prompts, completions, a, **kwargs):\n"
+        "    return [float(sum(map(ord, c)) % 2) for c in completions]\n"
+    )
+    task = {"source": str(rows), "prompt_field": "q", "answer_field": "a"}
+    task["reward"] = f"{tmp_path / 'reward.py'}:parity"
+    settings = {**GRID["settings"], "task": {**GRID["settings"]["task"], **task}}
+    grid = parse_grid({**GRID, "tasks": ["custom"], "settings": settings})
+    out = tmp_path / "grid"
+    states = run_grid(grid, out, workers=2)
+    assert states == {"Voting-IP-tiny-s-Custom": "done", "Voting-Base-tiny-s-Custom": "done"}
+    build_report(out, out / "report.html")
+    table1 = (out / "report" / "table1.csv").read_text().splitlines()
+    assert table1[1].startswith("custom,tiny-s,voting,")
+
+
+def test_a_grid_task_must_be_one_marlow_knows():
+    with pytest.raises(ConfigError, match="'task.name' is 'chess'; valid: math, code, custom"):
+        expand(parse_grid({**GRID, "tasks": ["chess"]}))

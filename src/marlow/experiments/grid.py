@@ -1,11 +1,11 @@
-"""Grids (SPEC §6): axes and shared settings in one YAML file, expanded to named cells.
+"""Grids: axes and shared settings in one YAML file, expanded to named cells.
 
 A grid file::
 
     workflows: [voting, eval_opt, orch_workers]   # the multi-agent workflows to train
     policies: [ip, sp]
     scales: [tiny-s, tiny-m]                       # tiny scales or Hugging Face ids / paths
-    tasks: [math, code]
+    tasks: [math, code]                            # or custom, or an installed task
     seeds: [0, 1]
     controls: [base, sa-rl, transfer]              # any of these; default: base and sa-rl,
                                                    # so a grid without this key runs them too
@@ -29,7 +29,12 @@ expands to, for every (task, scale, seed):
   model"), its transfer cell runs every role on the base and needs no SA-RL cell: it must equal
   its base cell, a check on the pair.
 
-Names follow SPEC §1, ``{Workflow}-{Policy}-{Scale}-{Task}[-{variant}][-s{seed}]``; the seed
+A task is any name ``task.name`` takes (``marlow tasks``): ``math``, ``code``, an installed
+task (its own name in cell names: ``Voting-IP-tiny-s-Sums``), or ``custom`` with its data and
+reward in ``settings`` (``task: {source: ..., reward: ...}``: ``Voting-IP-tiny-s-Custom``); an
+unknown name fails when the grid is loaded, with the valid ones.
+
+Names follow ``{Workflow}-{Policy}-{Scale}-{Task}[-{variant}][-s{seed}]``; the seed
 suffix is written when the grid has more than one seed. **Variants** (a choice of marlow): each
 named variant is the whole grid again, controls included, under its settings merged over
 ``settings``; its cells carry the variant's name, and the report keeps variants apart by showing
@@ -97,7 +102,7 @@ class GridSpec(BaseModel):
     workflows: list[str] = Field(default_factory=lambda: ["voting"], min_length=1)
     policies: list[Literal["ip", "sp"]] = Field(default_factory=lambda: ["ip", "sp"])
     scales: list[str] = Field(default_factory=lambda: ["tiny-s"], min_length=1)
-    tasks: list[Literal["math", "code"]] = Field(default_factory=lambda: ["math"], min_length=1)
+    tasks: list[str] = Field(default_factory=lambda: ["math"], min_length=1)
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     controls: list[Literal["base", "sa-rl", "transfer"]] = Field(
         default_factory=lambda: ["base", "sa-rl"]

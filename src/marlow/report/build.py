@@ -18,12 +18,11 @@ of marlow: the default place is inside the results folder; the output path must 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from marlow.config import ConfigError
-from marlow.fileio import write_json, write_text
+from marlow.fileio import write_bytes, write_json, write_text
 from marlow.report.dose import dose_figures, dose_series, dose_table
 from marlow.report.evidence import claims_table, detector_evaluation, mitigation_table
 from marlow.report.figures import (
@@ -218,15 +217,6 @@ def _finite(obj: object) -> object:
     return obj
 
 
-def _write_bytes(path: Path, data: bytes) -> Path:
-    """Atomic like ``marlow.fileio.write_text``, for PNG bytes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-    return path
-
-
 def build_report(results_dir: str | Path, out_html: str | Path | None = None) -> Path:
     """Write the report of ``results_dir`` (default ``results_dir/report.html``); return the
     page's path. Raises FileNotFoundError / ConfigError for a folder without a grid index."""
@@ -238,7 +228,7 @@ def build_report(results_dir: str | Path, out_html: str | Path | None = None) ->
     for t in report.tables.values():
         write_text(folder / f"{t.id}.csv", table_csv(t))
     for p in report.plots.values():
-        _write_bytes(folder / f"{p.id}.png", p.png)
+        write_bytes(folder / f"{p.id}.png", p.png)
     payload = {
         "results_dir": str(report.results.root),
         "summary": report.summary,

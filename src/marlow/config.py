@@ -186,8 +186,8 @@ class TaskConfig(_Section):
     )
     correct_threshold: float = Field(
         1.0,
-        description="custom: an episode is correct (accuracy, pass@N, majority, a verdict's "
-        "credit) when its reward is at least this",
+        description="an episode is correct (accuracy, pass@N, majority, a verdict's credit) "
+        "when its reward is at least this (the built-in graders give 1.0 for a right answer)",
     )
 
     @property

@@ -522,8 +522,16 @@ def test_run_start_logs_and_records_the_isolation(tmp_path, monkeypatch):
     from marlow.config import ConfigError, resolve
     from marlow.training.trainer import record_isolation, sandbox_isolation
 
+    from marlow.tasks import build_task
+
     lines: list[str] = []
-    assert sandbox_isolation(resolve({}), lines.append) is None  # math: no sandbox
+    # only the code task's grading runs model code: only it asks for the sandbox
+    assert [
+        build_task(resolve({"task": {"name": n}}).task).sandboxed for n in ("math", "code")
+    ] == [
+        False,
+        True,
+    ]
     code = resolve({"task": {"name": "code"}})
     iso = sandbox_isolation(code, lines.append)
     assert lines == [iso.line()] and "rlimits" in iso.mechanisms

@@ -158,6 +158,11 @@ class Task:
     _val: list[Problem] = field(default_factory=list, repr=False)
     data_report: dict | None = None  # a dataset's rows read, kept and skipped by reason
 
+    @property
+    def sandboxed(self) -> bool:
+        """Whether grading runs model code in marlow's sandbox (the code task's hidden tests)."""
+        return self.name == "code"
+
     def grader(self):
         """A (text, problem) -> reward function (picklable for math and code; a custom task's
         is :class:`marlow.rewards.user.UserReward`, which imports the user's function)."""

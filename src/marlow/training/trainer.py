@@ -138,7 +138,8 @@ class Trainer:
         # printable ASCII only, so a custom task's prompts are checked against that
         self.family = task_family(config.model, config.task)
         self.task = build_task(config.task, log=self.log, vocabulary=vocabulary(config.model.name))
-        self.isolation = sandbox_isolation(config, self.log)  # the code sandbox's, logged
+        # the code sandbox's isolation, logged, where grading runs model code
+        self.isolation = sandbox_isolation(config, self.log) if self.task.sandboxed else None
         self.grade = self.task.grader()  # a user's reward is imported here, before the model
         self.base, self.tokenizer = load_base(
             config.model,
@@ -696,12 +697,10 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
 # -- the code reward's sandbox: its isolation, once per run (issue 12) ------------------------------
 
 
-def sandbox_isolation(config: RunConfig, log: Log) -> Isolation | None:
-    """For a code task, the isolation the reward's sandbox gets on this machine, logged in one
-    line; None for math. A run whose ``rewards.sandbox.require`` cannot be met stops here, before
-    the model loads, with one line saying what failed and how to get it."""
-    if config.task.name != "code":
-        return None
+def sandbox_isolation(config: RunConfig, log: Log) -> Isolation:
+    """The isolation the code reward's sandbox gets on this machine, logged in one line. A run
+    whose ``rewards.sandbox.require`` cannot be met stops here, before the model loads, with one
+    line saying what failed and how to get it."""
     try:
         iso = isolation_in_force(config.rewards.sandbox.require)
     except SandboxUnavailable as err:

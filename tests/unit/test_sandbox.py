@@ -520,9 +520,8 @@ def test_require_namespaces_names_what_failed_and_how_to_get_it(monkeypatch):
 
 def test_run_start_logs_and_records_the_isolation(tmp_path, monkeypatch):
     from marlow.config import ConfigError, resolve
-    from marlow.training.trainer import record_isolation, sandbox_isolation
-
     from marlow.tasks import build_task
+    from marlow.training.trainer import record_isolation, sandbox_isolation
 
     lines: list[str] = []
     # only the code task's grading runs model code: only it asks for the sandbox

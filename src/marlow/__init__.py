@@ -3,7 +3,8 @@ policies, and explain each run per role.
 
 From Python (``marlow.api``): ``marlow.train(config, **settings)`` trains a cell and returns a
 ``Run``; ``marlow.load_run(path)`` reads a run folder (config, metrics table, checkpoints,
-adapters, evals); ``marlow.evaluate(target, **settings)`` evaluates a checkpoint or a base model.
+adapters, evals); ``marlow.evaluate(target, **settings)`` evaluates a checkpoint or a base model;
+``marlow.load_workflow(path)`` loads a trained workflow once, and ``.answer(question)`` answers.
 They are imported on first use, so that ``import marlow`` stays light.
 """
 
@@ -12,10 +13,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["Metrics", "Run", "evaluate", "load_run", "make_config", "train"]
+__all__ = ["Metrics", "Run", "evaluate", "load_run", "load_workflow", "make_config", "train"]
 
 if TYPE_CHECKING:
-    from marlow.api import Metrics, Run, evaluate, load_run, make_config, train
+    from marlow.api import Metrics, Run, evaluate, load_run, load_workflow, make_config, train
 
 
 def __getattr__(name: str) -> Any:

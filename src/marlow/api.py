@@ -24,11 +24,14 @@ import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from marlow.config import ConfigError, RunConfig, load_config, merge, resolve
 from marlow.diagnostics.sinks import read_jsonl
 from marlow.logs import quiet
+
+if TYPE_CHECKING:
+    from marlow.serving.workflow import TrainedWorkflow
 
 ConfigLike = str | Path | dict | RunConfig | None
 
@@ -208,6 +211,18 @@ class Run:
     checkpoints: list[Path] = field(default_factory=list)
     adapters: dict[str, Path] = field(default_factory=dict)
     evals: dict[str, dict] = field(default_factory=dict)
+
+
+def load_workflow(path: str | Path, *, verbose: bool = False, **settings: Any) -> TrainedWorkflow:
+    """A trained workflow to answer with (a run folder, a checkpoint, or a bundle from ``marlow
+    export``), loaded once: ``wf.answer("question")`` returns an :class:`marlow.serving.Answer`
+    (``.text`` the final answer), ``wf.answer([...], trace=True)`` one per question with every
+    role's turns (:mod:`marlow.serving.workflow`). ``settings`` as everywhere
+    (``rollout={"max_new_tokens": 64}``). Close it (or use ``with``) to stop a vLLM engine."""
+    from marlow.serving.workflow import load_workflow as load
+
+    with _quiet(verbose) as log:
+        return load(Path(path), _dotted(_nested(settings)), log=log)
 
 
 def load_run(path: str | Path) -> Run:

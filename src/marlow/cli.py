@@ -883,6 +883,90 @@ def rescore(
     print(f"written: {result['file']}")
 
 
+@app.command(
+    epilog=_examples(
+        'marlow answer marlow-quickstart/cells/Voting-SP-tiny-s-Math "59+19"',
+        'marlow answer runs/a "12*7" --trace rollout.val_temperature=0',
+        "marlow answer runs/a --input questions.jsonl --out answers.jsonl --field question",
+    )
+)
+def answer(
+    run: Annotated[str, typer.Argument(help="a run folder, a checkpoint or an exported bundle")],
+    args: Annotated[
+        list[str] | None,
+        typer.Argument(help='"QUESTION" and/or key=value settings', show_default=False),
+    ] = None,
+    trace: Annotated[bool, typer.Option(help="every role's turns, not only the answer")] = False,
+    input: Annotated[
+        Path | None, typer.Option("--input", help="a .jsonl file of questions to answer")
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="where --input's answers go (.jsonl)")] = None,
+    field: Annotated[
+        str | None, typer.Option(help="--input's question column (default: the task's)")
+    ] = None,
+    batch: Annotated[int, typer.Option(min=1, help="questions per engine batch")] = 64,
+    temperature: Annotated[
+        float | None, typer.Option(help="default: the run's validation temperature")
+    ] = None,
+    overwrite: Annotated[bool, typer.Option(help="replace an existing --out")] = False,
+) -> None:
+    """Answer a question, or a file of them, with a trained workflow (its roles, prompts and
+    adapters, through the engine that trained it)."""
+    from marlow.serving.workflow import load_workflow
+    from marlow.tasks.loaders import prompt_column
+
+    settings = [a for a in args or [] if _is_setting(a)]
+    questions = [a for a in args or [] if not _is_setting(a)]
+    if input is None and len(questions) != 1:
+        _fail('give one "QUESTION" (quoted), or --input FILE --out FILE')
+    if input is not None and (questions or out is None):
+        _fail("--input answers a file into --out; give --out, and no question beside it")
+    if out is not None and input is None:
+        _fail("--out is where --input's answers go; give --input FILE")
+    if out is not None and out.exists() and not overwrite:
+        _fail(f"--out {out} exists; pass --overwrite to replace it")
+    try:
+        with load_workflow(run, settings, log=_log) as workflow:
+            if input is None:
+                result = workflow.answer(questions[0], trace=trace, temperature=temperature)
+                if trace:
+                    for t in result.turns:
+                        print(f"--- {t['role']} (slot {t['slot']}, adapter {t['adapter']})")
+                        print(f"prompt:\n{t['prompt']}\ncompletion:\n{t['completion']}")
+                    print("--- final answer")
+                print(result.text)
+                return
+            from marlow.serving.files import answer_file
+
+            column = field or prompt_column(
+                workflow.config.task.dataset, workflow.config.task.prompt_field
+            )
+            report = answer_file(
+                workflow,
+                input,
+                out,
+                field=column,
+                batch=batch,
+                trace=trace,
+                overwrite=overwrite,
+                temperature=temperature,
+                progress=lambda done, total: _log(f"answered {done}/{total}"),
+            )
+    except (*_user_errors(), ValueError) as err:
+        _fail(str(err))
+    skipped = ", ".join(f"{k}={v}" for k, v in sorted(report.skipped.items())) or "none"
+    print(f"read {report.read}, answered {report.answered}, skipped {skipped} -> {out}")
+
+
+def _is_setting(arg: str) -> bool:
+    """``key=value`` whose key is a config field's dotted path (``rollout.max_new_tokens=64``);
+    a question such as ``x=3, so what is 2x?`` is not one."""
+    from marlow.config import RunConfig
+
+    key, eq, _ = arg.partition("=")
+    return bool(eq) and key.split(".")[0] in RunConfig.model_fields and key.strip() == key
+
+
 task_app = typer.Typer(no_args_is_help=True, help="Check a task before training on it.")
 app.add_typer(task_app, name="task")
 

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from marlow.types import BASE, Completion, GenRequest, SamplingParams
+
+if TYPE_CHECKING:
+    from marlow.config import RunConfig
 
 
 @runtime_checkable
@@ -118,3 +121,29 @@ def get_backend(name: str) -> EngineFactory:
 def make_engine(name: str, *args: Any, **kwargs: Any) -> RolloutEngine:
     """``get_backend(name)(*args, **kwargs)``: build the engine a config names."""
     return get_backend(name)(*args, **kwargs)
+
+
+def engine_for_run(config: RunConfig, model: Any, tokenizer: Any, device: Any) -> RolloutEngine:
+    """The engine a run's ``rollout`` settings name, over ``model``: ``hf`` merges the LoRA into
+    the weights to sample (``rollout.merge_lora``; auto: float32 on the CPU, where it is exact
+    enough and faster), ``vllm`` gets its own settings, the run's dtype and seed."""
+    r = config.rollout
+    if r.backend == "vllm":
+        options: dict[str, Any] = {"settings": r.vllm, "dtype": config.dtype, "seed": config.seed}
+    else:
+        merge = r.merge_lora
+        if merge == "auto":
+            cpu_float32 = getattr(device, "type", device) == "cpu" and config.dtype == "float32"
+            merge = "on" if cpu_float32 else "off"
+        options = {"merge": merge == "on"}
+    return make_engine(r.backend, model, tokenizer, max_batch=r.max_batch, **options)
+
+
+def served_positions(config: RunConfig, model: Any) -> int | None:
+    """The longest sequence the run's engine serves: the model's positions, capped by vLLM's
+    ``max_model_len`` when that backend serves it (None: unknown)."""
+    positions = getattr(model.config, "max_position_embeddings", None)
+    served = config.rollout.vllm.max_model_len if config.rollout.backend == "vllm" else None
+    if served is not None:
+        positions = min(positions, served) if positions else served
+    return positions

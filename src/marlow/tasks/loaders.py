@@ -574,6 +574,14 @@ def load_columns(
     )
 
 
+def prompt_column(dataset: str | None, prompt_field: str | None) -> str:
+    """The column a task's prompts come from: a custom task's ``prompt_field`` (default
+    ``prompt``), a built-in dataset's own (``question`` for gsm8k, ...), else ``prompt``."""
+    if prompt_field is not None:
+        return prompt_field
+    return _FIELDS[dataset][0] if dataset in _FIELDS else "prompt"
+
+
 def _n_tests(tests: Any) -> int:
     if isinstance(tests, dict):
         inputs, outputs = tests.get("inputs"), tests.get("outputs")

@@ -29,11 +29,13 @@ import shutil
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
-from marlow.config import ConfigError, load_config
+from marlow.config import ConfigError, RunConfig, load_config
 from marlow.fileio import write_json
 from marlow.policy.adapters import CONFIG_NAME, WEIGHTS_NAME
 from marlow.training import checkpoint, runbase
+from marlow.workflows.spec import is_workflow_file
 
 
 class ExportError(ValueError):
@@ -62,9 +64,15 @@ def export_run(run_dir: str | Path, out_dir: str | Path, step: int | None = None
     record = runbase.BaseRecord.read(record_path)
     source = _base_source(run_dir, record)
     try:
-        dtype = load_config(run_dir / "config.yaml").dtype
+        cfg = load_config(run_dir / "config.yaml")
     except ConfigError as err:
         raise ExportError(str(err)) from None
+    dtype = cfg.dtype
+    prompts = Path(cfg.workflow.prompts)
+    if is_workflow_file(cfg.workflow.prompts) and not prompts.is_file():
+        raise ExportError(
+            f"the run's prompt set {prompts} is missing; restore it (a bundle carries its copy)"
+        )
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
@@ -79,6 +87,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, step: int | None = None
         for name in names:
             _copy_adapter(adapters / name, tmp / "adapters" / name, named)
         shutil.copyfile(run_dir / "config.yaml", tmp / "config.yaml")
+        answering = _answering(run_dir, cfg, tmp)
         write_json(
             tmp / "export.json",
             {
@@ -87,6 +96,8 @@ def export_run(run_dir: str | Path, out_dir: str | Path, step: int | None = None
                 "dtype": dtype,
                 "adapters": names,
                 "base": asdict(record),
+                "base_folder": runbase.BASE_DIR if source is not None else None,
+                **answering,
             },
         )
         if out_dir.exists():
@@ -96,6 +107,37 @@ def export_run(run_dir: str | Path, out_dir: str | Path, step: int | None = None
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
+
+
+def _answering(run_dir: Path, cfg: RunConfig, folder: Path) -> dict[str, Any]:
+    """What answering needs beyond the weights, for ``marlow answer`` / ``serve`` on the bundle:
+    the workflow file (``workflow.yaml``: the run's own copy, or the built-in's text), a prompt
+    set of one's own (``prompts.yaml``), and in ``export.json`` the workflow's name and title,
+    the routing (role -> adapter), the prompts' style and family, and the sampling settings."""
+    from marlow.models import is_tiny, task_family
+    from marlow.policy.routing import make_routing
+    from marlow.workflows.check import run_workflow, workflow_copy
+    from marlow.workflows.spec import workflow_path
+
+    spec = run_workflow(run_dir, cfg)
+    shutil.copyfile(
+        workflow_copy(run_dir) or workflow_path(cfg.workflow.name), folder / "workflow.yaml"
+    )
+    if is_workflow_file(cfg.workflow.prompts):
+        shutil.copyfile(cfg.workflow.prompts, folder / "prompts.yaml")
+    routing = make_routing(cfg.policy.routing, spec.roles, cfg.policy.role_map)
+    r = cfg.rollout
+    return {
+        "workflow": spec.name,
+        "title": spec.title,
+        "routing": {role: routing.adapter_for(role) for role in spec.roles},
+        "style": "tiny" if is_tiny(cfg.model.name) else "chat",
+        "family": task_family(cfg.model, cfg.task),
+        "sampling": {
+            "temperature": r.val_temperature if r.val_temperature is not None else r.temperature,
+            "max_new_tokens": r.max_new_tokens,
+        },
+    }
 
 
 def _checkpoint(run_dir: Path, step: int | None) -> Path:

@@ -56,7 +56,7 @@ from marlow.policy.adapters import (
 from marlow.policy.routing import Routing, make_routing
 from marlow.rewards.sandbox import Isolation, SandboxUnavailable, isolation_in_force
 from marlow.rewards.user import RewardsMissing
-from marlow.rollout import make_engine
+from marlow.rollout.base import engine_for_run, served_positions
 from marlow.tasks import build_task
 from marlow.training import checkpoint, runbase
 from marlow.training import resume as resume_lib
@@ -148,10 +148,7 @@ class Trainer:
             dtype=config.dtype,
             device=self.device,
         )
-        positions = getattr(self.base.config, "max_position_embeddings", None)
-        served = config.rollout.vllm.max_model_len if config.rollout.backend == "vllm" else None
-        if served is not None:  # the engine serves no longer sequence
-            positions = min(positions, served) if positions else served
+        positions = served_positions(config, self.base)
         self.rules = self.rules.within_context(positions, config.rollout.max_new_tokens)
         self.style = prompt_style(config.model.name)
         pol = config.policy
@@ -163,11 +160,8 @@ class Trainer:
             if self.adapters
             else self.base
         )
-        # float32 on the CPU: merging (sampling) and folding (update) are exact enough and faster
+        # float32 on the CPU: folding (update) is exact enough and faster
         cpu_float32 = self.device.type == "cpu" and config.dtype == "float32"
-        merge = config.rollout.merge_lora
-        if merge == "auto":
-            merge = "on" if cpu_float32 else "off"
         self.fold = self._fold_adapters(config, cpu_float32)
         self.pad_id = self.tokenizer.pad_token_id
         self.optim = AdapterOptimizers(
@@ -194,14 +188,7 @@ class Trainer:
         self._sandbox_errors = 0  # programs whose sandbox failed to set up, up to the last step
         self._truncation_warned: set[tuple[str, str]] = set()  # (split, role) warned of cut turns
         # last: an engine may start processes, which close() stops (the caller's with-block)
-        backend = config.rollout.backend
-        if backend == "vllm":
-            options = {"settings": config.rollout.vllm, "dtype": config.dtype, "seed": config.seed}
-        else:
-            options = {"merge": merge == "on"}
-        self.engine = make_engine(
-            backend, self.model, self.tokenizer, max_batch=config.rollout.max_batch, **options
-        )
+        self.engine = engine_for_run(config, self.model, self.tokenizer, self.device)
 
     def close(self) -> None:
         """Stop the rollout engine (a vLLM engine's processes); safe to call twice."""

@@ -1,0 +1,89 @@
+"""Answering a file of questions (``marlow answer RUN --input in.jsonl --out out.jsonl``).
+
+Each row's question is its ``field`` column (default: the task's prompt column,
+:func:`marlow.tasks.loaders.prompt_column`). Rows go through the workflow ``batch`` at a time
+(every stage of a batch in one request list to the engine), and each row is written back as it
+was with ``answer`` added (and ``turns`` with ``trace``), in input order. A row that is not a JSON
+object, or lacks the field as text, is skipped and counted by reason, never written with a made-up
+answer. The output goes to a ``.partial`` sibling, renamed into place when every batch is done,
+so an existing file is never half-overwritten; an existing output is refused without
+``overwrite``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from marlow.serving.workflow import TrainedWorkflow
+
+
+@dataclass
+class FileReport:
+    read: int = 0
+    answered: int = 0
+    skipped: Counter = field(default_factory=Counter)  # reason -> rows
+
+
+def answer_file(
+    workflow: TrainedWorkflow,
+    source: Path,
+    out: Path,
+    *,
+    field: str,
+    batch: int = 64,
+    trace: bool = False,
+    overwrite: bool = False,
+    temperature: float | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> FileReport:
+    """Answer every row of ``source`` into ``out`` (module docstring); ``progress(done, total)``
+    after each batch."""
+    if not source.is_file():
+        raise FileNotFoundError(f"--input {source} does not exist")
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"--out {out} exists; pass --overwrite to replace it")
+    if batch < 1:
+        raise ValueError(f"--batch must be >= 1, got {batch}")
+    report = FileReport()
+    rows: list[dict] = []
+    with source.open(encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            report.read += 1
+            try:
+                row = json.loads(line)
+            except ValueError:
+                row = None
+            if not isinstance(row, dict):
+                report.skipped["bad_json"] += 1
+            elif not isinstance(row.get(field), str) or not row[field].strip():
+                report.skipped[f"missing_field:{field}"] += 1
+            else:
+                rows.append(row)
+    partial = out.with_name(out.name + ".partial")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with partial.open("w", encoding="utf-8") as f:
+            for start in range(0, len(rows), batch):
+                chunk = rows[start : start + batch]
+                answers = workflow.answer(
+                    [r[field] for r in chunk], trace=trace, temperature=temperature
+                )
+                for row, a in zip(chunk, answers, strict=True):
+                    written = {**row, "answer": a.text}
+                    if trace:
+                        written["turns"] = a.turns
+                    f.write(json.dumps(written) + "\n")
+                report.answered += len(chunk)
+                if progress is not None:
+                    progress(report.answered, len(rows))
+        os.replace(partial, out)
+    finally:
+        partial.unlink(missing_ok=True)
+    return report

@@ -1,0 +1,287 @@
+"""A trained workflow, loaded once, answering new inputs through the engine that trained it.
+
+:func:`load_workflow` takes what training and export leave behind:
+
+* a run folder (holding ``config.yaml``): its latest checkpoint, or the base model when it has
+  none yet;
+* a checkpoint folder (``RUN/checkpoints/step_NNNNNN``, holding ``DONE``);
+* a bundle written by ``marlow export RUN OUT`` (``export.json`` naming the workflow): the base
+  (copied, or a hub id), the adapters, the workflow file, the prompt set when it is a file of
+  one's own, the config and the routing, so it answers on another machine with marlow installed
+  and nothing else of the run.
+
+:meth:`TrainedWorkflow.answer` runs the workflow's stages on a batch of questions as validation
+does (:func:`marlow.workflows.engine.run_episodes`: every stage's calls of every question in one
+request list to the rollout engine, each role on its adapter), and returns each final answer
+and, on request, every turn (role, slot, round, adapter, prompt, completion). Sampling is the
+run's validation sampling: ``rollout.val_temperature`` (default ``rollout.temperature``), the
+validation seed and ``rollout.max_new_tokens``, unless a call says otherwise; at temperature 0 it
+gives exactly the final answers ``marlow eval`` gives on the same problems at
+``rollout.val_temperature=0``. A question is a problem's prompt (what fills ``{problem}``); no
+reward is computed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from marlow.config import ConfigError, RunConfig, load_config
+from marlow.models import is_tiny, load_base, resolve_device, task_family
+from marlow.policy.adapters import LoraSpec, attach_adapters, load_adapter_weights
+from marlow.policy.routing import make_routing
+from marlow.rollout.base import engine_for_run, served_positions
+from marlow.training import checkpoint as ckpt
+from marlow.training.trainer import step_seed
+from marlow.types import Problem, SamplingParams
+from marlow.workflows.check import check_run_config, workflow_copy
+from marlow.workflows.engine import run_episodes
+from marlow.workflows.spec import EpisodeRules
+
+BUNDLE_JSON = "export.json"
+"""The record of an export folder; with the workflow and routing in it, a bundle."""
+
+
+@dataclass
+class Answer:
+    """One question's answer: the workflow's final answer, and what it cost in tokens."""
+
+    question: str
+    text: str
+    prompt_tokens: int  # over every turn of the episode
+    completion_tokens: int
+    finish: str  # the final answer's turn's finish reason: stop or length ("" without one)
+    turns: list[dict[str, Any]] | None = field(default=None)  # with trace=True
+
+
+@dataclass(frozen=True)
+class Source:
+    """What :func:`load_workflow` loaded: the config file, the adapters' folder (None: the base
+    model), the base's folder for a bundle, the style of its prompts, a label and the step."""
+
+    config: Path
+    adapters: Path | None
+    base: Path | None
+    style: str | None
+    label: str
+    step: int
+    workflow: str | None = None  # a bundle's workflow name (its file is workflow.yaml)
+
+
+def _source(path: Path) -> Source:
+    path = Path(path)
+    bundle = _bundle(path)
+    if bundle is not None:
+        base = path / bundle["base_folder"] if bundle["base_folder"] else None
+        adapters = path / "adapters" if (path / "adapters").is_dir() else None
+        return Source(
+            path / "config.yaml",
+            adapters,
+            base,
+            bundle["style"],
+            f"bundle {path}",
+            bundle["step"],
+            bundle["workflow"],
+        )
+    if (path / "DONE").is_file():
+        ckpt.check(path)
+        run = path.parent.parent
+        if not (run / "config.yaml").is_file():
+            raise ConfigError(f"{path} is a checkpoint outside a run folder (no config.yaml)")
+        label = f"checkpoint {path}"
+        return Source(run / "config.yaml", path / "adapters", None, None, label, ckpt.step_of(path))
+    if (path / "config.yaml").is_file():
+        latest = ckpt.latest(path)
+        if latest is None:
+            return Source(path / "config.yaml", None, None, None, f"the base model of {path}", 0)
+        return _source(latest)
+    raise ConfigError(
+        f"{path} is neither a run folder (config.yaml), a checkpoint (DONE) nor a bundle "
+        f"({BUNDLE_JSON} of marlow export)"
+    )
+
+
+def _bundle(path: Path) -> dict[str, Any] | None:
+    """An export folder's record, when it is a bundle (it names the workflow it answers with)."""
+    record = path / BUNDLE_JSON
+    if not record.is_file():
+        return None
+    try:
+        data = json.loads(record.read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{record} is not readable JSON ({err})") from None
+    if not isinstance(data, dict) or "workflow" not in data or "style" not in data:
+        raise ConfigError(
+            f"{path} is an export without what answering needs (workflow, routing, style); "
+            "export the run again with this marlow"
+        )
+    return data
+
+
+def load_workflow(
+    path: str | Path, overrides: Sequence[str] = (), *, log: Any = None
+) -> TrainedWorkflow:
+    """Load a run, checkpoint or bundle (module docstring) to answer with; ``overrides`` are
+    settings as everywhere (``rollout.max_new_tokens=256``, ``rollout.backend=vllm``)."""
+    src = _source(Path(path))
+    bundle = src.style is not None
+    extra = list(overrides)
+    root = src.config.parent
+    if bundle:
+        extra = [f"workflow.name={root / 'workflow.yaml'}", *extra]
+        if (root / "prompts.yaml").is_file():
+            extra = [f"workflow.prompts={root / 'prompts.yaml'}", *extra]
+    if src.adapters is None:
+        extra.append("policy.routing=base")
+    config = load_config(src.config, extra)
+    return TrainedWorkflow(config, src, None if bundle else workflow_copy(root), log=log)
+
+
+class TrainedWorkflow:
+    """A workflow with its adapters, ready to answer (module docstring). Use it as a context
+    manager, or call :meth:`close`: a vLLM engine runs in processes of its own."""
+
+    def __init__(
+        self, config: RunConfig, source: Source, copy: Path | None = None, *, log: Any = None
+    ):
+        self.config = config
+        self.source = source
+        self.spec = check_run_config(config, copy)
+        self.device = resolve_device(config.device)
+        tiny = is_tiny(config.model.name)
+        self.family = task_family(config.model, config.task)
+        self.style = source.style or ("tiny" if tiny else "chat")
+        if source.base is not None and tiny:
+            import torch
+
+            from marlow.tiny.pretrain import load_tiny
+
+            self.base, self.tokenizer = load_tiny(source.base, dtype=getattr(torch, config.dtype))
+            self.base.to(self.device).requires_grad_(False)
+        else:
+            model = config.model
+            if source.base is not None:  # a bundle's own copy of the base
+                model = model.model_copy(update={"name": str(source.base)})
+            self.base, self.tokenizer = load_base(
+                model, log=log, task=self.family, dtype=config.dtype, device=self.device
+            )
+        pol = config.policy
+        self.routing = make_routing(pol.routing, self.spec.roles, pol.role_map)
+        adapters = self.routing.adapters
+        self.model = self.base
+        if adapters:
+            spec = LoraSpec(pol.lora_rank, pol.lora_alpha, pol.lora_dropout, pol.target_modules)
+            self.model = attach_adapters(self.base, adapters, spec, seed=config.seed)
+            missing = [a for a in adapters if not (source.adapters / a).is_dir()]
+            if missing:
+                raise ConfigError(
+                    f"{source.label} has no adapter {missing[0]!r} for its routing "
+                    f"({pol.routing}); adapters there: "
+                    f"{', '.join(p.name for p in source.adapters.iterdir() if p.is_dir())}"
+                )
+            load_adapter_weights(self.model, source.adapters, adapters)
+        self.model.eval()
+        self.rules = EpisodeRules.of(config).within_context(
+            served_positions(config, self.base), config.rollout.max_new_tokens
+        )
+        self.engine = engine_for_run(config, self.model, self.tokenizer, self.device)
+
+    @property
+    def name(self) -> str:
+        """The workflow's name as ``marlow serve`` lists it."""
+        return self.source.workflow or self.spec.name
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def __enter__(self) -> TrainedWorkflow:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def sampling(
+        self, temperature: float | None = None, max_new_tokens: int | None = None
+    ) -> SamplingParams:
+        r = self.config.rollout
+        if temperature is None:
+            temperature = r.val_temperature if r.val_temperature is not None else r.temperature
+        if not (isinstance(temperature, int | float) and math.isfinite(temperature)) or (
+            temperature < 0
+        ):
+            raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+        tokens = r.max_new_tokens if max_new_tokens is None else max_new_tokens
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {tokens!r}")
+        return SamplingParams(float(temperature), tokens, step_seed(self.config.seed, 0, salt=2))
+
+    def answer(
+        self,
+        questions: str | Sequence[str],
+        *,
+        trace: bool = False,
+        temperature: float | None = None,
+        max_new_tokens: int | None = None,
+        seed: int | None = None,
+    ) -> Answer | list[Answer]:
+        """The final answer to one question (an :class:`Answer`) or to each of a list, in order,
+        all through the engine at once; ``trace`` adds every turn."""
+        one = isinstance(questions, str)
+        items = [questions] if one else list(questions)
+        bad = [q for q in items if not isinstance(q, str) or not q.strip()]
+        if bad:
+            raise ValueError(f"a question must be non-empty text, got {bad[0]!r}")
+        params = self.sampling(temperature, max_new_tokens)
+        if seed is not None:
+            params = SamplingParams(params.temperature, params.max_new_tokens, int(seed))
+        problems = [Problem(f"q{i}", q, "") for i, q in enumerate(items)]
+        episodes = run_episodes(
+            self.spec,
+            problems,
+            1,
+            engine=self.engine,
+            tokenizer=self.tokenizer,
+            routing=self.routing,
+            grade=_no_reward,
+            task=self.family,
+            style=self.style,
+            sampling=params,
+            rules=self.rules,
+        )
+        out = []
+        for q, ep in zip(items, episodes, strict=True):
+            final = next(
+                (t for t in reversed(ep.turns) if t.completion_text == ep.final_answer), None
+            )
+            out.append(
+                Answer(
+                    question=q,
+                    text=ep.final_answer,
+                    prompt_tokens=sum(len(t.prompt_ids) for t in ep.turns),
+                    completion_tokens=sum(len(t.completion_ids) for t in ep.turns),
+                    finish=final.finish_reason if final is not None else "",
+                    turns=[_turn(t) for t in ep.turns] if trace else None,
+                )
+            )
+        return out[0] if one else out
+
+
+def _no_reward(_text: str, _problem: Problem) -> float:
+    """Answering grades nothing: every episode's reward is 0."""
+    return 0.0
+
+
+def _turn(t) -> dict[str, Any]:
+    return {
+        "role": t.role,
+        "slot": t.slot,
+        "round": t.round,
+        "adapter": t.adapter,
+        "prompt": t.prompt_text,
+        "completion": t.completion_text,
+        "finish": t.finish_reason,
+    }

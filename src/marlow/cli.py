@@ -917,12 +917,12 @@ def answer(
 
     settings = [a for a in args or [] if _is_setting(a)]
     questions = [a for a in args or [] if not _is_setting(a)]
+    if out is not None and input is None:
+        _fail("--out is where --input's answers go; give --input FILE")
     if input is None and len(questions) != 1:
         _fail('give one "QUESTION" (quoted), or --input FILE --out FILE')
     if input is not None and (questions or out is None):
         _fail("--input answers a file into --out; give --out, and no question beside it")
-    if out is not None and input is None:
-        _fail("--out is where --input's answers go; give --input FILE")
     if out is not None and out.exists() and not overwrite:
         _fail(f"--out {out} exists; pass --overwrite to replace it")
     try:

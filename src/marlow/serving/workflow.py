@@ -184,7 +184,7 @@ class TrainedWorkflow:
                     f"{', '.join(p.name for p in source.adapters.iterdir() if p.is_dir())}"
                 )
             load_adapter_weights(self.model, source.adapters, adapters)
-        self.model.eval()
+        self.model.requires_grad_(False).eval()  # answering never trains
         self.rules = EpisodeRules.of(config).within_context(
             served_positions(config, self.base), config.rollout.max_new_tokens
         )

@@ -146,3 +146,22 @@ def shrunk_config(**over) -> RunConfig:
 def small_config(tiny_cache):
     """:func:`shrunk_config`, once the tiny world is cached."""
     return shrunk_config
+
+
+@pytest.fixture(scope="session")
+def trained_voting(tiny_cache, tmp_path_factory) -> Path:
+    """A Voting-SP run of 2 steps on the quickstart's shipped world, which answers arithmetic
+    (so answers differ per question), its shared adapter moved off the base by varied rewards."""
+    from marlow.training.trainer import Trainer
+    from tests.integration.reference import vary_rewards
+
+    out = tmp_path_factory.mktemp("trained-voting") / "run"
+    cfg = shrunk_config(
+        workflow={"name": "voting"},
+        policy={"routing": "sp"},
+        model={"name": "tiny-s", "pretrain_steps": 4800, "pretrain_batch": 8},
+        rollout={"max_new_tokens": 48},
+    )
+    with vary_rewards(Trainer(cfg, out)) as trainer:
+        trainer.run()
+    return out

@@ -958,6 +958,49 @@ def answer(
     print(f"read {report.read}, answered {report.answered}, skipped {skipped} -> {out}")
 
 
+@app.command(
+    epilog=_examples(
+        "marlow serve marlow-quickstart/cells/Voting-SP-tiny-s-Math --port 8000",
+        "MARLOW_API_KEY=secret marlow serve runs/a-bundle --host 0.0.0.0 rollout.backend=vllm",
+    )
+)
+def serve(
+    run: Annotated[str, typer.Argument(help="a run folder, a checkpoint or an exported bundle")],
+    settings: Annotated[
+        list[str] | None, typer.Argument(help="key=value settings", show_default=False)
+    ] = None,
+    host: Annotated[str, typer.Option(help="the address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="the port")] = 8000,
+    api_key: Annotated[
+        str | None,
+        typer.Option(envvar="MARLOW_API_KEY", help="require this key (Authorization: Bearer)"),
+    ] = None,
+) -> None:
+    """Serve a trained workflow as an OpenAI-compatible API (/v1/chat/completions, /v1/models,
+    /health); concurrent requests are answered in shared batches. Ctrl-C stops it once the
+    requests in flight are answered."""
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        _fail("marlow serve needs FastAPI and uvicorn: pip install 'marlow[serve]'")
+    from marlow.serving.server import serve as serve_app
+    from marlow.serving.workflow import load_workflow
+
+    bad = [a for a in settings or [] if not _is_setting(a)]
+    if bad:
+        _fail(f"{bad[0]!r} is not a key=value setting")
+    try:
+        workflow = load_workflow(run, settings or [], log=_log)
+    except (*_user_errors(), ValueError) as err:
+        _fail(str(err))
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        _log(f"WARNING listening on {host}: reachable from other machines"
+             + ("" if api_key else "; no --api-key is set"))  # fmt: skip
+    _log(f"serving {workflow.name} ({workflow.source.label}) on http://{host}:{port}/v1")
+    serve_app(workflow, host=host, port=port, api_key=api_key)
+
+
 def _is_setting(arg: str) -> bool:
     """``key=value`` whose key is a config field's dotted path (``rollout.max_new_tokens=64``);
     a question such as ``x=3, so what is 2x?`` is not one."""

@@ -278,7 +278,9 @@ CASES: list[Case] = [
         ["model.world=shipped", "ships no tiny-l math world", "model.world=auto"],
         model=True,
     ),
-    value("task-name", "task.name=physics", "task.name", "'math'"),
+    value(
+        "task-name", "task.name=physics", "'task.name' is 'physics'", "valid: math, code, custom"
+    ),
     value("task-val-size-0", "task.val_size=0", "task.val_size"),
     value("format-penalty-positive", "task.format_penalty=0.5", "task.format_penalty"),
     value("code-timeout-0", "task.code_timeout_s=0", "task.code_timeout_s"),

@@ -17,26 +17,6 @@ from marlow.serving.workflow import load_workflow
 from marlow.tasks import build_task
 from marlow.training.evaluate import evaluate
 from marlow.training.export import export_run
-from marlow.training.trainer import Trainer
-from tests.integration.reference import vary_rewards
-
-
-@pytest.fixture(scope="module")
-def trained(tiny_cache, tmp_path_factory):
-    """A Voting-SP run of 2 steps on the tiny world (its adapter changed from the base)."""
-    from tests.conftest import shrunk_config
-
-    out = tmp_path_factory.mktemp("answer") / "run"
-    cfg = shrunk_config(
-        workflow={"name": "voting"},
-        policy={"routing": "sp"},
-        # the quickstart's shipped world: it answers arithmetic, so answers differ per question
-        model={"name": "tiny-s", "pretrain_steps": 4800, "pretrain_batch": 8},
-        rollout={"max_new_tokens": 48},
-    )
-    with vary_rewards(Trainer(cfg, out)) as trainer:
-        trainer.run()
-    return out
 
 
 def cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
@@ -49,15 +29,15 @@ def cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
     )
 
 
-def test_at_temperature_0_the_answers_are_exactly_marlow_evals(trained, tmp_path):
-    record = evaluate(trained, ["rollout.val_temperature=0"], out=tmp_path / "eval")
+def test_at_temperature_0_the_answers_are_exactly_marlow_evals(trained_voting, tmp_path):
+    record = evaluate(trained_voting, ["rollout.val_temperature=0"], out=tmp_path / "eval")
     stored = gzip.decompress(
         (tmp_path / "eval" / "val_answers" / f"step_{record['step']:06d}.jsonl.gz").read_bytes()
     )
     eval_finals = [json.loads(line)["final"] for line in stored.decode().splitlines()]
-    cfg = marlow.make_config(str(trained / "config.yaml"))
+    cfg = marlow.make_config(str(trained_voting / "config.yaml"))
     problems = build_task(cfg.task).val_problems()
-    with marlow.load_workflow(trained, rollout={"val_temperature": 0}) as wf:
+    with marlow.load_workflow(trained_voting, rollout={"val_temperature": 0}) as wf:
         answers = wf.answer([p.prompt for p in problems])
         one = wf.answer(problems[0].prompt, trace=True)
     assert [a.text for a in answers] == eval_finals and len(eval_finals) == 8
@@ -72,16 +52,16 @@ def test_at_temperature_0_the_answers_are_exactly_marlow_evals(trained, tmp_path
     assert one.finish in ("stop", "length")
 
 
-def test_the_trained_adapters_are_the_ones_that_answer(trained):
+def test_the_trained_adapters_are_the_ones_that_answer(trained_voting):
     from safetensors.torch import load_file
 
     from marlow.policy.adapters import adapter_parameters
     from marlow.training import checkpoint
 
     saved = load_file(
-        checkpoint.latest(trained) / "adapters" / "shared" / "adapter_model.safetensors"
+        checkpoint.latest(trained_voting) / "adapters" / "shared" / "adapter_model.safetensors"
     )
-    with load_workflow(trained) as wf:
+    with load_workflow(trained_voting) as wf:
         loaded = adapter_parameters(wf.model, "shared")
     assert len(loaded) == len(saved) > 0
     b = [v for k, v in loaded.items() if "lora_B" in k]
@@ -93,31 +73,31 @@ def test_the_trained_adapters_are_the_ones_that_answer(trained):
             if k.endswith(key.split(".", 2)[-1].replace(".weight", ".shared.weight"))
         )
         assert (loaded[name].detach() == value).all(), name
-    with load_workflow(trained, ["policy.routing=base"]) as wf:
+    with load_workflow(trained_voting, ["policy.routing=base"]) as wf:
         assert wf.routing.adapters == [] and wf.model is wf.base
 
 
-def test_marlow_answer_prints_the_final_answer_and_the_turns_with_trace(trained):
-    with load_workflow(trained, ["rollout.val_temperature=0"]) as wf:
+def test_marlow_answer_prints_the_final_answer_and_the_turns_with_trace(trained_voting):
+    with load_workflow(trained_voting, ["rollout.val_temperature=0"]) as wf:
         want = wf.answer("59+19").text
-    done = cli("answer", str(trained), "59+19", "rollout.val_temperature=0")
+    done = cli("answer", str(trained_voting), "59+19", "rollout.val_temperature=0")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == want.strip()
-    traced = cli("answer", str(trained), "59+19", "--trace", "--temperature", "0")
+    traced = cli("answer", str(trained_voting), "59+19", "--trace", "--temperature", "0")
     assert traced.returncode == 0, traced.stderr
     assert traced.stdout.count("--- generator (slot") == 3
     assert "--- aggregator (slot 0, adapter shared)" in traced.stdout
     assert traced.stdout.rstrip().endswith(want.strip())
 
 
-def test_marlow_answer_answers_a_file_in_batches_and_never_overwrites(trained, tmp_path):
+def test_marlow_answer_answers_a_file_in_batches_and_never_overwrites(trained_voting, tmp_path):
     source = tmp_path / "in.jsonl"
     rows = [{"prompt": q, "id": i} for i, q in enumerate(["1+2", "30-4", "7*8", "12+12", "9*9"])]
     lines = [json.dumps(r) for r in rows] + ["not json", json.dumps({"other": 1})]
     source.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out.jsonl"
     done = cli(
-        "answer", str(trained), "--input", str(source), "--out", str(out), "--batch", "2",
+        "answer", str(trained_voting), "--input", str(source), "--out", str(out), "--batch", "2",
         "--temperature", "0",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -125,10 +105,10 @@ def test_marlow_answer_answers_a_file_in_batches_and_never_overwrites(trained, t
     assert "answered 2/5" in done.stderr and "answered 5/5" in done.stderr
     written = [json.loads(line) for line in out.read_text().splitlines()]
     assert [{k: r[k] for k in ("prompt", "id")} for r in written] == rows
-    with load_workflow(trained) as wf:
+    with load_workflow(trained_voting) as wf:
         want = [a.text for a in wf.answer([r["prompt"] for r in rows], temperature=0)]
     assert [r["answer"] for r in written] == want  # batches of 2 answer as one batch of 5
-    again = cli("answer", str(trained), "--input", str(source), "--out", str(out))
+    again = cli("answer", str(trained_voting), "--input", str(source), "--out", str(out))
     assert again.returncode != 0 and "exists; pass --overwrite" in again.stderr
     assert [json.loads(line) for line in out.read_text().splitlines()] == written
 
@@ -142,21 +122,21 @@ def test_marlow_answer_answers_a_file_in_batches_and_never_overwrites(trained, t
         (["rollout.temperature=-1", "1+1"], "rollout.temperature"),
     ],
 )
-def test_marlow_answer_refuses_bad_arguments_in_one_line(trained, args, message):
-    done = cli("answer", str(trained), *args)
+def test_marlow_answer_refuses_bad_arguments_in_one_line(trained_voting, args, message):
+    done = cli("answer", str(trained_voting), *args)
     assert done.returncode != 0
     assert message in done.stderr and "Traceback" not in done.stderr
 
 
-def test_an_exported_bundle_answers_from_anywhere_like_its_run(trained, tmp_path):
-    bundle = export_run(trained, tmp_path / "bundle")
+def test_an_exported_bundle_answers_from_anywhere_like_its_run(trained_voting, tmp_path):
+    bundle = export_run(trained_voting, tmp_path / "bundle")
     record = json.loads((bundle / "export.json").read_text())
     assert record["workflow"] == "voting" and record["style"] == "tiny"
     assert record["routing"] == {"generator": "shared", "aggregator": "shared"}
     assert (bundle / "workflow.yaml").is_file() and (bundle / "base" / "config.json").is_file()
     moved = shutil.move(str(bundle), str(tmp_path / "elsewhere" / "b"))
     questions = ["1+1", "23*4", "90-45"]
-    with load_workflow(trained) as wf:
+    with load_workflow(trained_voting) as wf:
         want = [a.text for a in wf.answer(questions, temperature=0)]
     with load_workflow(moved) as wf:
         assert wf.name == "voting"

@@ -185,8 +185,9 @@ class TrainedWorkflow:
                 )
             load_adapter_weights(self.model, source.adapters, adapters)
         self.model.requires_grad_(False).eval()  # answering never trains
+        self.positions = served_positions(config, self.base)  # None: the model does not say
         self.rules = EpisodeRules.of(config).within_context(
-            served_positions(config, self.base), config.rollout.max_new_tokens
+            self.positions, config.rollout.max_new_tokens
         )
         self.engine = engine_for_run(config, self.model, self.tokenizer, self.device)
 
@@ -203,6 +204,18 @@ class TrainedWorkflow:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def question_tokens(self, question: str) -> int:
+        """How many tokens ``question`` is, alone (its roles' prompts add their templates)."""
+        return len(self.tokenizer(question, add_special_tokens=False)["input_ids"])
+
+    def question_limit(self, max_new_tokens: int | None = None) -> int | None:
+        """The most tokens a question may have beside ``max_new_tokens`` new ones in the model's
+        context (None: the model states no limit). A question within it can still make a role's
+        prompt too long (templates, earlier turns): that episode ends early (``prompt_cap``)."""
+        if self.positions is None:
+            return None
+        return self.positions - (max_new_tokens or self.config.rollout.max_new_tokens)
 
     def sampling(
         self, temperature: float | None = None, max_new_tokens: int | None = None

@@ -145,3 +145,15 @@ def test_an_exported_bundle_answers_from_anywhere_like_its_run(trained_voting, t
     done = cli("answer", str(moved), "23*4", "--temperature", "0", cwd=tmp_path / "cwd")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == want[1].strip()
+
+
+def test_a_grid_cell_folder_is_a_run_folder_for_answer_and_eval(trained_voting, tmp_path):
+    """A grid's cell writes a DONE of its own beside config.yaml (the quickstart's cells too):
+    still a run folder, not a checkpoint."""
+    cell = shutil.copytree(trained_voting, tmp_path / "cells" / "Voting-SP-tiny-s-Math")
+    (cell / "DONE").write_text('{"seconds": 1.0}')
+    with load_workflow(cell) as wf:
+        assert wf.source.label.startswith("checkpoint ") and wf.source.step == 2
+        assert wf.answer("1+1", temperature=0).text
+    record = evaluate(cell, ["rollout.val_temperature=0"], out=tmp_path / "eval")
+    assert record["step"] == 2

@@ -87,6 +87,11 @@ def _source(path: Path) -> Source:
             bundle["step"],
             bundle["workflow"],
         )
+    if (path / "config.yaml").is_file():  # a run folder (a grid's cell holds a DONE of its own)
+        latest = ckpt.latest(path)
+        if latest is None:
+            return Source(path / "config.yaml", None, None, None, f"the base model of {path}", 0)
+        return _source(latest)
     if (path / "DONE").is_file():
         ckpt.check(path)
         run = path.parent.parent
@@ -94,11 +99,6 @@ def _source(path: Path) -> Source:
             raise ConfigError(f"{path} is a checkpoint outside a run folder (no config.yaml)")
         label = f"checkpoint {path}"
         return Source(run / "config.yaml", path / "adapters", None, None, label, ckpt.step_of(path))
-    if (path / "config.yaml").is_file():
-        latest = ckpt.latest(path)
-        if latest is None:
-            return Source(path / "config.yaml", None, None, None, f"the base model of {path}", 0)
-        return _source(latest)
     raise ConfigError(
         f"{path} is neither a run folder (config.yaml), a checkpoint (DONE) nor a bundle "
         f"({BUNDLE_JSON} of marlow export)"

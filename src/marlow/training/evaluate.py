@@ -66,13 +66,13 @@ def eval_target(
         return EvalTarget(path, None, None, folder / name if name else folder)
     if not path.exists():
         raise ConfigError(f"{path} does not exist; give a run folder, a checkpoint or a config")
-    if (path / "DONE").exists():
+    if (path / "config.yaml").exists():  # a run folder (a grid's cell holds a DONE of its own)
+        run = path
+        checkpoint = None if base else ckpt.latest(path)
+    elif (path / "DONE").exists():
         checkpoint, run = path, path.parent.parent
         if base:
             raise ConfigError(f"{path} is a checkpoint; --base evaluates a run's base model")
-    elif (path / "config.yaml").exists():
-        run = path
-        checkpoint = None if base else ckpt.latest(path)
     else:
         raise ConfigError(
             f"{path} is neither a run folder (config.yaml), a complete checkpoint (DONE) nor a "

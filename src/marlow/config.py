@@ -248,13 +248,9 @@ class TaskConfig(_Section):
             raise ValueError("task.hub_config is only for task.dataset dapo")
         if self.runtime_filter is not None and self.dataset != "deepcoder":
             raise ValueError("task.runtime_filter is only for task.dataset deepcoder")
-        if self.holdout is not None:
-            if self.source == "tiny":
-                raise ValueError("task.holdout is only for a dataset source; task.source is tiny")
-            if isinstance(self.holdout, float) and not 0.0 < self.holdout < 1.0:
-                raise ValueError(f"task.holdout is {self.holdout}; a fraction must be in (0, 1)")
-            if isinstance(self.holdout, int) and self.holdout < 1:
-                raise ValueError(f"task.holdout is {self.holdout}; a count must be >= 1")
+        if self.holdout is not None and self.source == "tiny":
+            raise ValueError("task.holdout is only for a dataset source; task.source is tiny")
+        self._check_holdout()
         if self.val_source is None and self.val_dataset is not None:
             raise ValueError("task.val_dataset is only read with task.val_source")
         if self.val_source is not None:
@@ -286,12 +282,14 @@ class TaskConfig(_Section):
                 f"task.{given[0]} is for the built-in math and code tasks; a custom task reads "
                 "its columns (task.prompt_field, task.answer_field, task.id_field)"
             )
-        if self.holdout is not None:
-            if isinstance(self.holdout, float) and not 0.0 < self.holdout < 1.0:
-                raise ValueError(f"task.holdout is {self.holdout}; a fraction must be in (0, 1)")
-            if isinstance(self.holdout, int) and self.holdout < 1:
-                raise ValueError(f"task.holdout is {self.holdout}; a count must be >= 1")
+        self._check_holdout()
         return self
+
+    def _check_holdout(self) -> None:
+        if isinstance(self.holdout, float) and not 0.0 < self.holdout < 1.0:
+            raise ValueError(f"task.holdout is {self.holdout}; a fraction must be in (0, 1)")
+        if isinstance(self.holdout, int) and self.holdout < 1:
+            raise ValueError(f"task.holdout is {self.holdout}; a count must be >= 1")
 
 
 class WorkflowConfig(_Section):

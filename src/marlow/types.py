@@ -66,6 +66,19 @@ class Turn:
     kind: str = "answer"  # the role's kind (marlow.workflows.schema.KINDS): what diagnostics read
     trajectory: str = ""  # its name in the official code's advantage groups ("" = the role)
 
+    def record(self) -> dict[str, object]:
+        """The turn as people read it (samples.jsonl, ``marlow answer --trace``, the server's
+        ``turns``): role, slot, round, adapter, prompt, completion, finish."""
+        return {
+            "role": self.role,
+            "slot": self.slot,
+            "round": self.round,
+            "adapter": self.adapter,
+            "prompt": self.prompt_text,
+            "completion": self.completion_text,
+            "finish": self.finish_reason,
+        }
+
     @property
     def truncated(self) -> bool:
         return self.finish_reason == "length"

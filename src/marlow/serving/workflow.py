@@ -277,7 +277,7 @@ class TrainedWorkflow:
                     prompt_tokens=sum(len(t.prompt_ids) for t in ep.turns),
                     completion_tokens=sum(len(t.completion_ids) for t in ep.turns),
                     finish=final.finish_reason if final is not None else "",
-                    turns=[_turn(t) for t in ep.turns] if trace else None,
+                    turns=[t.record() for t in ep.turns] if trace else None,
                 )
             )
         return out[0] if one else out
@@ -286,15 +286,3 @@ class TrainedWorkflow:
 def _no_reward(_text: str, _problem: Problem) -> float:
     """Answering grades nothing: every episode's reward is 0."""
     return 0.0
-
-
-def _turn(t) -> dict[str, Any]:
-    return {
-        "role": t.role,
-        "slot": t.slot,
-        "round": t.round,
-        "adapter": t.adapter,
-        "prompt": t.prompt_text,
-        "completion": t.completion_text,
-        "finish": t.finish_reason,
-    }

@@ -458,18 +458,7 @@ class Trainer:
             missing = missing_reason(ep.reward)
             if missing is not None:  # null in the file, and why
                 record.update(reward=None, reward_missing=missing)
-            record["turns"] = [
-                {
-                    "role": t.role,
-                    "slot": t.slot,
-                    "round": t.round,
-                    "adapter": t.adapter,
-                    "prompt": t.prompt_text,
-                    "completion": t.completion_text,
-                    "finish": t.finish_reason,
-                }
-                for t in ep.turns
-            ]
+            record["turns"] = [t.record() for t in ep.turns]
             self.samples.write(record)
 
     # -- the loop ---------------------------------------------------------------------------

@@ -45,6 +45,9 @@ code). What it does, and the choices marlow made where vLLM leaves one open:
 from __future__ import annotations
 
 import atexit
+import contextlib
+import gc
+import logging
 import os
 import shutil
 import tempfile
@@ -206,6 +209,7 @@ class VLLMEngine:
                 max_lora_rank=lora_rank_slot(rank, settings.max_lora_rank),
             )
         before = {p.pid for p in _children()}
+        _quiet_renderer()
         try:
             threads = settings.cpu_threads or os.cpu_count() or 1
             with _engine_env(threads if on_cpu else None):
@@ -308,11 +312,14 @@ class VLLMEngine:
         self._closed = True
         atexit.unregister(self.close)
         llm = self.__dict__.pop("llm", None)
+        segments = _shared_memory([p.pid for p in getattr(self, "_procs", [])])
         if llm is not None:
             core = getattr(llm.llm_engine, "engine_core", None)
             if core is not None:
                 core.shutdown()
             del llm
+            gc.collect()  # this process's own queues free (and unlink) themselves now
+        _release_shared_memory(segments)  # what the stopped engine core could not
         watchdog = self.__dict__.pop("_watchdog", None)
         if watchdog is not None:
             watchdog.kill()
@@ -462,6 +469,57 @@ for pid in pids:
     except OSError:
         pass
 """
+
+
+class _NoTokenizerNoise(logging.Filter):
+    """Drops the two warnings vLLM's renderer logs because its tokenizer is not loaded
+    (``skip_tokenizer_init``: marlow sends token ids and decodes with its own tokenizer, so
+    neither matters): the chat-template warmup that ``LLM`` runs at start-up, which fails with
+    "Tokenizer not available when `skip_tokenizer_init=True`" and logs its traceback, and "Using
+    None for EOS token id" (marlow stops at its own stop ids). Every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message.startswith("Chat template warmup failed"):
+            error = record.exc_info[1] if record.exc_info else None
+            return "skip_tokenizer_init" not in str(error)
+        return "because tokenizer is not initialized" not in message
+
+
+def _quiet_renderer() -> None:
+    renderer = logging.getLogger("vllm.renderers.base")
+    if not any(isinstance(f, _NoTokenizerNoise) for f in renderer.filters):
+        renderer.addFilter(_NoTokenizerNoise())
+
+
+def _shared_memory(pids: list[int]) -> set[str]:
+    """The POSIX shared-memory segments (``/dev/shm/psm_*``) processes ``pids`` have mapped."""
+    names: set[str] = set()
+    for pid in pids:
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:  # gone already, or no /proc
+            continue
+        for line in maps.splitlines():
+            path = line.rsplit(" ", 1)[-1]
+            if path.startswith("/dev/shm/psm_"):
+                names.add(path.removeprefix("/dev/shm/"))
+    return names
+
+
+def _release_shared_memory(names: set[str]) -> None:
+    """Remove the segments an engine core stopped before it could (it unlinks its queues when
+    its objects are freed, which a shutdown by signal skips), and tell the resource tracker, which
+    would otherwise warn at exit of "leaked shared_memory objects" and remove them then."""
+    from multiprocessing import resource_tracker
+
+    for name in names:
+        path = Path("/dev/shm") / name
+        if not path.exists():  # the engine core removed it: nothing leaked
+            continue
+        path.unlink(missing_ok=True)
+        with contextlib.suppress(Exception):  # no tracker here: nothing would have warned
+            resource_tracker.unregister(f"/{name}", "shared_memory")
 
 
 def _children() -> list:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from marlow.training import checkpoint
 from tests.conftest import PRETRAIN_STEPS
 
 TINY = [
@@ -123,9 +124,10 @@ def test_sigint_to_train_says_what_was_kept_and_how_to_resume(tiny_cache, tmp_pa
             proc.kill()
     assert proc.returncode == 130, stderr[-3000:]
     done = logged_step(run)
-    kept = sorted(run.glob("checkpoints/step_*/DONE"))[-1].parent.name
+    kept = checkpoint.latest(run)  # complete checkpoints, as the code reads them
+    assert not list(run.glob("checkpoints/*.tmp"))  # a save in progress was finished first
     expected = (
-        f"interrupted at step {done + 1}; the last checkpoint is step {int(kept[5:])}; "
+        f"interrupted at step {done + 1}; the last checkpoint is step {checkpoint.step_of(kept)}; "
         "resume with `marlow train --out runs/x --resume`"
     )
     assert expected in " ".join(stderr.split()), stderr[-3000:]

@@ -39,7 +39,10 @@ import json
 import os
 import random
 import shutil
-from collections.abc import Iterable
+import signal
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -78,13 +81,36 @@ def step_of(path: Path) -> int:
 
 
 def save(run_dir: Path, step: int, model, adapters: list[str], optim: AdapterOptimizers) -> Path:
-    """Write the checkpoint of ``step`` durably (module docstring); returns its folder."""
+    """Write the checkpoint of ``step`` durably (module docstring); returns its folder. A Ctrl-C
+    or SIGTERM that arrives meanwhile waits until the checkpoint is committed (renamed into
+    place), so an interrupted run keeps every save it began: never half a checkpoint, never a
+    finished one left behind as ``.tmp``."""
     bad = nonfinite(model, adapters, optim)
     if bad:
         raise CheckpointError(
             f"refusing to write the checkpoint of step {step}: {bad[0]} is not finite"
             f"{f' (and {len(bad) - 1} more tensors)' if len(bad) > 1 else ''}"
         )
+    with _signals_held():
+        return _write(run_dir, step, model, adapters, optim)
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back until the block ends, then delivered (the main thread's;
+    elsewhere signals never run Python handlers, so there is nothing to hold)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def _write(run_dir: Path, step: int, model, adapters: list[str], optim: AdapterOptimizers) -> Path:
     final = checkpoint_dir(run_dir, step)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -334,11 +334,11 @@ def _launch_data_parallel(
 ) -> None:
     """``marlow train --nproc N``: check the settings here (one line, nothing launched), then run
     ``torchrun --standalone --nproc_per_node N -m marlow train ...`` and exit with its code."""
-    from marlow.training.distributed import check_world
+    from marlow.training.distributed import check_ranks
 
     try:
         cfg = _train_config(args, out, resume or resume_from is not None, resume_from)
-        check_world(cfg, nproc)
+        check_ranks(cfg, nproc)
     except _user_errors() as err:
         _fail(str(err))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]

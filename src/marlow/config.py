@@ -393,11 +393,12 @@ class VLLMConfig(_Section):
 
 
 class RolloutConfig(_Section):
-    backend: Literal["hf", "vllm"] = Field(
+    backend: str = Field(
         "hf",
         description="hf: marlow's own sampling loop over the training model; vllm: a vLLM "
         "engine in its own processes, serving every adapter per request (make install-vllm; "
-        "pip install vllm on CUDA)",
+        "pip install vllm on CUDA); or a backend registered with "
+        "marlow.rollout.register_backend (checked when a run starts)",
     )
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
     temperature: float = Field(0.7, gt=0.0)

@@ -208,7 +208,12 @@ CASES: list[Case] = [
     value("val-temperature-nan", "rollout.val_temperature=nan", "rollout.val_temperature"),
     value("max-new-tokens-0", "rollout.max_new_tokens=0", "rollout.max_new_tokens"),
     value("max-batch-0", "rollout.max_batch=0", "rollout.max_batch"),
-    value("backend-unknown", "rollout.backend=sglang", "rollout.backend", "'vllm'"),
+    value(
+        "backend-unknown",
+        "rollout.backend=sglang",
+        "'rollout.backend' is 'sglang'",
+        "valid: hf, vllm",
+    ),
     value("steps-negative", "steps=-5", "steps", "greater than or equal to 0"),
     value("steps-fraction", "steps=1.5", "steps", "integer"),
     value("steps-text", "steps=many", "steps", "integer"),

@@ -157,19 +157,19 @@ def test_nproc_refuses_call_seeding_before_launching(tmp_path):
 
 def test_data_parallel_needs_request_seeding_and_a_problem_per_rank():
     from marlow.config import ConfigError, load_config
-    from marlow.training.distributed import check_world
+    from marlow.training.distributed import check_ranks
 
-    check_world(load_config(None, ["rollout.seeding=call"]), 1)  # one process: anything goes
+    check_ranks(load_config(None, ["rollout.seeding=call"]), 1)  # one process: anything goes
     with pytest.raises(ConfigError, match=r"'rollout\.seeding' is 'call'.*valid: request"):
-        check_world(load_config(None, ["rollout.seeding=call"]), 2)
+        check_ranks(load_config(None, ["rollout.seeding=call"]), 2)
     with pytest.raises(ConfigError, match=r"'grpo\.batch_problems' is 2.*valid: at least 4"):
-        check_world(load_config(None, ["rollout.seeding=request", "grpo.batch_problems=2"]), 4)
-    check_world(load_config(None, ["rollout.seeding=request", "grpo.batch_problems=4"]), 4)
+        check_ranks(load_config(None, ["rollout.seeding=request", "grpo.batch_problems=2"]), 4)
+    check_ranks(load_config(None, ["rollout.seeding=request", "grpo.batch_problems=4"]), 4)
 
 
-def test_world_shards_in_contiguous_blocks():
-    from marlow.training.distributed import World
+def test_ranks_shard_in_contiguous_blocks():
+    from marlow.training.distributed import Ranks
 
-    blocks = [World(r, 3).shard(8) for r in range(3)]
+    blocks = [Ranks(r, 3).shard(8) for r in range(3)]
     assert [list(b) for b in blocks] == [[0, 1, 2], [3, 4, 5], [6, 7]]
-    assert list(World().shard(5)) == [0, 1, 2, 3, 4]
+    assert list(Ranks().shard(5)) == [0, 1, 2, 3, 4]

@@ -72,6 +72,7 @@ from pydantic import (
 )
 
 from marlow.config import ConfigError, RunConfig, merge, resolve
+from marlow.rollout.base import check_backend_name
 from marlow.titles import POLICY_TITLES, scale_title
 from marlow.training.distributed import resolve_seeding
 from marlow.workflows.check import check_run_config
@@ -332,6 +333,7 @@ class _Point:
             # a cell runs in one process: rollout.seeding=auto is call, as its config.yaml says
             resolved, _ = resolve_seeding(resolve(config), 1)
             spec = check_run_config(resolved)  # workflow name, params, roles: before anything runs
+            check_backend_name(resolved)
         except ConfigError as err:
             raise ConfigError(f"cell {name}: {err}") from None
         return Cell(

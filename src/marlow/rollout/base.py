@@ -123,27 +123,52 @@ def make_engine(name: str, *args: Any, **kwargs: Any) -> RolloutEngine:
     return get_backend(name)(*args, **kwargs)
 
 
+def check_backend_name(config: RunConfig) -> None:
+    """A one-line ConfigError unless ``rollout.backend`` names a registered backend (nothing is
+    imported: a grid checks its cells with this before anything runs)."""
+    from marlow.config import ConfigError
+
+    name = config.rollout.backend
+    if name not in _BACKENDS:
+        raise ConfigError(
+            f"config field 'rollout.backend' is {name!r}; valid: {', '.join(available_backends())}"
+            " (marlow.rollout.register_backend adds one)"
+        )
+
+
+def backend_factory(config: RunConfig) -> EngineFactory:
+    """The factory of the run's ``rollout.backend`` (:func:`check_backend_name` first)."""
+    check_backend_name(config)
+    return get_backend(config.rollout.backend)
+
+
+def check_backend(config: RunConfig) -> None:
+    """Refuse, before any model loads, a backend that is not registered or cannot run here (its
+    factory's ``preflight(config)``, when it has one: vLLM must import)."""
+    preflight = getattr(backend_factory(config), "preflight", None)
+    if preflight is not None:
+        preflight(config)
+
+
 def engine_for_run(config: RunConfig, model: Any, tokenizer: Any, device: Any) -> RolloutEngine:
-    """The engine a run's ``rollout`` settings name, over ``model``: ``hf`` merges the LoRA into
-    the weights to sample (``rollout.merge_lora``; auto: float32 on the CPU, where it is exact
-    enough and faster), ``vllm`` gets its own settings, the run's dtype and seed."""
-    r = config.rollout
-    if r.backend == "vllm":
-        options: dict[str, Any] = {"settings": r.vllm, "dtype": config.dtype, "seed": config.seed}
-    else:
-        merge = r.merge_lora
-        if merge == "auto":
-            cpu_float32 = getattr(device, "type", device) == "cpu" and config.dtype == "float32"
-            merge = "on" if cpu_float32 else "off"
-        options = {"merge": merge == "on"}
-    return make_engine(r.backend, model, tokenizer, max_batch=r.max_batch, **options)
+    """The engine the run's ``rollout.backend`` names, over ``model``. A factory with a
+    ``from_run(model, tokenizer, config=, device=)`` reads its own settings from the run's config
+    (``hf``: ``rollout.merge_lora``; ``vllm``: ``rollout.vllm``, the dtype, the seed); any other
+    is called with the model, the tokenizer and ``max_batch`` (``rollout.max_batch``)."""
+    factory = backend_factory(config)
+    from_run = getattr(factory, "from_run", None)
+    if from_run is not None:
+        return from_run(model, tokenizer, config=config, device=device)
+    return factory(model, tokenizer, max_batch=config.rollout.max_batch)
 
 
 def served_positions(config: RunConfig, model: Any) -> int | None:
-    """The longest sequence the run's engine serves: the model's positions, capped by vLLM's
-    ``max_model_len`` when that backend serves it (None: unknown)."""
+    """The longest sequence the run's engine serves: the model's positions, capped by what the
+    backend itself serves (its factory's ``served_length(config)``, when it has one: vLLM's
+    ``max_model_len``); None when neither says."""
     positions = getattr(model.config, "max_position_embeddings", None)
-    served = config.rollout.vllm.max_model_len if config.rollout.backend == "vllm" else None
+    served_length = getattr(backend_factory(config), "served_length", None)
+    served = served_length(config) if served_length is not None else None
     if served is not None:
         positions = min(positions, served) if positions else served
     return positions

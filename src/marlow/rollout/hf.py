@@ -74,6 +74,17 @@ class HFEngine:
     per-module Python, equal logits) instead of the model's; False: always the model's forward.
     """
 
+    @classmethod
+    def from_run(cls, model, tokenizer, *, config, device) -> HFEngine:
+        """The engine of a run: ``rollout.max_batch``, and ``rollout.merge_lora`` (auto: on for a
+        float32 run on the CPU, where sampling from the merged weights is exact enough and
+        faster)."""
+        merge = config.rollout.merge_lora
+        if merge == "auto":
+            cpu_float32 = getattr(device, "type", device) == "cpu" and config.dtype == "float32"
+            merge = "on" if cpu_float32 else "off"
+        return cls(model, tokenizer, max_batch=config.rollout.max_batch, merge=merge == "on")
+
     def __init__(
         self,
         model: torch.nn.Module,

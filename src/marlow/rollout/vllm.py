@@ -136,6 +136,30 @@ class VLLMEngine:
     seeded requests, which every request is). ``stop_ids`` as in the ``hf`` engine.
     """
 
+    @classmethod
+    def from_run(cls, model, tokenizer, *, config, device) -> VLLMEngine:
+        """The engine of a run: ``rollout.vllm``, ``rollout.max_batch``, the run's dtype and
+        seed."""
+        return cls(
+            model,
+            tokenizer,
+            settings=config.rollout.vllm,
+            dtype=config.dtype,
+            max_batch=config.rollout.max_batch,
+            seed=config.seed,
+        )
+
+    @staticmethod
+    def preflight(_config) -> None:
+        """Refuse the backend in one line where vLLM does not import (before a model loads)."""
+        require_vllm()
+
+    @staticmethod
+    def served_length(config) -> int | None:
+        """The longest sequence the engine serves: ``rollout.vllm.max_model_len`` (None: the
+        model's positions)."""
+        return config.rollout.vllm.max_model_len
+
     def __init__(
         self,
         model: torch.nn.Module,

@@ -34,7 +34,7 @@ from marlow.config import ConfigError, RunConfig, load_config
 from marlow.models import is_tiny, load_base, resolve_device, task_family
 from marlow.policy.adapters import LoraSpec, attach_adapters, load_adapter_weights
 from marlow.policy.routing import make_routing
-from marlow.rollout.base import engine_for_run, served_positions
+from marlow.rollout.base import check_backend, engine_for_run, served_positions
 from marlow.training import checkpoint as ckpt
 from marlow.training.trainer import step_seed
 from marlow.types import Problem, SamplingParams
@@ -151,6 +151,7 @@ class TrainedWorkflow:
         self.config = config
         self.source = source
         self.spec = check_run_config(config, copy)
+        check_backend(config)
         self.device = resolve_device(config.device)
         tiny = is_tiny(config.model.name)
         self.family = task_family(config.model, config.task)

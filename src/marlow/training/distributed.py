@@ -1,7 +1,7 @@
 """Data parallelism: the processes ``torchrun`` starts, and the few places where they meet.
 
 ``torchrun --nproc_per_node N -m marlow train ...`` (or ``marlow train --nproc N``) starts N
-copies of the same run. Each takes a contiguous block of the step's problems (:meth:`World.shard`:
+copies of the same run. Each takes a contiguous block of the step's problems (:meth:`Ranks.shard`:
 every group stays on one rank, so group-relative advantages are local), samples, grades and scores
 it, and the copies meet only where the algorithm needs all of them (docs/scaling.md):
 
@@ -36,16 +36,16 @@ from marlow.config import ConfigError, RunConfig
 
 
 @dataclass(frozen=True)
-class World:
-    """This process's place among the run's ``size`` processes (a world of one: no messages)."""
+class Ranks:
+    """This process's place among the run's ``size`` processes (one process: no messages)."""
 
     rank: int = 0
     size: int = 1
-    owned: bool = False  # join_world started the process group: leave() ends it
+    owned: bool = False  # join_ranks started the process group: leave() ends it
 
     def leave(self) -> None:
-        """The run's last collective: wait for every rank, then end the process group this
-        world started. A rank that exits with gloo's threads still running can abort at exit
+        """The run's last collective: wait for every rank, then end the process group these
+        ranks started. A rank that exits with gloo's threads still running can abort at exit
         (SIGABRT, "terminate called without an active exception") after a finished run."""
         if self.size > 1 and self.owned and dist.is_initialized():
             dist.barrier()
@@ -95,8 +95,8 @@ class World:
         return box[0]
 
 
-SOLO = World()
-"""A world of one process: every collective is the identity."""
+SOLO = Ranks()
+"""One process: every collective is the identity."""
 
 
 def resolve_seeding(config: RunConfig, size: int) -> tuple[RunConfig, str | None]:
@@ -117,7 +117,7 @@ def resolve_seeding(config: RunConfig, size: int) -> tuple[RunConfig, str | None
     return config.model_copy(update={"rollout": rollout}), f"rollout.seeding=auto: {value} ({why})"
 
 
-def check_world(config: RunConfig, size: int) -> None:
+def check_ranks(config: RunConfig, size: int) -> None:
     """What a run needs to be split over ``size`` processes, refused in one line otherwise
     (``rollout.seeding=auto`` becomes ``request``: :func:`resolve_seeding`)."""
     if size == 1:
@@ -148,13 +148,13 @@ def bind_local_device() -> None:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 
 
-def join_world(device: torch.device) -> World:
-    """The world ``torchrun`` started this process in, joined (gloo for a CPU device, nccl for
-    CUDA), or a world of one."""
+def join_ranks(device: torch.device) -> Ranks:
+    """The ranks ``torchrun`` started this process among, joined (gloo for a CPU device, nccl for
+    CUDA), or one process alone."""
     size = launched_size()
     if size == 1:
-        return World()
+        return Ranks()
     owned = not dist.is_initialized()
     if owned:
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    return World(dist.get_rank(), dist.get_world_size(), owned)
+    return Ranks(dist.get_rank(), dist.get_world_size(), owned)

@@ -40,7 +40,7 @@ from marlow.config import GRPOConfig, MitigateConfig
 from marlow.diagnostics.metrics import Meter
 from marlow.policy.adapters import folded, merged, use_adapter
 from marlow.training.batch import AdapterBatch
-from marlow.training.distributed import SOLO, World
+from marlow.training.distributed import SOLO, Ranks
 from marlow.training.optim import AdapterOptimizers
 from marlow.training.scoring import score_rows
 from marlow.types import BASE
@@ -154,12 +154,12 @@ def update_adapter(
     meter: Meter,
     fused: bool = False,
     fold: bool = False,
-    world: World = SOLO,
+    ranks: Ranks = SOLO,
     mitigate: MitigateConfig = NO_MITIGATION,
 ) -> None:
     """All mini-batch updates of one adapter in one step.
 
-    ``world``: the data-parallel ranks (:mod:`marlow.training.distributed`). ``batch`` holds this
+    ``ranks``: the data-parallel processes (:mod:`marlow.training.distributed`). ``batch`` holds this
     rank's rows (possibly none); the mini-batches are cut from every rank's rows in rank order
     with the same permutation, each row is weighed with its whole mini-batch's normaliser, and
     the gradients are summed across ranks before the clip and the step: one process with the
@@ -199,8 +199,8 @@ def update_adapter(
     adapter = batch.adapter
     slotted = mitigate.coherence_threshold is not None
     keys = [_part(batch, i, slotted) for i in range(len(batch))]
-    ranks = world.gather((sorted(set(keys)), batch.completion_len))  # one message
-    parts = sorted({key for rank_keys, _ in ranks for key in rank_keys})
+    per_rank = ranks.gather((sorted(set(keys)), batch.completion_len))  # one message
+    parts = sorted({key for rank_keys, _ in per_rank for key in rank_keys})
     roles = sorted({_role(key) for key in parts})
     shared = len(roles) > 1
     parallel = slotted and len(parts) > len(roles)  # some role has two slots or more
@@ -208,8 +208,10 @@ def update_adapter(
     if any(beta) and batch.base_logp is None:
         raise RuntimeError("mitigate.kl_coef needs batch.base_logp (score_base) before the update")
     params = optim.params[adapter]
-    lengths = [n for _, rank_lengths in ranks for n in rank_lengths]  # every rank's rows, in order
-    offset = sum(len(rank_lengths) for _, rank_lengths in ranks[: world.rank])
+    lengths = [
+        n for _, rank_lengths in per_rank for n in rank_lengths
+    ]  # every rank's rows, in order
+    offset = sum(len(rank_lengths) for _, rank_lengths in per_rank[: ranks.rank])
     mine = range(offset, offset + len(batch))
     device = batch.ids.device
     old_logp = entropy = None  # fused: filled from the update forward
@@ -224,7 +226,7 @@ def update_adapter(
             idx = [rows[j] - offset for j in local_pos]  # this rank's rows of the mini-batch
             weights = token_weights(mask, cfg.aggregation)[local_pos]  # (M_rank, L)
             total_loss = torch.zeros((), device=device)  # read once per update, after backwards
-            own = GradientParts(params, world) if shared or parallel else None
+            own = GradientParts(params, ranks) if shared or parallel else None
             with folded(model, adapter) if fold else use_adapter(model, adapter):
                 for local, s in score_rows(
                     model,
@@ -271,14 +273,14 @@ def update_adapter(
             mitigated = False
             if own is not None:  # each part's gradient, summed over the ranks
                 mitigated = _mitigate(own, parts, roles, shared, mitigate, meter)
-            if world.size > 1:  # every rank's share of the mini-batch's loss and gradient
+            if ranks.size > 1:  # every rank's share of the mini-batch's loss and gradient
                 grads = []  # mitigated: .grad holds every rank's sum already
                 if not mitigated:
                     for p in params:
                         if p.grad is None:
                             p.grad = torch.zeros_like(p)
                     grads = [p.grad for p in params]
-                world.sum_([total_loss, *grads])
+                ranks.sum_([total_loss, *grads])
             loss_value = float(total_loss)
             if not math.isfinite(loss_value):  # its gradients are dropped when the step is undone
                 raise NonFiniteLoss(f"loss is {loss_value}")
@@ -381,9 +383,9 @@ class GradientParts:
     :meth:`finish` sums each part's gradient over the data-parallel ranks; :meth:`write` puts a
     weighted sum of the parts back as the gradient."""
 
-    def __init__(self, params: Sequence[torch.Tensor], world: World = SOLO) -> None:
+    def __init__(self, params: Sequence[torch.Tensor], ranks: Ranks = SOLO) -> None:
         self.params = list(params)
-        self.world = world
+        self.ranks = ranks
         self.part: object = None
         self.before: list[torch.Tensor] = []
         self.own: dict[object, torch.Tensor] = {}  # part -> its gradient, flattened
@@ -415,7 +417,7 @@ class GradientParts:
         size = sum(p.numel() for p in self.params)
         device = self.params[0].device
         own = [self.own[k] if k in self.own else torch.zeros(size, device=device) for k in parts]
-        self.world.sum_(own)
+        self.ranks.sum_(own)
         self.own = dict(zip(parts, own, strict=True))
         return self.own
 

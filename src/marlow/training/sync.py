@@ -75,7 +75,7 @@ def engine_drift(
 
 
 def check_sync(drifts: Sequence[dict[str, float]], dtype: str, step: int) -> dict[str, float]:
-    """Every rank's drift per adapter (``World.gather``, so every rank decides alike) -> the
+    """Every rank's drift per adapter (``Ranks.gather``, so every rank decides alike) -> the
     step's ``train/<adapter>/engine_drift`` metrics (the largest over ranks); raises
     :class:`AdapterSyncError` naming the first adapter over the tolerance of ``dtype``."""
     worst: dict[str, float] = {}

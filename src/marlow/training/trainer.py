@@ -56,15 +56,15 @@ from marlow.policy.adapters import (
 from marlow.policy.routing import Routing, make_routing
 from marlow.rewards.sandbox import Isolation, SandboxUnavailable, isolation_in_force
 from marlow.rewards.user import RewardsMissing
-from marlow.rollout.base import engine_for_run, served_positions
+from marlow.rollout.base import check_backend, engine_for_run, served_positions
 from marlow.tasks import build_task
 from marlow.training import checkpoint, runbase
 from marlow.training import resume as resume_lib
 from marlow.training.batch import build_batches, credit_rows, empty_batch
 from marlow.training.distributed import (
     bind_local_device,
-    check_world,
-    join_world,
+    check_ranks,
+    join_ranks,
     launched_size,
     resolve_seeding,
 )
@@ -121,18 +121,15 @@ class Trainer:
         # device, data.
         copy = workflow_copy(Path(run_dir) if run_dir is not None else self.out)
         self.workflow = check_run_config(config, copy)
-        if config.rollout.backend == "vllm":
-            from marlow.rollout.vllm import require_vllm
-
-            require_vllm()
+        check_backend(config)  # registered, and able to run here (vLLM imports)
         self.rules = EpisodeRules.of(config)
         bind_local_device()  # under torchrun: one GPU per process
         self.device = resolve_device(config.device)
-        self.world = join_world(self.device)  # a world of one unless torchrun started N
-        check_world(config, self.world.size)
-        if not self.world.main:  # rank 0 speaks and writes for the run
+        self.ranks = join_ranks(self.device)  # one process unless torchrun started N
+        check_ranks(config, self.ranks.size)
+        if not self.ranks.main:  # rank 0 speaks and writes for the run
             self.log = lambda _msg: None
-        if seeding is not None and self.world.size > 1:  # a one-process run samples as ever
+        if seeding is not None and self.ranks.size > 1:  # a one-process run samples as ever
             self.log(seeding)
         # the prompts' family, which on a tiny model is the world it loads; a tiny model reads
         # printable ASCII only, so a custom task's prompts are checked against that
@@ -181,7 +178,7 @@ class Trainer:
             self.optim,
             config.train.max_nonfinite,
             self.log,
-            self.events.write if self.world.main else lambda _record: None,
+            self.events.write if self.ranks.main else lambda _record: None,
         )
         self.val_set = self.task.val_problems()
         self.step = 0
@@ -242,7 +239,7 @@ class Trainer:
         """Step ``step`` (1-based): sample the step's episodes, then learn from them."""
         t0 = time.perf_counter()
         problems = self.task.train_batch(self.cfg.seed, step, self.cfg.grpo.batch_problems)
-        shard = self.world.shard(len(problems))  # every problem, in a world of one
+        shard = self.ranks.shard(len(problems))  # every problem, in a run of one process
         self.model.eval()
         start_phase(self.device)  # per-phase peak memory, on CUDA (marlow.training.memory)
         episodes = self.rollout(
@@ -287,7 +284,7 @@ class Trainer:
             rows, g.advantage_scope, g.eps, g.same_role_weighting, g.role_weights
         )
         batches = build_batches(turns, rows, adv, self.pad_id, self.device)
-        counts = self.world.gather({a: len(b) for a, b in batches.items()})
+        counts = self.ranks.gather({a: len(b) for a, b in batches.items()})
         trained = {a: sum(c.get(a, 0) for c in counts) for a in self.adapters}  # every rank's
         dropout = self.cfg.policy.lora_dropout
         fused = {a: fused_old_logp(n, g, dropout) for a, n in trained.items()}
@@ -317,7 +314,7 @@ class Trainer:
                         meter=meter,
                         fused=fused[adapter],
                         fold=self.fold[adapter],
-                        world=self.world,
+                        ranks=self.ranks,
                         mitigate=self.cfg.mitigate,
                     ),
                 )
@@ -348,18 +345,18 @@ class Trainer:
                 drift[batch.adapter] = engine_drift(self.engine, self.model, batch, probe)
         for adapter in self.adapters:  # every rank undoes the same updates
             if trained[adapter]:
-                kept = self.world.all_(finite.get(adapter, True))
+                kept = self.ranks.all_(finite.get(adapter, True))
                 self.nonfinite.check_policy(adapter, kept)
                 if not kept:
                     self.engine.refresh([adapter])  # serve the restored weights
         # a fraction of this rank's groups: the ranks' fractions merge weighted by their groups
         meter.mean("all", "frac_reward_zero_std", frac_zero * n_groups, n_groups)
-        meter = Meter.merge(self.world.gather(meter))  # sums over ranks; a world of one: itself
+        meter = Meter.merge(self.ranks.gather(meter))  # sums over ranks; one process: itself
         # lengths have percentiles, which do not merge: every rank's episodes, in problem order
-        episode_metrics(meter, [e for rank in self.world.gather(episodes) for e in rank])
+        episode_metrics(meter, [e for rank in self.ranks.gather(episodes) for e in rank])
         out = finish_role_stats(meter.result("train"))
         out.update(self.nonfinite.count(step))
-        out.update(check_sync(self.world.gather(drift), self.cfg.dtype, step))
+        out.update(check_sync(self.ranks.gather(drift), self.cfg.dtype, step))
         t4 = time.perf_counter()
         out.update(
             {
@@ -390,7 +387,7 @@ class Trainer:
         temperature = self.cfg.rollout.val_temperature
         if temperature is None:
             temperature = self.cfg.rollout.temperature
-        shard = self.world.shard(len(self.val_set))
+        shard = self.ranks.shard(len(self.val_set))
         episodes = self.rollout(
             self.val_set[shard.start : shard.stop],
             1,
@@ -398,20 +395,20 @@ class Trainer:
             step_seed(self.cfg.seed, 0, salt=2),
             first_group=shard.start,
         )
-        episodes = [e for rank in self.world.gather(episodes) for e in rank]  # in problem order
+        episodes = [e for rank in self.ranks.gather(episodes) for e in rank]  # in problem order
         self._reward_failures(step, "val", episodes)
         meter = Meter()
         episode_metrics(meter, episodes)
         out = meter.result("val")
         out["val/all/n_problems"] = float(len(self.val_set))
         n = self.cfg.diagnostics.signature_problems
-        if self.world.main:
+        if self.ranks.main:
             write_signatures(
                 self.out, step, trajectory_signatures([e for e in episodes if e.group < n])
             )
         out["time/val_s"] = time.perf_counter() - t0
         self._write_samples(step, "val", episodes)
-        if self.world.main:  # every answer, for marlow rescore
+        if self.ranks.main:  # every answer, for marlow rescore
             write_answers(self.out, step, episodes)
         return out
 
@@ -422,7 +419,7 @@ class Trainer:
         before it learns, so the last checkpoint stands as it was."""
         failed = getattr(self.grade, "events", None)
         if failed:
-            if self.world.main:
+            if self.ranks.main:
                 for event in failed:
                     self.events.write({"step": step, "split": split, **event})
             items = sum(e["items"] for e in failed)
@@ -433,7 +430,7 @@ class Trainer:
             failed.clear()
         if split != "train":
             return
-        counts = self.world.gather(
+        counts = self.ranks.gather(
             (sum(missing_reason(ep.reward) is not None for ep in episodes), len(episodes))
         )
         missing, total = (sum(c[i] for c in counts) for i in (0, 1))
@@ -447,7 +444,7 @@ class Trainer:
             )
 
     def _write_samples(self, step: int, split: str, episodes: list[Episode]) -> None:
-        if not self.world.main:
+        if not self.ranks.main:
             return
         for ep in episodes[: self.cfg.sample_episodes]:
             record = {
@@ -473,11 +470,11 @@ class Trainer:
         """Train to ``cfg.steps``. ``resume``: continue the run in the folder, if one was started
         there (``marlow.training.resume`` says what is checked); ``resume_from``: from that
         checkpoint step instead of the latest."""
-        done = self._begin(resume or resume_from is not None, resume_from)
-        if not self.world.main:  # rank 0 writes the run; the others train beside it
+        done = self._start_ranks(resume or resume_from is not None, resume_from)
+        if not self.ranks.main:  # rank 0 writes the run; the others train beside it
             self.sinks = None
             self._loop(on_step)
-            self.world.leave()
+            self.ranks.leave()
             return self.out
         with open_sinks(self.out, self.cfg.sinks, self.cfg.model_dump()) as self.sinks:
             self.log(f"device {self.device} (device={self.cfg.device}), base {self.cfg.dtype}")
@@ -491,7 +488,7 @@ class Trainer:
             if self.step > first:
                 seconds = time.monotonic() - started
                 self.log(Phase(f"trained to step {self.step} in {seconds:.0f} s -> {self.out}"))
-        self.world.leave()  # after rank 0 closed the run's files
+        self.ranks.leave()  # after rank 0 closed the run's files
         return self.out
 
     def _describe_run(self) -> str:
@@ -504,27 +501,27 @@ class Trainer:
             f"-> {self.out}"
         )
 
-    def _begin(self, resume: bool, resume_from: int | None) -> int:
-        """:meth:`_start` on rank 0; the other data-parallel ranks then load the checkpoint it
+    def _start_ranks(self, resume: bool, resume_from: int | None) -> int:
+        """:meth:`_open_run_folder` on rank 0; the other data-parallel ranks then load the checkpoint it
         resumed from (or raise the error it raised)."""
-        if self.world.size == 1:
-            return self._start(resume, resume_from)
+        if self.ranks.size == 1:
+            return self._open_run_folder(resume, resume_from)
         outcome: int | BaseException | None = None
-        if self.world.main:
+        if self.ranks.main:
             try:
-                outcome = self._start(resume, resume_from)
+                outcome = self._open_run_folder(resume, resume_from)
             except Exception as err:
-                self.world.broadcast(err)
+                self.ranks.broadcast(err)
                 raise
-        outcome = self.world.broadcast(outcome)
+        outcome = self.ranks.broadcast(outcome)
         if isinstance(outcome, BaseException):
             raise outcome
-        if not self.world.main and outcome >= 0:
+        if not self.ranks.main and outcome >= 0:
             path = checkpoint.checkpoint_dir(self.out, outcome)
             self.step = checkpoint.load(path, self.model, self.adapters, self.optim)
         return outcome
 
-    def _start(self, resume: bool, resume_from: int | None) -> int:
+    def _open_run_folder(self, resume: bool, resume_from: int | None) -> int:
         """Create or reopen the run folder; returns the last step whose records stand (-1: none).
         Every check comes before the first write: a refused resume leaves the folder as it was."""
         if not resume and (self.out / "metrics.jsonl").exists():
@@ -569,7 +566,7 @@ class Trainer:
 
     def _loop(self, on_step: Callable[[int, dict], None] | None) -> None:
         if self.step == 0:
-            if self.task.data_report is not None and self.world.main:  # rows read, kept, skipped
+            if self.task.data_report is not None and self.ranks.main:  # rows read, kept, skipped
                 self.events.write({"step": 0, "action": "data", **self.task.data_report})
             self._record(0, self.validate(0), on_step)
         for step in range(self.step + 1, self.cfg.steps + 1):
@@ -580,13 +577,13 @@ class Trainer:
             self._record(step, record, on_step)
             self.step = step
             if validated:  # rank 0 decides; every rank acts
-                action = self.world.broadcast(self._alarms(step) if self.world.main else None)
+                action = self.ranks.broadcast(self._alarms(step) if self.ranks.main else None)
             else:
                 action = None
             last = checkpoint.latest(self.out)
             self.nonfinite.check(step, last.name if last is not None else "none yet")
             saved = action or step % self.cfg.ckpt_every == 0 or step == self.cfg.steps
-            if saved and self.world.main:
+            if saved and self.ranks.main:
                 self._checkpoint(step)
             if action == "rollback":
                 self._roll_back(step)
@@ -633,7 +630,7 @@ class Trainer:
         """Load the checkpoint with the best validation accuracy into the model and name it in
         ``best.json`` (the current state was checkpointed first: nothing is lost). Rank 0 picks
         it; every data-parallel rank loads it."""
-        best = self.world.broadcast(self._best_checkpoint() if self.world.main else None)
+        best = self.ranks.broadcast(self._best_checkpoint() if self.ranks.main else None)
         if best is None:
             self.log("rollback: no validated checkpoint; keeping the current adapters")
             return
@@ -642,7 +639,7 @@ class Trainer:
         if self.adapters:
             load_adapter_weights(self.model, path / "adapters", self.adapters)
             self.engine.refresh(self.adapters)
-        if not self.world.main:
+        if not self.ranks.main:
             return
         write_json(
             self.out / "best.json",
@@ -656,7 +653,7 @@ class Trainer:
         self.log(f"rolled back to step {best_step} (validation accuracy {best_acc:.3f})")
 
     def _record(self, step: int, record: dict, on_step) -> None:
-        if not self.world.main:
+        if not self.ranks.main:
             return
         self._warn_truncation(step, record)
         self.metrics.write({"step": step, **record})

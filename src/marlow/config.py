@@ -919,18 +919,6 @@ def _valid_range(loc: tuple) -> str:
     return " and ".join(bounds) or "a finite number"
 
 
-def _refuse_moved(data: dict[str, Any]) -> None:
-    """``model.dtype`` moved to the top-level ``dtype`` (it is the run's precision, not a property
-    of the model's name). The old field is an error naming the new one, never silently mapped:
-    one home per setting. Run folders written before the move carry it in their config.yaml."""
-    model = data.get("model")
-    if isinstance(model, dict) and "dtype" in model:
-        raise ConfigError(
-            f"config field 'model.dtype' is now the top-level 'dtype' (write dtype: "
-            f"{model['dtype']}); valid: {', '.join(DTYPES)}"
-        )
-
-
 def _shorthand(data: dict[str, Any]) -> dict[str, Any]:
     """``workflow: NAME`` (``workflow=FILE`` on the command line) is short for ``workflow.name``:
     a built-in name or a workflow file's path, the one field a user sets most (issue 35)."""
@@ -943,7 +931,6 @@ def resolve(data: dict[str, Any]) -> RunConfig:
     """Validate a merged dict over its preset (:func:`preset_settings`); raise ConfigError with
     one line naming the field."""
     data = _shorthand(data)
-    _refuse_moved(data)
     task = data.get("task")
     if isinstance(task, dict) and task.get("reward") is not None and "name" not in task:
         task = data["task"] = {**task, "name": "custom"}  # a reward of one's own: a custom task
@@ -1013,12 +1000,7 @@ def dump_config(config: RunConfig) -> str:
 
 
 def differences(old: RunConfig, new: RunConfig) -> list[str]:
-    """The dotted fields where two configs differ, as ``"steps: 12 -> 8"``, in field order."""
-
-    def walk(a: Any, b: Any, path: str) -> list[str]:
-        if isinstance(a, dict) and isinstance(b, dict):
-            keys = list(a) + [k for k in b if k not in a]
-            return [d for k in keys for d in walk(a.get(k), b.get(k), f"{path}{k}.")]
-        return [] if a == b else [f"{path[:-1]}: {a!r} -> {b!r}"]
-
-    return walk(old.model_dump(mode="json"), new.model_dump(mode="json"), "")
+    """The dotted fields where two configs differ, as ``"steps: 12 -> 8"``, in field order
+    (:func:`_flat`'s fields: a mapping such as ``workflow.params`` compares whole)."""
+    a, b = _flat(old), _flat(new)
+    return [f"{k}: {a[k]!r} -> {b[k]!r}" for k in a if a[k] != b[k]]

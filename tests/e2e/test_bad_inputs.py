@@ -258,7 +258,7 @@ CASES: list[Case] = [
         ["workflow.params", "rounds must be >= 0"],
     ),
     value("model-name-empty", "model.name=", "model.name", "tiny-s"),
-    value("model-dtype", "model.dtype=bfloat16", "'model.dtype' is now", "float32, bfloat16"),
+    value("model-dtype", "model.dtype=bfloat16", "'model.dtype' is unknown", "valid here: name"),
     value("dtype", "dtype=float64", "'dtype'", "'float32', 'bfloat16' or 'float16'"),
     value("device-tpu", "device=tpu", "'device'", "'tpu'", "auto, cpu, cuda, cuda:N, mps"),
     value("device-meta", "device=meta", "'device'", "'meta'", "auto, cpu, cuda, cuda:N, mps"),

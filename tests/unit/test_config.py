@@ -51,11 +51,7 @@ def test_overrides_nest_and_parse_values():
         ("device=meta", "'device': unknown device 'meta'; valid: auto, cpu, cuda, cuda:N, mps"),
         ("device=cuda:-1", "'device': unknown device 'cuda:-1'; valid: auto"),
         ("dtype=float64", "'dtype': Input should be 'float32', 'bfloat16' or 'float16'"),
-        (
-            "model.dtype=bfloat16",
-            "'model.dtype' is now the top-level 'dtype' (write dtype: bfloat16); valid: "
-            "float32, bfloat16, float16",
-        ),
+        ("model.dtype=bfloat16", "'model.dtype' is unknown; valid here: name, pretrain_steps"),
     ],
 )
 def test_bad_fields_fail_in_one_line_naming_them(override, needle):
@@ -93,11 +89,8 @@ def test_workflow_fields_fail_in_one_line_where_workflows_are_built(override, ne
     assert "\n" not in message
 
 
-def test_model_dtype_in_a_file_names_its_new_home(tmp_path):
+def test_dtype_and_device_are_top_level_fields(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("model: {name: tiny-s, dtype: float32}\n")
-    with pytest.raises(ConfigError, match="'model.dtype' is now the top-level 'dtype'"):
-        load_config(path)
     path.write_text("dtype: bfloat16\ndevice: cpu\nmodel: {name: tiny-s}\n")
     assert (load_config(path).dtype, load_config(path).device) == ("bfloat16", "cpu")
 

@@ -38,6 +38,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from marlow.config import ConfigError, TaskConfig
+from marlow.rewards.code import DEFAULT_TIMEOUT_S
 from marlow.rewards.math import grade_math
 from marlow.types import Problem
 
@@ -46,7 +47,6 @@ if TYPE_CHECKING:
 
 CODE_REWARDS = ("pass_rate", "all_pass")
 TINY_CODE_TIMEOUT_S = 2.0  # per hidden test: the tiny programs run in microseconds
-DATASET_CODE_TIMEOUT_S = 6.0  # marlow.rewards.code.DEFAULT_TIMEOUT_S
 
 
 def _grade_math(text: str, problem: Problem, format_penalty: float) -> float:
@@ -179,7 +179,7 @@ class Task:
             )
         if self.name == "code":
             timeout = self.config.code_timeout_s or (
-                TINY_CODE_TIMEOUT_S if self.config.source == "tiny" else DATASET_CODE_TIMEOUT_S
+                TINY_CODE_TIMEOUT_S if self.config.source == "tiny" else DEFAULT_TIMEOUT_S
             )
             return CodeGrader(
                 timeout, reward=self.config.code_reward, block_rule=self.config.code_block

@@ -614,10 +614,6 @@ def load(name: str, source: str | Path, **kwargs: Any) -> tuple[list[Problem], L
 # ----------------------------------------------------------------------------- split
 
 
-SPLIT_RULES = ("hash", "permutation")
-"""How a dataset is split into train and held-out problems (``task.split_rule``)."""
-
-
 def held_out_count(holdout: float | int, n: int) -> int:
     """How many of ``n`` rows ``holdout`` holds out: a fraction in (0, 1) rounds up (as the
     ``datasets`` library's ``train_test_split`` does), an int is a count."""

@@ -90,10 +90,6 @@ def fence(code: str) -> str:
     return FENCE.format(code=code)
 
 
-def _signed(op: str, c: int) -> str:
-    return f"{op}{c}"
-
-
 def _typos(template: str, k: int | None, c: int | None) -> tuple[str, ...]:
     """``template`` (``{K}``/``{C}`` fields) with one constant off by one, never the right one."""
     out = []

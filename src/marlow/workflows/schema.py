@@ -50,7 +50,6 @@ it, the field, what is wrong and the valid choices.
 
 from __future__ import annotations
 
-import re
 import string
 from collections.abc import Mapping
 from pathlib import Path
@@ -101,8 +100,6 @@ DEFAULT_CREDIT = {
 }
 CREDIT_FOR = {"own": ("answer", "final"), "verdict": ("judge",), "broadcast": tuple(KINDS)}
 """Which kinds a credit rule may apply to."""
-
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 
 TRAJECTORIES = ("role", "slot")
 """A stage's ``trajectory``: the name its turns carry into the official code's advantage groups

@@ -17,6 +17,9 @@ RULES = {
     "marlow.diagnostics.detectors": ("marlow.workflows", "marlow.training", "marlow.report"),
     "marlow.report.figures": ("marlow.experiments", "marlow.training"),
     "marlow.algo.credit": ("marlow.training", "marlow.workflows", "marlow.types"),
+    # the sandbox and its pipes share their limits and statuses from below, in no circle
+    "marlow.rewards._channel": ("marlow.rewards.sandbox",),
+    "marlow.rewards.limits": ("marlow.rewards.sandbox", "marlow.rewards._channel"),
     # a dry run: it builds the model on the meta device and attaches adapters, nothing else
     "marlow.plan": ("marlow.training", "marlow.rollout", "marlow.experiments", "marlow.report"),
     # the distributed helpers sit under the trainer, beside the config

@@ -8,13 +8,8 @@ import os
 import subprocess
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from marlow.rewards.sandbox import Limits
-
-TIMEOUT = "timeout"  # statuses a run can end with here (the rest: marlow.rewards.sandbox)
-OUTPUT_LIMIT = "output_limit"
+from marlow.rewards.limits import OUTPUT_LIMIT, TIMEOUT, Limits
 
 
 class Channel:

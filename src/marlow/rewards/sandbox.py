@@ -114,51 +114,22 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
-from marlow.rewards._channel import OUTPUT_LIMIT as OUTPUT_LIMIT  # statuses a channel sets
-from marlow.rewards._channel import TIMEOUT as TIMEOUT
 from marlow.rewards._channel import Channel
 from marlow.rewards._sandbox_boot import boot_code
-
-# Statuses of a run.
-OK = "ok"
-RUNTIME_ERROR = "runtime_error"
-MEMORY = "memory"
-KILLED = "killed"
-SANDBOX_ERROR = "sandbox_error"  # the sandbox itself could not set up (reported, never raised)
+from marlow.rewards.limits import (  # noqa: F401  (the statuses are this module's API too)
+    KILLED,
+    MEMORY,
+    OK,
+    OUTPUT_LIMIT,
+    RUNTIME_ERROR,
+    SANDBOX_ERROR,
+    TIMEOUT,
+    Limits,
+)
 
 _CRASH_SIGNALS = {4, 6, 7, 8, 11}  # SIGILL, SIGABRT, SIGBUS, SIGFPE, SIGSEGV: a crash
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Resource limits for one run. Times in seconds, sizes in MiB / bytes as named."""
-
-    wall_s: float = 10.0
-    cpu_s: float = 5.0
-    memory_mb: int = 512  # RLIMIT_AS of every process of the program
-    nproc: int = 32  # processes + threads of the program's uid
-    disk_mb: int = 32  # tmpfs size of the private root, and RLIMIT_FSIZE
-    max_open_files: int = 64
-    stdout_bytes: int = 1 << 20
-    stderr_bytes: int = 8 << 10  # tail kept
-    uid_base: int | None = None  # first uid of the per-run uids; None: derived from the pid
-    namespaces: bool = True  # False: do not even try them (exercises the fallbacks)
-
-    @classmethod
-    def from_kwargs(cls, **kw: object) -> Limits:
-        """Limits from keyword arguments; ``timeout_s`` sets ``cpu_s`` and ``wall_s`` (+1 s)."""
-        timeout = kw.pop("timeout_s", None)
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(kw) - known)
-        if unknown:
-            raise TypeError(f"unknown sandbox limit(s) {unknown}; valid: {sorted(known)}")
-        lim = cls(**kw)  # type: ignore[arg-type]
-        if timeout is not None:
-            t = float(timeout)  # type: ignore[arg-type]
-            lim = replace(lim, cpu_s=t, wall_s=kw.get("wall_s", t + 1.0))  # type: ignore[arg-type]
-        return lim
 
 
 @dataclass(frozen=True)

@@ -47,9 +47,11 @@ $(CHROMIUM) &:
 
 browser: $(CHROMIUM)
 
+# tests/repo holds the tests of the repository's facts (its commands, pins and committed results);
+# --durations names the slowest tests in every run.
 test: $(STAMP) $(CHROMIUM)
 	$(VENV)/bin/ruff check src tests bench
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --durations=15
 
 # The vLLM backend's tests (tests/vllm, marker vllm), in the vLLM environment.
 test-vllm: $(VLLM_STAMP)

@@ -279,3 +279,30 @@ def test_a_file_workflow_is_kept_in_the_run_and_a_resume_reads_the_copy(small_co
     Trainer(cfg.model_copy(update={"steps": 3}), run).run(resume=True)
     assert [r["step"] for r in records(run)] == [0, 1, 2, 3]
     assert (run / "workflow.yaml").read_text() == source.read_text()
+
+
+def test_a_signal_during_a_checkpoint_save_waits_for_its_commit(
+    small_config, tmp_path, monkeypatch
+):
+    """Ctrl-C while a checkpoint is written: the save finishes (renamed into place, whole), then
+    the KeyboardInterrupt comes; no ``.tmp`` is left to be thrown away."""
+    import signal
+
+    from marlow.policy.adapters import save_adapters
+    from marlow.training import checkpoint
+
+    trainer = Trainer(small_config(), tmp_path / "run")
+    trainer.out.mkdir(parents=True, exist_ok=True)
+    (trainer.out / "base.json").write_text("{}")
+
+    def interrupted_save(*args, **kwargs):
+        save_adapters(*args, **kwargs)
+        signal.raise_signal(signal.SIGINT)  # Ctrl-C, halfway through the checkpoint
+
+    monkeypatch.setattr(checkpoint, "save_adapters", interrupted_save)
+    monkeypatch.setattr(checkpoint.runbase, "adapter_base", lambda _run: "base")
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save(trainer.out, 3, trainer.model, trainer.adapters, trainer.optim)
+    assert [p.name for p in (trainer.out / "checkpoints").iterdir()] == ["step_000003"]
+    assert checkpoint.verify(trainer.out / "checkpoints" / "step_000003") is None
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored

@@ -97,17 +97,23 @@ def save(run_dir: Path, step: int, model, adapters: list[str], optim: AdapterOpt
 
 @contextmanager
 def _signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM held back until the block ends, then delivered (the main thread's;
-    elsewhere signals never run Python handlers, so there is nothing to hold)."""
+    """SIGINT and SIGTERM held back until the block ends, then delivered to the handlers they
+    had. Held by Python handlers, not the thread's signal mask: any thread (torch's, gloo's) may
+    receive a signal, but Python runs its handler in the main thread alone. Off the main thread
+    no Python handler runs, so there is nothing to hold."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = {signal.SIGINT, signal.SIGTERM}
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    caught: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, _frame: caught.append(signum)) for s in held}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        for s in dict.fromkeys(caught):  # each once, in the order they came
+            signal.raise_signal(s)
 
 
 def _write(run_dir: Path, step: int, model, adapters: list[str], optim: AdapterOptimizers) -> Path:

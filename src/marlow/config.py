@@ -30,6 +30,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from marlow.algo.losses import AGGREGATIONS
+from marlow.algo.policy_loss import policy_loss_names
 from marlow.presets import PER_TASK, PRESETS, SWITCHES, Switch
 
 
@@ -452,6 +453,12 @@ class GRPOConfig(_Section):
     eps: float = Field(
         1e-6, ge=0.0, description="added to the group std, not the variance (verl: 1e-6)"
     )
+    policy_loss: str = Field(
+        "ppo-clip",
+        description="the per-token policy loss, by name (marlow.algo.policy_loss): ppo-clip "
+        "(PPO's clipped surrogate with clip-higher, the truncated importance weight and the KL "
+        "anchor when set); register_policy_loss adds one",
+    )
     clip_ratio_c: float | None = Field(
         None,
         gt=1.0,
@@ -508,6 +515,13 @@ class GRPOConfig(_Section):
         """Turns per optimizer update: ``minibatch_turns``, times ``group_size`` when the unit is
         prompts."""
         return self.minibatch_turns * (self.group_size if self.minibatch_unit == "prompts" else 1)
+
+    @field_validator("policy_loss")
+    @classmethod
+    def _policy_loss(cls, v: str) -> str:
+        if v not in policy_loss_names():
+            raise ValueError(f"unknown policy loss {v!r}; valid: {', '.join(policy_loss_names())}")
+        return v
 
     @field_validator("aggregation")
     @classmethod

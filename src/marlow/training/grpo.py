@@ -34,8 +34,9 @@ from collections.abc import Sequence
 
 import torch
 
-from marlow.algo.losses import clipped_surrogate, rollout_is_weights, token_weights
-from marlow.algo.stats import chi2_token, k3_tokens, kl_k3
+from marlow.algo.losses import token_weights
+from marlow.algo.policy_loss import LossInputs, LossSettings, policy_loss
+from marlow.algo.stats import chi2_token, kl_k3
 from marlow.config import GRPOConfig, MitigateConfig
 from marlow.diagnostics.metrics import Meter
 from marlow.policy.adapters import folded, merged, use_adapter
@@ -157,7 +158,10 @@ def update_adapter(
     ranks: Ranks = SOLO,
     mitigate: MitigateConfig = NO_MITIGATION,
 ) -> None:
-    """All mini-batch updates of one adapter in one step.
+    """All mini-batch updates of one adapter in one step: for each mini-batch, each micro-batch
+    is scored (forward), its per-token loss is the registered policy loss ``cfg.policy_loss``
+    (:mod:`marlow.algo.policy_loss`), weighed by the aggregation and backpropagated; then the
+    gradient is mitigated, summed over ranks, clipped and stepped (``optim.update``).
 
     ``ranks``: the data-parallel processes (:mod:`marlow.training.distributed`). ``batch`` holds this
     rank's rows (possibly none); the mini-batches are cut from every rank's rows in rank order
@@ -179,16 +183,14 @@ def update_adapter(
     ``grad_mass_share`` of a role = |g_role| / sum over roles of |g_role'| (L2 norms, before clipping
     and before any mitigation), averaged over the step's updates; ``grad_norm_own`` = |g_role|.
 
-    ``cfg.rollout_correction`` ``truncate``: each token's surrogate is weighed by
-    min(exp(logp_old - logp_sampler), cap) (:func:`marlow.algo.losses.rollout_is_weights`), the
-    KL penalty below is not.
+    ``cfg.rollout_correction`` ``truncate`` and ``mitigate.kl_coef`` enter the policy loss (the
+    importance weight and the KL anchor of ``ppo-clip``: ``batch.sampler_logp``, and
+    ``batch.base_logp`` from :func:`score_base`).
 
     ``mitigate`` (:class:`marlow.config.MitigateConfig`, docs/mitigations.md), applied to each
     update's gradient before the clip:
 
-    * ``kl_coef``: a role's tokens add ``beta_role * k3`` to their loss, k3 = exp(d) - d - 1 with
-      d = base - new log-prob (``batch.base_logp``, :func:`score_base`), aggregated like the
-      surrogate;
+    * ``kl_coef``: a role's tokens add ``beta_role * k3`` to their loss (above);
     * ``coherence_threshold`` tau: micro-batches are also slot-pure; for a role with N >= 2 slots
       in the update, c = the mean pairwise cosine of the slots' gradients (``slot_coherence``);
       when c > tau each slot's gradient is multiplied by 1 / (1 + (N - 1) c) (``slot_damping``):
@@ -214,6 +216,14 @@ def update_adapter(
     offset = sum(len(rank_lengths) for _, rank_lengths in per_rank[: ranks.rank])
     mine = range(offset, offset + len(batch))
     device = batch.ids.device
+    loss_fn = policy_loss(cfg.policy_loss)  # grpo.policy_loss (marlow.algo.policy_loss)
+    loss_settings = LossSettings(
+        cfg.clip_low,
+        cfg.clip_high,
+        cfg.clip_ratio_c,
+        cfg.rollout_correction,
+        cfg.rollout_correction_cap,
+    )
     old_logp = entropy = None  # fused: filled from the update forward
     updates = 0
     for _ in range(cfg.epochs):
@@ -249,22 +259,24 @@ def update_adapter(
                         entropy[chunk_rows, :w_chunk] = s.entropy
                     else:
                         old_lp = batch.old_logp[chunk_rows, :w_chunk]
-                    adv = batch.advantages[chunk_rows].to(s.logp.dtype)
-                    out = clipped_surrogate(
-                        s.logp, old_lp, adv, cfg.clip_low, cfg.clip_high, cfg.clip_ratio_c
-                    )
-                    token_loss = out.loss
-                    if cfg.rollout_correction == "truncate":  # the sampler is not pi_old
-                        sampler = batch.sampler_logp[chunk_rows, :w_chunk]
-                        token_loss = token_loss * rollout_is_weights(
-                            old_lp, sampler, cfg.rollout_correction_cap
-                        )
-                    if any(beta[i] for i in chunk_rows):  # mitigate.kl_coef
-                        b = torch.tensor(
+                    kl = any(beta[i] for i in chunk_rows)  # mitigate.kl_coef
+                    inputs = LossInputs(
+                        logp=s.logp,
+                        old_logp=old_lp,
+                        advantages=batch.advantages[chunk_rows].to(s.logp.dtype),
+                        sampler_logp=batch.sampler_logp[chunk_rows, :w_chunk]
+                        if loss_settings.rollout_correction == "truncate"
+                        else None,
+                        base_logp=batch.base_logp[chunk_rows, :w_chunk].to(s.logp.dtype)
+                        if kl
+                        else None,
+                        kl_coef=torch.tensor(
                             [beta[i] for i in chunk_rows], dtype=s.logp.dtype, device=device
                         )
-                        base = batch.base_logp[chunk_rows, :w_chunk].to(s.logp.dtype)
-                        token_loss = token_loss + b[:, None] * k3_tokens(s.logp, base)
+                        if kl
+                        else None,
+                    )
+                    token_loss, out = loss_fn(inputs, loss_settings)  # (T, L)
                     w = weights[local, :w_chunk].to(s.logp.dtype)
                     loss = (w * token_loss).sum()
                     loss.backward()

@@ -1,10 +1,12 @@
-"""A rollout backend registered from outside the package is a backend like the built-in ones:
-``rollout.backend`` names it, a run trains with it, and an unregistered name is one line."""
+"""What is registered from outside the package is used like the built-in ones: a rollout backend
+(``rollout.backend`` names it, a run trains with it; an unregistered name is one line) and a
+policy loss (``grpo.policy_loss``)."""
 
 from __future__ import annotations
 
 import pytest
 
+from marlow.algo.policy_loss import policy_loss, register_policy_loss
 from marlow.config import ConfigError
 from marlow.rollout import register_backend
 from marlow.rollout.hf import HFEngine
@@ -53,3 +55,25 @@ def test_an_unregistered_backend_is_one_line_listing_the_registered(small_config
     assert str(err.value).startswith("config field 'rollout.backend' is 'sglang'; valid: ")
     assert "counting-test, hf, vllm" in str(err.value)
     assert not (tmp_path / "run").exists()
+
+
+CALLS = {"loss": 0}
+
+
+@register_policy_loss("counting-ppo-test")
+def counting_ppo(inputs, settings):
+    """A policy loss registered from outside: ppo-clip, counted."""
+    CALLS["loss"] += 1
+    return policy_loss("ppo-clip")(inputs, settings)
+
+
+def test_a_policy_loss_registered_from_outside_is_the_one_the_update_uses(small_config, tmp_path):
+    from tests.integration.reference import vary_rewards
+
+    cfg = small_config(grpo={"policy_loss": "counting-ppo-test"})
+    with vary_rewards(Trainer(cfg, tmp_path / "run")) as trainer:
+        trainer.run()
+    assert CALLS["loss"] > 0  # every micro-batch of every update went through it
+    record = read_metrics(tmp_path / "run")[1]
+    losses = [v for k, v in record.items() if k.endswith("/loss")]
+    assert losses and any(v != 0 for v in losses)

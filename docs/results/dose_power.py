@@ -38,7 +38,7 @@ is meant to sit at: plan with the unstable rate's.
 **Designs.** S seeds, doses log2 n in {0, 1, 2} (n = 1, 2, 4), one cell per (seed, dose,
 policy); sigma is assumed the same at every n and under IP and SP, and independent across a
 seed's cells (no seed effect shared between doses: the within-seed slope would only gain from
-one). Then, for the dose table's tests (``marlow.report.stats.detectable_effect``: the effect a
+one). Then, for the dose table's tests (``marlow.report.significance.detectable_effect``: the effect a
 two-sided test at alpha 0.05 finds with 80 % power, (t(0.975, df) + t(0.80, df)) SE):
 
 * slope per doubling: SE = sigma / sqrt(Sxx), Sxx = S * sum_d (x_d - xbar)^2 = 2 S,
@@ -61,7 +61,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from marlow.report.stats import detectable_effect
+from marlow.report.significance import detectable_effect
 
 ROOT = Path(__file__).parent / "tiny-long"
 SEEDS = (3, 4, 5, 6, 8)
@@ -168,7 +168,7 @@ def markdown(results: list[dict], command: str) -> str:
         "the model and its assumptions are in the script's docstring.",
         "",
         "Detectable: the true effect a two-sided test at alpha 0.05 finds with 80 % power, "
-        "(t(0.975, df) + t(0.80, df)) SE (`marlow.report.stats.detectable_effect`). slope: per "
+        "(t(0.975, df) + t(0.80, df)) SE (`marlow.report.significance.detectable_effect`). slope: per "
         "doubling of n (doses n = 1, 2, 4, one cell per seed, dose and policy); slope IP - SP: "
         "the difference of the two policies' slopes; mean IP - SP: IP minus SP at one n, paired "
         "by seed. peak and drop in accuracy (fractions); amplitude in log2 of the parallel "

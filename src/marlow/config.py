@@ -468,14 +468,14 @@ class GRPOConfig(_Section):
     credit: Literal["broadcast", "role"] = Field(
         "broadcast",
         description="broadcast: every turn gets the episode reward (paper); role: each "
-        "turn its own (marlow.workflows.credit), normalised per slot",
+        "turn its own (marlow.workflows.role_rewards), normalised per slot",
     )
     advantage_scope: Literal["problem", "role", "slot", "trajectory"] = Field(
         "problem",
         description="the group a reward is normalised in: problem, (problem, role) or (problem, "
         "role, slot, round); under credit=role, problem and slot coincide (a turn's own "
         "reward is compared with its slot's); trajectory: one item per turn, grouped per "
-        "(problem, trajectory name), the official code's (marlow.algo.credit)",
+        "(problem, trajectory name), the official code's (marlow.algo.turn_advantages)",
     )
     same_role_weighting: bool = Field(
         False, description="scale each turn by 1/N for N same-role slots"

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from marlow.algo.credit import turn_advantages
+from marlow.algo.turn_advantages import turn_advantages
 from marlow.policy.adapters import adapter_parameters, use_adapter
 from marlow.training.batch import credit_rows
 from marlow.training.trainer import Trainer

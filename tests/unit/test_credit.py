@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from marlow.algo.credit import CreditRows, turn_advantages
+from marlow.algo.turn_advantages import CreditRows, turn_advantages
 from marlow.rewards.math import grade_math
 from marlow.training.batch import credit_rows
 from marlow.types import Episode, Turn
 from marlow.workflows import build_workflow, workflow_names
-from marlow.workflows.credit import assign_role_rewards
+from marlow.workflows.role_rewards import assign_role_rewards
 
 KIND = {r: k for w in workflow_names() for r, k in build_workflow(w).kinds.items()}
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from marlow.algo.credit import CreditRows
+from marlow.algo.turn_advantages import CreditRows
 from marlow.config import ConfigError
 from marlow.models import resolve_device
 from marlow.policy.adapters import LoraSpec, adapter_parameters, attach_adapters, use_adapter

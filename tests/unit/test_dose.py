@@ -15,10 +15,10 @@ from marlow.diagnostics.runstats import run_statistics
 from marlow.experiments.grid import expand, parse_grid
 from marlow.fileio import write_json, write_text
 from marlow.report import build_report
-from marlow.report import stats as report_stats
+from marlow.report import significance as report_stats
 from marlow.report.dose import dose_figures, dose_series, dose_table, mass_share
 from marlow.report.results import CellId, CellRun, GridRuns
-from marlow.report.stats import (
+from marlow.report.significance import (
     detectable_effect,
     slope_permutation_p,
     t_two_sided_p,

@@ -16,7 +16,7 @@ RULES = {
     "marlow.diagnostics.signatures": ("marlow.workflows", "marlow.training", "marlow.report"),
     "marlow.diagnostics.detectors": ("marlow.workflows", "marlow.training", "marlow.report"),
     "marlow.report.figures": ("marlow.experiments", "marlow.training"),
-    "marlow.algo.credit": ("marlow.training", "marlow.workflows", "marlow.types"),
+    "marlow.algo.turn_advantages": ("marlow.training", "marlow.workflows", "marlow.types"),
     # a dry run: it builds the model on the meta device and attaches adapters, nothing else
     "marlow.plan": ("marlow.training", "marlow.rollout", "marlow.experiments", "marlow.report"),
     # the distributed helpers sit under the trainer, beside the config

@@ -9,7 +9,7 @@ import statistics
 import pytest
 import torch
 
-from marlow.algo.credit import CreditRows, turn_advantages
+from marlow.algo.turn_advantages import CreditRows, turn_advantages
 from marlow.config import ConfigError, MitigateConfig, resolve
 from marlow.diagnostics.metrics import Meter
 from marlow.training.grpo import GradientParts, _mean_cosine, _mitigate

@@ -191,7 +191,7 @@ def test_trajectory_groups_reproduce_the_official_eval_opt_advantages():
     """4 right one-turn episodes and 4 wrong three-turn ones (generator turns of one problem):
     the official code's group holds 16 items (4 ones, 12 zeros): A = 0.75 / 0.4472 = +1.677 and
     -0.25 / 0.4472 = -0.559 (unbiased std); marlow's per-problem scope: 8 items, +-0.935."""
-    from marlow.algo.credit import CreditRows, turn_advantages
+    from marlow.algo.turn_advantages import CreditRows, turn_advantages
 
     turns = [(e, 1.0) for e in range(4)] + [(e, 0.0) for e in range(4, 8) for _ in range(3)]
     n = len(turns)
@@ -225,7 +225,7 @@ def test_trajectory_names_keep_voters_apart_and_pool_workers_and_rounds():
     assert names["eval_opt"] == ["evaluator", "generator"]
     assert names["orch_workers"] == ["orchestrator", "synthesizer", "worker"]
     # the names reach the turns, and the groups: two problems x voting's 4 trajectories
-    from marlow.algo.credit import turn_advantages
+    from marlow.algo.turn_advantages import turn_advantages
     from marlow.training.batch import credit_rows
 
     eps = _voting_episodes()
@@ -520,7 +520,7 @@ def test_each_switch_field_takes_exactly_its_modules_choices():
     """The config's Literal of each switch and the tuple its module checks are one list."""
     from typing import get_args
 
-    from marlow.algo.credit import SCOPES
+    from marlow.algo.turn_advantages import SCOPES
     from marlow.codetext import BLOCK_RULES
     from marlow.config import GRPOConfig, TaskConfig, WorkflowConfig
     from marlow.parsers import PARSE_RULES

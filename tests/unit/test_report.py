@@ -31,7 +31,7 @@ from marlow.config import ConfigError, dump_config
 from marlow.experiments.grid import expand, parse_grid
 from marlow.fileio import write_json, write_text
 from marlow.report import build_report, make_report, paired_test, sign_flip_p
-from marlow.report import stats as report_stats
+from marlow.report import significance as report_stats
 from marlow.report.figures import _seed_lines, layout_problems, new_figure, slug
 from marlow.report.tables import fmt
 

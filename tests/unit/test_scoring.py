@@ -6,7 +6,7 @@ import random
 
 import torch
 
-from marlow.algo.credit import CreditRows
+from marlow.algo.turn_advantages import CreditRows
 from marlow.training.batch import build_batches
 from marlow.training.scoring import micro_batches, score_rows
 from marlow.types import Turn

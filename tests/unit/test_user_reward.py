@@ -291,7 +291,7 @@ def episode(group: int, sample: int, reward: float, roles=("generator", "aggrega
 
 
 def test_a_sample_without_a_reward_is_out_of_its_groups_advantage_and_gets_no_gradient():
-    from marlow.algo.credit import turn_advantages
+    from marlow.algo.turn_advantages import turn_advantages
 
     episodes = [episode(0, 0, 1.0), episode(0, 1, NoReward("reward_error")), episode(0, 2, 0.0)]
     turns, rows = credit_rows(episodes)

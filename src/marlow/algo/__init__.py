@@ -1,23 +1,17 @@
 """GRPO's math as a small pure core: functions over tensors, no config, no I/O, no roles.
 
 * `advantages`: group-relative advantages and the group ids that define an advantage scope.
+* `turn_advantages`: a step's per-turn advantages under an advantage scope and credit rule.
 * `losses`: the PPO clipped surrogate (clip-higher) and the loss aggregation modes, by name.
-* `stats`: masked means and the per-token estimators behind the metrics (entropy, chi2, k3 KL,
-  perplexity, clip fractions).
+* `policy_loss`: the per-token policy loss, registered by name (``grpo.policy_loss``).
+* `estimators`: masked means and the per-token estimators behind the metrics (entropy, chi2, k3
+  KL, perplexity, clip fractions).
 
 Each module's docstring writes out its formulas.
 """
 
 from marlow.algo.advantages import group_advantages, group_keys, zero_std_fraction
-from marlow.algo.losses import (
-    AGGREGATIONS,
-    SurrogateOut,
-    aggregate,
-    clipped_surrogate,
-    rollout_is_weights,
-    token_weights,
-)
-from marlow.algo.stats import (
+from marlow.algo.estimators import (
     chi2_token,
     clip_fractions,
     kl_k3,
@@ -25,6 +19,14 @@ from marlow.algo.stats import (
     max_ratio,
     perplexity,
     token_logprobs_and_entropy,
+)
+from marlow.algo.losses import (
+    AGGREGATIONS,
+    SurrogateOut,
+    aggregate,
+    clipped_surrogate,
+    rollout_is_weights,
+    token_weights,
 )
 
 __all__ = [

@@ -12,7 +12,7 @@ and backpropagates (``marlow.training.grpo.update_adapter``). The one built in, 
 * w: the truncated importance weight min(pi_old / pi_sampler, C) under
   ``grpo.rollout_correction=truncate`` (:func:`marlow.algo.losses.rollout_is_weights`), else 1;
 * beta_i k3: the per-role KL anchor to the base, ``mitigate.kl_coef`` (beta_i the row's role's
-  coefficient; k3 = exp(d) - d - 1 with d = logp_base - logp, :func:`marlow.algo.stats.k3_tokens`),
+  coefficient; k3 = exp(d) - d - 1 with d = logp_base - logp, :func:`marlow.algo.estimators.k3_tokens`),
   absent when no row of the micro-batch has one (the paper's: no KL term).
 
 A new loss is one function ``(LossInputs, LossSettings) -> LossOutput`` and one
@@ -28,8 +28,8 @@ from typing import NamedTuple
 
 from torch import Tensor
 
+from marlow.algo.estimators import k3_tokens
 from marlow.algo.losses import SurrogateOut, clipped_surrogate, rollout_is_weights
-from marlow.algo.stats import k3_tokens
 
 __all__ = [
     "LossInputs",

@@ -4,7 +4,7 @@
   ``runstats`` and the detectors computed once;
 * :mod:`~marlow.report.tables` (Table 1, delta vs base, paired test, instability) and
   :mod:`~marlow.report.runtables` (Table 2, signatures, detector verdicts);
-* :mod:`~marlow.report.stats`: mean / sd / n over seeds, the sign-flip permutation test, the
+* :mod:`~marlow.report.significance`: mean / sd / n over seeds, the sign-flip permutation test, the
   within-seed slope with its stratified permutation test, and the detectable effect;
 * :mod:`~marlow.report.evidence`: the detectors judged on labelled events, the claims C1-C4 and
   the mitigations; :mod:`~marlow.report.dose`: the dose-response over a role's slot count;
@@ -15,7 +15,7 @@
 
 from marlow.report.build import Report, build_report, make_report
 from marlow.report.results import CellId, CellRun, GridRuns, load_results
-from marlow.report.stats import paired_test, sign_flip_p, summarize
+from marlow.report.significance import paired_test, sign_flip_p, summarize
 from marlow.report.tables import Table
 
 __all__ = [

@@ -41,7 +41,7 @@ with no parallelism.
 **Tests.** Each (series, policy, measure) gets the within-seed slope (seed fixed effects), its
 95 % t-interval, the stratified permutation test (doses permuted within each seed), its smallest
 attainable p, and the detectable slope at alpha 0.05 and 80 % power (all in
-:mod:`marlow.report.stats`). The study predicts, as rises with n: IP amplitude, IP terminal
+:mod:`marlow.report.significance`). The study predicts, as rises with n: IP amplitude, IP terminal
 drop, SP mass share. Those rows get a verdict: *holds* (slope > 0 and p < 0.05), *refuted*
 (slope < 0 and p < 0.05), *not shown* (else: an effect below ``detectable`` could not be told
 from noise). The other measures get *no prediction* but every number. One more row per series,
@@ -76,7 +76,7 @@ from marlow.report.figures import (
     slug,
 )
 from marlow.report.results import CellRun, GridRuns
-from marlow.report.stats import (
+from marlow.report.significance import (
     detectable_effect,
     slope_permutation_p,
     t975,

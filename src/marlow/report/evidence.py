@@ -32,7 +32,7 @@ against the variant with the same settings and no mitigation, on that variant's 
 ``terminal_cliff`` (issue 19's criterion: half the terminal drop, the peak within its CI).
 
 **Claims** (the study's C1-C4), each with an effect over matched cells and seeds, its 95 %
-t-interval (:func:`marlow.report.stats.ci95`), the paired sign-flip test (``stats``), and a
+t-interval (:func:`marlow.report.significance.ci95`), the paired sign-flip test (``stats``), and a
 verdict: *holds* (the effect is in the claimed direction and p < 0.05), *refuted* (the opposite
 direction and p < 0.05), or *not shown* (neither; with few seeds the test cannot reach 0.05 at
 all, and ``min_p`` says so):
@@ -57,7 +57,7 @@ from marlow.config import DetectConfig
 from marlow.diagnostics.detectors import run_detectors
 from marlow.diagnostics.runstats import after_warmup, series, warmup_end
 from marlow.report.results import CellRun, GridRuns
-from marlow.report.stats import ci95, min_p, sign_flip_p
+from marlow.report.significance import ci95, min_p, sign_flip_p
 from marlow.report.tables import Table, matched_pairs
 
 CLIFF_DROP = 0.10

@@ -8,7 +8,7 @@ Agg canvas: no pyplot, no global backend switch, nothing left open).
 * ``fig-dynamics-{task}-{scale}``: one per (task, scale), one column per multi-agent workflow;
   top row train success (``train/all/accuracy``), bottom row validation accuracy; per policy
   (IP, SP, SA-RL) each seed a thin line of its own dash pattern, the mean over seeds a thick
-  line with its 95 % confidence band (:func:`marlow.report.stats.ci95`, where two or more seeds
+  line with its 95 % confidence band (:func:`marlow.report.significance.ci95`, where two or more seeds
   logged the step); the base model through the workflow (black) and as a single agent (brown),
   dotted (Fig. 4).
 * ``fig-instability``: max chi2, max grad norm and entropy collapse depth of every matched cell,
@@ -40,7 +40,7 @@ from matplotlib.ticker import MaxNLocator
 
 from marlow.diagnostics.runstats import series
 from marlow.report.results import TRAINED_KINDS, CellRun, GridRuns
-from marlow.report.stats import ci95
+from marlow.report.significance import ci95
 from marlow.report.tables import Table, groups, matched_pairs, seeds
 from marlow.titles import POLICY_LABELS
 from marlow.workflows.load import workflow_title

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from marlow.report.results import CellId, CellRun, GridRuns
-from marlow.report.stats import paired_test, summarize
+from marlow.report.significance import paired_test, summarize
 
 Formatter = Callable[[dict], str]
 COLUMNS = ("base", "sa_rl", "ip", "sp", "transfer")  # Table 1 accuracy columns

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from marlow.algo.credit import CreditRows
+from marlow.algo.turn_advantages import CreditRows
 from marlow.types import BASE, Episode, Turn, missing_reason
 
 

@@ -34,9 +34,9 @@ from collections.abc import Sequence
 
 import torch
 
+from marlow.algo.estimators import chi2_token, kl_k3
 from marlow.algo.losses import token_weights
 from marlow.algo.policy_loss import LossInputs, LossSettings, policy_loss
-from marlow.algo.stats import chi2_token, kl_k3
 from marlow.config import GRPOConfig, MitigateConfig
 from marlow.diagnostics.metrics import Meter
 from marlow.policy.adapters import folded, merged, use_adapter

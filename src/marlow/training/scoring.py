@@ -8,7 +8,7 @@ drew from.
 
 Precision: the logits come in the base's dtype (bfloat16 under ``dtype=bfloat16``); they are cast
 to float32 before the temperature and the log-softmax
-(:func:`marlow.algo.stats.token_logprobs_and_entropy`), so log-probs and entropies are float32
+(:func:`marlow.algo.estimators.token_logprobs_and_entropy`), so log-probs and entropies are float32
 whatever the base's dtype, on the model's device.
 
 Turns are sorted by length and cut into micro-batches of at most ``micro_tokens`` padded tokens
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from marlow.algo.stats import token_logprobs_and_entropy
+from marlow.algo.estimators import token_logprobs_and_entropy
 from marlow.training.batch import AdapterBatch, Chunk
 
 MAX_PAD_WASTE = 0.25  # at most this share of a micro-batch's padded tokens is padding

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from marlow.algo.credit import turn_advantages
+from marlow.algo.turn_advantages import turn_advantages
 from marlow.config import ConfigError, RunConfig, dump_config
 from marlow.diagnostics.answers import remove_after as remove_answers_after
 from marlow.diagnostics.answers import write_answers

@@ -27,7 +27,7 @@ from marlow.policy.routing import Routing
 from marlow.prompts import DEFAULT_SET, GENERIC_STRATEGY, fill, numbered, template
 from marlow.rollout.base import RolloutEngine
 from marlow.types import Episode, GenRequest, Problem, SamplingParams, Turn
-from marlow.workflows.credit import assign_role_rewards
+from marlow.workflows.role_rewards import assign_role_rewards
 from marlow.workflows.spec import EpisodeRules, EpisodeState, Grader, Stage, WorkflowSpec
 from marlow.workflows.votes import selection_extras
 
@@ -191,7 +191,7 @@ def run_episodes(
 ) -> list[Episode]:
     """Run ``n`` episodes of ``workflow`` on each problem under ``rules`` (:class:`EpisodeRules`:
     credit, seeding, parsing, workers, context, prompt cap); grade each final answer (and, under
-    ``credit="role"``, each turn: ``marlow.workflows.credit``). Problem i's episodes are group
+    ``credit="role"``, each turn: ``marlow.workflows.role_rewards``). Problem i's episodes are group
     ``first_group + i`` (a data-parallel rank's shard starts at its offset in the whole batch).
     An episode ended by the prompt cap runs none of its later stages; its answer is the
     workflow's answer from the turns it has (empty when it has none), graded as any other. A

@@ -83,7 +83,7 @@ class EpisodeRules:
     (:mod:`marlow.presets`). :meth:`of` reads them from a run config.
 
     * ``credit``: ``broadcast`` (every turn the episode's reward) or ``role`` (each turn its own:
-      ``marlow.workflows.credit``);
+      ``marlow.workflows.role_rewards``);
     * ``seeding``: ``call`` (a stage's samples from one generator in request order) or
       ``request`` (each request its own seed: ``engine.request_seed``);
     * ``parse``: how verdicts and selections are read (``marlow.parsers.PARSE_RULES``), in the

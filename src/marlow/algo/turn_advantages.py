@@ -12,7 +12,7 @@ An *item* is what carries one reward into the group statistics of
   (grouped per (problem, role, slot, round)), as the paper's code keeps ``generator0``,
   ``generator1``, ... apart. Every turn of an item gets the item's advantage.
 * per-role credit (``grpo.credit: role``; a turn carries its own reward, see
-  ``marlow.workflows.credit``): each turn is its own item, grouped per (problem, role) under scope
+  ``marlow.workflows.role_rewards``): each turn is its own item, grouped per (problem, role) under scope
   ``role`` and per (problem, role, slot, round) under ``slot`` and ``problem`` (a turn's own reward
   is only comparable with its own slot's, so per problem means per slot there, as it does for a
   broadcast reward). A turn without its own reward in such an episode carries the episode's.

@@ -7,7 +7,7 @@
 For each recipe of :data:`RECIPES` (the quickstart's tiny-s math world, the tiny preset's
 tiny-s math and code worlds, and the tiny-m math world of the dose-response grid) it pre-trains the world in ``--cache`` (or finds it there: the
 same code, the same key), measures its greedy generator on
-:data:`marlow.experiments.verify_world.VERIFY_PROBLEMS` validation problems, copies the folder
+:data:`marlow.worlds.verify.VERIFY_PROBLEMS` validation problems, copies the folder
 into the package under its cache name and writes ``worlds.json`` (recipe, folder, the sha256 of
 its weights, that accuracy, the kernel set and packages it was built with). Run it on a machine
 whose torch kernels are the CPU's own (no ``ATEN_CPU_CAPABILITY``), then check each world with
@@ -27,11 +27,11 @@ from pathlib import Path
 import torch
 import transformers
 
-from marlow.experiments.tinyeval import greedy_report
-from marlow.experiments.verify_world import VERIFY_PROBLEMS
 from marlow.fileio import sha256_file
 from marlow.tiny import shipped
 from marlow.tiny.pretrain import AVX2_ONLY, default_cache_dir, pretrain_tiny
+from marlow.worlds.tinyeval import greedy_report
+from marlow.worlds.verify import VERIFY_PROBLEMS
 
 RECIPES = {  # name: (scale, task, steps, examples per step); None: the scale's full recipe
     "quick": ("tiny-s", "math", 4800, 8),  # the quickstart preset's

@@ -33,13 +33,13 @@ from dataclasses import fields
 
 import torch
 
-from marlow.experiments.tinyeval import generator_texts, greedy_report, role_rates, voting_eval
 from marlow.rewards.math import grade_math
 from marlow.tiny.corpus import CorpusConfig
 from marlow.tiny.mathgen import val_problems
 from marlow.tiny.model import SCALES, build_model, n_parameters
 from marlow.tiny.pretrain import AVX2_ONLY, load_tiny, pretrain_tiny, train
 from marlow.tiny.tokenizer import build_tokenizer
+from marlow.worlds.tinyeval import generator_texts, greedy_report, role_rates, voting_eval
 
 
 def log(msg: str) -> None:

@@ -467,7 +467,7 @@ def pretrain_tiny_cmd(
     rows.append(("examples per step", str(meta.get("batch_examples", "-"))))
     rows.append(("time", _clock(time.monotonic() - started)))
     if report:
-        from marlow.experiments.tinyeval import greedy_report
+        from marlow.worlds.tinyeval import greedy_report
 
         scores = greedy_report(path, task)
         n, accuracy = int(scores["problems"]), scores["accuracy"]
@@ -484,7 +484,7 @@ def pretrain_tiny_cmd(
 
 def _verify_world(scale: str, steps: int | None, batch: int | None, task: str) -> None:
     """``pretrain-tiny --verify``: the table, and exit 1 when the worlds differ too much."""
-    from marlow.experiments.verify_world import verify_world
+    from marlow.worlds.verify import verify_world
 
     try:
         v = verify_world(scale, steps=steps, batch=batch, task=task, log=_log)
@@ -535,7 +535,7 @@ def quickstart(
     Loads the tiny world marlow ships (no pre-training), trains the three cells, compares each
     with the base model and writes summary.json and val_curves.png."""
     from marlow.config import parse_overrides
-    from marlow.experiments.quickstart import quickstart as run_quickstart
+    from marlow.worlds.quickstart import quickstart as run_quickstart
 
     _check_out(out)
 
@@ -617,8 +617,8 @@ def grid(
     (no controls key) the SA-RL control (Single trained alone) and a base cell (no training)
     per workflow, so a grid of 2 workflows x 2 policies is 8 cells; controls: [] runs none.
     --dry-run prints the cells and their count."""
-    from marlow.experiments.grid import describe_cells, expand, load_grid
-    from marlow.experiments.runner import run_grid
+    from marlow.grids.grid import describe_cells, expand, load_grid
+    from marlow.grids.runner import run_grid
 
     _check_out(out)
 

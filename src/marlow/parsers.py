@@ -4,7 +4,7 @@ an aggregator's selection.
 The workflows act on these readings (Eval-Opt stops revising on a ``Correct`` verdict,
 Orch-Workers hands strategy ``i`` to worker ``i``, Voting answers with the selected candidate),
 diagnostics measure them (the evaluator's ``verdict_parse_rate``, the orchestrator's strategy
-diversity) and so does the tiny worlds' evaluation (``marlow.experiments.tinyeval``: the share of
+diversity) and so does the tiny worlds' evaluation (``marlow.worlds.tinyeval``: the share of
 a role's outputs that parse). All must read a text the same way, so the rules live here, below
 them all: this module imports only the math reward's box rule (``marlow.rewards.math.last_boxed``),
 never a workflow, and diagnostics import it instead of the workflows' parsers.

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from marlow.config import ConfigError
-from marlow.experiments.quickstart import cell_configs
+from marlow.worlds.quickstart import cell_configs
 from tests.conftest import PRETRAIN_STEPS
 from tests.e2e.test_cli import run
 

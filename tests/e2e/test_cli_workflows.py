@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from marlow.experiments.grid import expand, load_grid
+from marlow.grids.grid import expand, load_grid
 from tests.conftest import PRETRAIN_STEPS
 from tests.e2e.test_cli import run
 

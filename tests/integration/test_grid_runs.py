@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from marlow.config import ConfigError
-from marlow.experiments.grid import expand, parse_grid
-from marlow.experiments.runner import run_grid
+from marlow.grids.grid import expand, parse_grid
+from marlow.grids.runner import run_grid
 from tests.conftest import PRETRAIN_STEPS
 
 GRID = {
@@ -97,8 +97,8 @@ def fake_pretrain(scale, task, steps, batch):
 def test_missing_worlds_are_pre_trained_in_child_processes(tmp_path, monkeypatch):
     import os
 
-    from marlow.experiments import worlds
-    from marlow.experiments.grid import expand
+    from marlow.grids import worlds
+    from marlow.grids.grid import expand
 
     monkeypatch.setenv("MARLOW_CACHE", str(tmp_path))
     monkeypatch.setattr(worlds, "_pretrain_world", fake_pretrain)  # pickled by name: the child

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from marlow.experiments.grid import expand, load_grid
+from marlow.grids.grid import expand, load_grid
 
 ROOT = Path(__file__).parents[2]
 RESULTS = ROOT / "docs" / "results" / "tiny-long"

@@ -128,7 +128,7 @@ def test_a_sandbox_failure_scores_zero_is_counted_and_never_cached(monkeypatch):
 
 
 def test_the_greedy_report_counts_programs_the_sandbox_failed_on(monkeypatch):
-    from marlow.experiments import tinyeval
+    from marlow.worlds import tinyeval
 
     problems = codegen.val_problems(6)
     rights = [codegen.fence(codegen.spec_of(p).right) for p in problems]

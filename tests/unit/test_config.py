@@ -120,7 +120,7 @@ def test_shipped_configs_load():
 
 
 def test_quickstart_cells_follow_the_chosen_tiny_scale():
-    from marlow.experiments.quickstart import cell_configs
+    from marlow.worlds.quickstart import cell_configs
 
     cells = cell_configs(settings={"model": {"name": "tiny-m"}, "grpo": {"credit": "broadcast"}})
     assert sorted(cells) == sorted(
@@ -139,7 +139,7 @@ def test_quickstart_cells_follow_the_chosen_tiny_scale():
 def test_the_quickstart_preset_is_the_tiny_one_on_a_quick_world_for_math_only():
     """Math: the tiny preset for 12 steps on tiny-s pre-trained with the quick recipe; code,
     another scale, or the run's own recipe: the full one."""
-    from marlow.experiments.quickstart import cell_configs
+    from marlow.worlds.quickstart import cell_configs
 
     tiny, quick = resolve({}), resolve({"preset": "quickstart"})
     assert (quick.model.pretrain_batch, quick.model.pretrain_steps) == (8, 4800)

@@ -12,8 +12,8 @@ import pytest
 
 from marlow.config import dump_config
 from marlow.diagnostics.runstats import run_statistics
-from marlow.experiments.grid import expand, parse_grid
 from marlow.fileio import write_json, write_text
+from marlow.grids.grid import expand, parse_grid
 from marlow.report import build_report
 from marlow.report import significance as report_stats
 from marlow.report.dose import dose_figures, dose_series, dose_table, mass_share

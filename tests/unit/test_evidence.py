@@ -172,8 +172,8 @@ def test_a_mitigation_is_judged_on_its_baselines_unstable_cells(tmp_path):
     import json
 
     from marlow.config import dump_config
-    from marlow.experiments.grid import expand, parse_grid
     from marlow.fileio import write_json, write_text
+    from marlow.grids.grid import expand, parse_grid
     from marlow.report.evidence import mitigation_table
     from marlow.report.results import load_results
 

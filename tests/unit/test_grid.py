@@ -8,10 +8,10 @@ import json
 import pytest
 
 from marlow.config import ConfigError
-from marlow.experiments.grid import cell_name, expand, load_grid, parse_grid
-from marlow.experiments.pools import plan_workers
-from marlow.experiments.results_folder import GridIndex
-from marlow.experiments.runner import _drive
+from marlow.grids.grid import cell_name, expand, load_grid, parse_grid
+from marlow.grids.pools import plan_workers
+from marlow.grids.results_folder import GridIndex
+from marlow.grids.runner import _drive
 from marlow.types import BASE
 
 
@@ -220,7 +220,7 @@ def test_shipped_grids_expand():
 
 def test_a_grid_refuses_a_folder_whose_cells_ran_under_other_settings(tmp_path):
     from marlow.config import dump_config
-    from marlow.experiments.runner import run_grid
+    from marlow.grids.runner import run_grid
 
     grid = {"workflows": ["voting"], "policies": ["ip"], "controls": [], "settings": {"steps": 8}}
     (cell,) = expand(parse_grid(grid))
@@ -324,9 +324,9 @@ def test_cells_get_the_threads_asked_for_and_the_quickstart_asks_for_one(tmp_pat
     would differ between a 2-core and a 16-core machine)."""
     import os
 
-    import marlow.experiments.quickstart as quickstart
-    import marlow.experiments.runner as runner
+    import marlow.grids.runner as runner
     import marlow.tiny.pretrain as pretrain
+    import marlow.worlds.quickstart as quickstart
 
     seen: list[int] = []
     monkeypatch.setattr(runner, "pretrain_worlds", lambda _cells, _log: None)

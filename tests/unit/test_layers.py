@@ -15,10 +15,16 @@ RULES = {
     "marlow.tiny.codecorpus": ("marlow.rollout", "marlow.rewards", "marlow.workflows"),
     "marlow.diagnostics.signatures": ("marlow.workflows", "marlow.training", "marlow.report"),
     "marlow.diagnostics.detectors": ("marlow.workflows", "marlow.training", "marlow.report"),
-    "marlow.report.figures": ("marlow.experiments", "marlow.training"),
+    "marlow.report.figures": ("marlow.grids", "marlow.worlds", "marlow.training"),
     "marlow.algo.turn_advantages": ("marlow.training", "marlow.workflows", "marlow.types"),
     # a dry run: it builds the model on the meta device and attaches adapters, nothing else
-    "marlow.plan": ("marlow.training", "marlow.rollout", "marlow.experiments", "marlow.report"),
+    "marlow.plan": (
+        "marlow.training",
+        "marlow.rollout",
+        "marlow.grids",
+        "marlow.worlds",
+        "marlow.report",
+    ),
     # the distributed helpers sit under the trainer, beside the config
     "marlow.training.distributed": (
         "marlow.training.trainer",

@@ -3,7 +3,7 @@
 The folder is the grid runner's layout (index.json, cells/NAME/{cell.json, config.yaml,
 metrics.jsonl, signatures/, events.jsonl}) for the grid voting + eval_opt, IP/SP, tiny-s, math,
 seeds 0 and 1, controls base, SA-RL and transfer: 20 cells, cell names and configs from
-``marlow.experiments.grid.expand``. ``Eval-Opt-SP-tiny-s-Math-s1`` failed.
+``marlow.grids.grid.expand``. ``Eval-Opt-SP-tiny-s-Math-s1`` failed.
 
 Peak validation accuracies (fractions):
 
@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 
 from marlow.config import ConfigError, dump_config
-from marlow.experiments.grid import expand, parse_grid
 from marlow.fileio import write_json, write_text
+from marlow.grids.grid import expand, parse_grid
 from marlow.report import build_report, make_report, paired_test, sign_flip_p
 from marlow.report import significance as report_stats
 from marlow.report.figures import _seed_lines, layout_problems, new_figure, slug

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from marlow.config import ConfigError, resolve
-from marlow.experiments.quickstart import cell_configs
-from marlow.experiments.verify_world import TOLERANCE, Verdict
 from marlow.fileio import DamagedFileError
 from marlow.models import ModelLoadError, load_base, tiny_world, tiny_world_folder
 from marlow.tiny import pretrain, shipped
+from marlow.worlds.quickstart import cell_configs
+from marlow.worlds.verify import TOLERANCE, Verdict
 
 
 @pytest.fixture
@@ -67,8 +67,8 @@ def test_the_dose_grids_world_is_shipped(empty_cache, monkeypatch):
     """configs/grids/tiny-dose*.yaml run on tiny-m math: a fresh machine pre-trains nothing."""
     import multiprocessing
 
-    from marlow.experiments.grid import expand, load_grid
-    from marlow.experiments.worlds import pretrain_worlds
+    from marlow.grids.grid import expand, load_grid
+    from marlow.grids.worlds import pretrain_worlds
 
     monkeypatch.setattr(multiprocessing, "get_context", lambda *a: pytest.fail("pre-trained"))
     grids = sorted((Path(__file__).parents[2] / "configs" / "grids").glob("tiny-dose*.yaml"))
@@ -142,9 +142,9 @@ def test_model_world_names_its_valid_values():
 def test_a_grid_pretrains_no_shipped_world(empty_cache, monkeypatch):
     import multiprocessing
 
-    from marlow.experiments.grid import expand
-    from marlow.experiments.quickstart import quickstart_grid
-    from marlow.experiments.worlds import pretrain_worlds
+    from marlow.grids.grid import expand
+    from marlow.grids.worlds import pretrain_worlds
+    from marlow.worlds.quickstart import quickstart_grid
 
     monkeypatch.setattr(multiprocessing, "get_context", lambda *a: pytest.fail("pre-trained"))
     pretrain_worlds(expand(quickstart_grid(0, None, None, "math")), log=pytest.fail)

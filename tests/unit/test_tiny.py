@@ -247,7 +247,7 @@ def test_pretrain_caches_by_key(tmp_path, monkeypatch):
     meta = json.loads((path / "meta.json").read_text())
     assert meta["steps"] == 3 and meta["task"] == "math" and path.name.startswith("tiny-s-")
     assert meta["final_loss"] > 0 and "greedy_generator_accuracy" not in meta  # not measured here
-    from marlow.experiments import tinyeval
+    from marlow.worlds import tinyeval
 
     monkeypatch.setattr(tinyeval, "REPORT_PROBLEMS", 8)
     assert tinyeval.greedy_report(path) == {"accuracy": 0.0, "problems": 8.0}  # 3 steps: no skill

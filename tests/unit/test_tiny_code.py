@@ -209,7 +209,7 @@ def test_code_pretraining_writes_its_own_folder(tmp_path, monkeypatch):
     assert pretrain_tiny("tiny-s", steps=2, cache_dir=tmp_path, task="code") == path  # cached
     import json
 
-    from marlow.experiments import tinyeval
+    from marlow.worlds import tinyeval
 
     meta = json.loads((path / "meta.json").read_text())
     assert meta["task"] == "code" and meta["corpus_version"] == 1

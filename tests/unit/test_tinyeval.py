@@ -1,13 +1,13 @@
-"""The tiny worlds' evaluation (marlow.experiments.tinyeval): parsing and Voting's statistics."""
+"""The tiny worlds' evaluation (marlow.worlds.tinyeval): parsing and Voting's statistics."""
 
 from __future__ import annotations
 
 import pytest
 
-from marlow.experiments import tinyeval
-from marlow.experiments.tinyeval import parses
+from marlow.worlds import tinyeval
 from marlow.parsers import selection_of
 from marlow.tiny import mathgen
+from marlow.worlds.tinyeval import parses
 
 
 @pytest.mark.parametrize(

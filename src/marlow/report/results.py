@@ -1,7 +1,7 @@
 """Reading a grid results folder (``marlow grid --out DIR``) into memory, one :class:`CellRun`
 per finished cell, with the existing diagnostics computed once per cell.
 
-The folder (the contract with ``marlow.experiments.results_folder``)::
+The folder (the contract with ``marlow.grids.results_folder``)::
 
     DIR/index.json                {"grid": {...}, "cells": {NAME: {identity, state, error, path}}}
     DIR/cells/NAME/config.yaml    the resolved run config
@@ -90,7 +90,7 @@ class CellRun:
 class GridRuns:
     """A results folder read back: every cell of its index, the finished ones loaded as
     :class:`CellRun` s, the rest listed as missing (the runner's side of the folder is
-    :class:`marlow.experiments.results_folder.GridIndex`)."""
+    :class:`marlow.grids.results_folder.GridIndex`)."""
 
     root: Path
     grid: dict

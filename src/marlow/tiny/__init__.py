@@ -11,5 +11,5 @@
 * :mod:`~marlow.tiny.pretrain`: pre-training with a content-addressed cache, one model per task.
 
 Nothing here touches the network, and nothing here imports the rollout engine or the rewards:
-measuring how well a tiny model plays its roles is :mod:`marlow.experiments.tinyeval`.
+measuring how well a tiny model plays its roles is :mod:`marlow.worlds.tinyeval`.
 """

@@ -447,7 +447,7 @@ def _train(
     log: Log,
 ) -> tuple[Qwen3ForCausalLM, Any, dict[str, Any]]:
     """(trained model in eval mode, tokenizer, meta) of one tiny world. Its accuracy is not
-    measured here (the world does not import the rewards): see ``marlow.experiments.tinyeval``."""
+    measured here (the world does not import the rewards): see ``marlow.worlds.tinyeval``."""
     spec = get_scale(scale)
     task = "code" if isinstance(corpus, CodeCorpusConfig) else "math"
     t0 = time.perf_counter()

@@ -15,7 +15,7 @@ one lives in the package and is only read, the rebuilt one in the cache
 (:data:`WORLDS`; the picking is :func:`marlow.models.tiny_world`). They may differ in the last
 bits: float32 sums differ between kernel sets (AVX-512 against AVX2), so a world rebuilt on
 another CPU is another set of weights of about the same accuracy (``marlow pretrain-tiny
---verify`` measures both: :mod:`marlow.experiments.verify_world`).
+--verify`` measures both: :mod:`marlow.worlds.verify`).
 
 This module reads files only; it never trains and never measures.
 """
@@ -50,7 +50,7 @@ class ShippedWorld:
     seed: int
     threads: int  # torch threads it was built with (the recipe's, pretrain.THREADS)
     weights: dict[str, str]  # weights file name -> sha256
-    greedy_accuracy: float  # greedy generator, marlow.experiments.tinyeval.greedy_report, at build
+    greedy_accuracy: float  # greedy generator, marlow.worlds.tinyeval.greedy_report, at build
     n_val: int  # validation problems of that accuracy
     built_on: str  # the torch CPU capability (kernel set) and packages it was built with
 

@@ -3,7 +3,7 @@
 It rebuilds the shipped world of a recipe (:mod:`marlow.tiny.shipped`) from scratch in a fresh
 temporary cache (never the user's, so that no stale cached world can pass the check), measures
 the greedy generator of both worlds here on the same :data:`VERIFY_PROBLEMS` validation problems
-(:func:`marlow.experiments.tinyeval.greedy_report`), and passes when the two accuracies differ by
+(:func:`marlow.worlds.tinyeval.greedy_report`), and passes when the two accuracies differ by
 at most :data:`TOLERANCE`.
 
 Why accuracy and not bytes: pre-training is deterministic for one kernel set and thread count
@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
-from marlow.experiments.tinyeval import greedy_report
 from marlow.fileio import sha256_file
 from marlow.tiny import shipped
 from marlow.tiny.pretrain import pretrain_tiny
+from marlow.worlds.tinyeval import greedy_report
 
 VERIFY_PROBLEMS = 500
 """Validation problems both worlds are measured on (the quickstart validates on 500)."""

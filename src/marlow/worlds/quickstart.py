@@ -32,9 +32,9 @@ from pathlib import Path
 
 from marlow.config import ConfigError, RunConfig
 from marlow.diagnostics.runstats import run_statistics, series
-from marlow.experiments.grid import GridSpec, expand
-from marlow.experiments.runner import run_grid
 from marlow.fileio import write_json
+from marlow.grids.grid import GridSpec, expand
+from marlow.grids.runner import run_grid
 from marlow.training.trainer import read_metrics
 
 Log = Callable[[str], None]

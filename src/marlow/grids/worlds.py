@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from marlow.experiments.cell_process import die_with_parent
-from marlow.experiments.grid import Cell
+from marlow.grids.cell_process import die_with_parent
+from marlow.grids.grid import Cell
 
 
 def pretrain_worlds(cells: list[Cell], log: Callable[[str], None]) -> None:

@@ -1,5 +1,5 @@
 """One grid cell, trained or evaluated in a process of its own: the body of every local or Ray
-task of :mod:`marlow.experiments.runner`.
+task of :mod:`marlow.grids.runner`.
 
 A cell process dies with the grid process (Linux ``PR_SET_PDEATHSIG``), so a killed grid leaves
 no orphan writing into the results folder. The cell writes ``cell.json`` first, appends the

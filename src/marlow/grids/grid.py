@@ -86,7 +86,7 @@ Kind = Literal["trained", "base", "sa-rl", "transfer"]
 
 class CellResources(BaseModel):
     """What each cell asks Ray for (``marlow grid --runner ray``); the local runner sizes itself
-    (:func:`marlow.experiments.pools.plan_workers`) and only logs them."""
+    (:func:`marlow.grids.pools.plan_workers`) and only logs them."""
 
     model_config = ConfigDict(extra="forbid")
 

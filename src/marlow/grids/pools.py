@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 from typing import Any, Protocol
 
-from marlow.experiments.cell_process import run_cell
-from marlow.experiments.grid import Cell, CellResources
+from marlow.grids.cell_process import run_cell
+from marlow.grids.grid import Cell, CellResources
 
 TINY_CELL_GIB = 1.5
 OTHER_CELL_GIB = 16.0

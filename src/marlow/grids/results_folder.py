@@ -26,8 +26,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from marlow.experiments.grid import Cell, GridSpec
 from marlow.fileio import write_json
+from marlow.grids.grid import Cell, GridSpec
 
 
 class GridIndex:

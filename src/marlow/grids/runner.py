@@ -11,10 +11,10 @@ naming it. An interrupt (SIGINT to the grid process, whether from a terminal's C
 (with the step each reached: a choice of marlow, so the index never says ``running`` for a cell
 nothing runs) and re-raises, so the caller exits; the next run resumes them.
 
-The pieces, one concern each: :mod:`~marlow.experiments.results_folder` (the folder, its index
-and lock), :mod:`~marlow.experiments.pools` (local processes or Ray, and how many at once),
-:mod:`~marlow.experiments.cell_process` (one cell in its own process),
-:mod:`~marlow.experiments.worlds` (tiny worlds pre-trained before the cells).
+The pieces, one concern each: :mod:`~marlow.grids.results_folder` (the folder, its index
+and lock), :mod:`~marlow.grids.pools` (local processes or Ray, and how many at once),
+:mod:`~marlow.grids.cell_process` (one cell in its own process),
+:mod:`~marlow.grids.worlds` (tiny worlds pre-trained before the cells).
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from marlow.experiments.grid import Cell, CellResources, GridSpec, expand
-from marlow.experiments.pools import RUNNERS, LocalPool, Pool, RayPool, plan_workers
-from marlow.experiments.results_folder import GridIndex, last_step, locked, refuse_changed_cells
-from marlow.experiments.worlds import pretrain_worlds
 from marlow.fileio import write_text
+from marlow.grids.grid import Cell, CellResources, GridSpec, expand
+from marlow.grids.pools import RUNNERS, LocalPool, Pool, RayPool, plan_workers
+from marlow.grids.results_folder import GridIndex, last_step, locked, refuse_changed_cells
+from marlow.grids.worlds import pretrain_worlds
 
 Progress = Callable[[str, str, int, int], None]  # (cell, state, step, total)
 Log = Callable[[str], None]

@@ -1,1 +1,0 @@
-"""Experiments: the quickstart comparison (grids and controls come with the experiments issue)."""

@@ -18,7 +18,8 @@ series (marlow's rules, from the study's definitions in §4-5; each threshold a 
   dominant role's length does not count). It began at the first step of the last quarter.
 
 The detectors (``marlow.diagnostics.detectors``) see the run as it goes, with their own
-thresholds; the labels see the whole run. For each detector the report gives precision and
+thresholds; the labels see the whole run (why the two sets differ: the comment above
+:data:`CLIFF_DROP`). For each detector the report gives precision and
 recall against its label, and the lead: the step its alarm fired minus the step the labelled
 event began (negative: the alarm came first). Thresholds are **tuned on the first half of the seeds**,
 rounded up (the :data:`TUNE_GRID` point with the best F1, ties to the defaults), and **reported
@@ -60,6 +61,14 @@ from marlow.report.results import CellRun, GridRuns
 from marlow.report.significance import ci95, min_p, sign_flip_p
 from marlow.report.tables import Table, matched_pairs
 
+# Why these label thresholds are not the online detectors' (``detect.cliff_drop`` 0.05 against
+# CLIFF_DROP 0.10; ``detect.amp_rise`` on a running median of chi2 and perplexity against
+# AMP_RATIO on the gradient norm's peak): a label is the ground truth, decided after the run on
+# its whole finished series, so it asks for a larger effect that lasted (a drop still there at the
+# end, the peak over the whole run); a detector must fire while the run goes, on the series so
+# far, so it watches earlier and smaller signs. The report measures how well those early signs
+# predict the late truth (precision, recall, lead); that measurement means something only while
+# the two are defined apart. Equal thresholds would make it circular.
 CLIFF_DROP = 0.10
 AMP_RATIO = 3.0
 AMP_OVER = 2.0

@@ -45,12 +45,12 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
-from marlow.config import ConfigError
+from marlow.config import ConfigError, TaskConfig
 from marlow.types import NoReward, Problem
 
-REWARD_FORMS = ("trl", "verl")
+REWARD_FORMS: tuple[str, ...] = get_args(TaskConfig.model_fields["reward_form"].annotation)
 RESERVED = ("prompts", "completions", "problem_ids")
 """Keywords marlow passes to a TRL-form reward: no dataset column may have these names."""
 

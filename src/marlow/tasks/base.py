@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
 from marlow.config import ConfigError, TaskConfig
 from marlow.rewards.code import DEFAULT_TIMEOUT_S
@@ -45,7 +45,7 @@ from marlow.types import Problem
 if TYPE_CHECKING:
     from marlow.tasks.loaders import LoadReport
 
-CODE_REWARDS = ("pass_rate", "all_pass")
+CODE_REWARDS: tuple[str, ...] = get_args(TaskConfig.model_fields["code_reward"].annotation)
 TINY_CODE_TIMEOUT_S = 2.0  # per hidden test: the tiny programs run in microseconds
 
 

@@ -84,8 +84,8 @@ def task_files(tmp_path):
     return tmp_path
 
 
-def run(small_config, files, function, out, **task):
-    cfg = small_config(
+def task_config(small_config, files, function, **task):
+    return small_config(
         workflow={"name": "voting"},
         policy={"routing": "ip"},
         task={
@@ -97,6 +97,10 @@ def run(small_config, files, function, out, **task):
             **task,
         },
     )
+
+
+def run(small_config, files, function, out, **task):
+    cfg = task_config(small_config, files, function, **task)
     with Trainer(cfg, out) as trainer:
         trainer.run()
     return read_metrics(out), [
@@ -247,20 +251,6 @@ def test_the_example_task_installed_as_a_package_is_listed_and_trains_by_name(
 def test_an_unknown_task_name_lists_the_valid_ones():
     with pytest.raises(ConfigError, match=r"'task.name' is 'chess'; valid: math, code, custom"):
         resolve({"task": {"name": "chess"}})
-
-
-def task_config(small_config, files, function, **task):
-    return small_config(
-        workflow={"name": "voting"},
-        task={
-            "source": str(files / "rows.jsonl"),
-            "prompt_field": "question",
-            "answer_field": "answer",
-            "reward": f"{files / 'rewards.py'}:{function}",
-            "val_size": 6,
-            **task,
-        },
-    )
 
 
 def test_task_check_passes_a_task_whose_gold_scores_and_whose_groups_vary(small_config, task_files):

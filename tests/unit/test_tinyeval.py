@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from marlow.worlds import tinyeval
 from marlow.parsers import selection_of
 from marlow.tiny import mathgen
+from marlow.worlds import tinyeval
 from marlow.worlds.tinyeval import parses
 
 

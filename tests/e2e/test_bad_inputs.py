@@ -212,7 +212,7 @@ CASES: list[Case] = [
         "backend-unknown",
         "rollout.backend=sglang",
         "'rollout.backend' is 'sglang'",
-        "valid: hf, vllm",
+        "hf, vllm",
     ),
     value("steps-negative", "steps=-5", "steps", "greater than or equal to 0"),
     value("steps-fraction", "steps=1.5", "steps", "integer"),

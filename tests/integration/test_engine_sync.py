@@ -91,10 +91,10 @@ def test_an_engine_out_of_sync_stops_the_run_at_step_1(tiny_cache, tmp_path, bro
 
 
 def test_the_cli_reports_a_sync_failure_in_one_line(tiny_cache, tmp_path, monkeypatch):
-    def stale_engine(name, model, tokenizer, **kwargs):
-        return HFEngine(copy.deepcopy(model), tokenizer, **kwargs)
+    def stale_engine(config, model, tokenizer, device):
+        return HFEngine(copy.deepcopy(model), tokenizer, max_batch=config.rollout.max_batch)
 
-    monkeypatch.setattr("marlow.training.trainer.make_engine", stale_engine)
+    monkeypatch.setattr("marlow.training.trainer.engine_for_run", stale_engine)
     monkeypatch.setattr(Trainer, "rollout", _varied(Trainer.rollout))
     config = tmp_path / "c.yaml"
     config.write_text(dump_config(shrunk_config(**SETTINGS)))

@@ -129,6 +129,7 @@ def test_exported_adapters_reproduce_the_run_logits_without_marlow(trained, tmp_
         "base",
         "config.yaml",
         "export.json",
+        "workflow.yaml",  # what answering from the bundle reads
     ]
     ckpt = run / "checkpoints" / "step_000002" / "adapters"
     jobs = [[f"export/{a}", "base", f"adapters/{a}"] for a in ours]

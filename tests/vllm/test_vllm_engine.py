@@ -9,6 +9,7 @@ PeftModel. Run with ``make test-vllm`` (the vLLM environment).
 from __future__ import annotations
 
 import math
+import time
 
 import psutil
 import pytest
@@ -293,7 +294,7 @@ if __name__ == "__main__":
         settings=VLLMConfig(kv_cache_gib=0.25),
         max_batch=8,
     )
-    print("ready", flush=True)
+    print("ready", engine.workdir, flush=True)
     sys.stdin.read()  # until killed
 """
 
@@ -321,7 +322,8 @@ def test_a_trainer_killed_without_cleanup_leaves_no_engine_behind(tmp_path, sig)
     )
     try:
         for line in proc.stdout:  # vLLM logs to stdout too
-            if line.strip() == "ready":
+            if line.startswith("ready "):
+                workdir = Path(line.split(" ", 1)[1].strip())
                 break
         else:
             raise AssertionError("the engine did not start")
@@ -331,9 +333,22 @@ def test_a_trainer_killed_without_cleanup_leaves_no_engine_behind(tmp_path, sig)
             if p.name().startswith("VLLM")
         ]
         assert any("EngineCore" in p.name() for p in engine)
+        # the engine's own shared-memory queues, as its processes map them
+        ours = {workdir}
+        for p in engine:
+            for m in p.memory_maps(grouped=False):
+                if m.path.startswith("/dev/shm/psm_"):
+                    ours.add(Path(m.path))
+        assert workdir.is_dir() and len(ours) > 1
         proc.send_signal(getattr(signal, sig))
         proc.wait(timeout=30)
         gone, alive = psutil.wait_procs(engine, timeout=30)
         assert not alive, [(p.pid, p.name()) for p in alive]
+        # nor its work folder or its queues: the watchdog removes them after the processes
+        for _ in range(20):
+            if not any(p.exists() for p in ours):
+                break
+            time.sleep(0.5)
+        assert not [p for p in ours if p.exists()], ours
     finally:
         proc.kill()

@@ -239,7 +239,7 @@ class VLLMEngine:
             with _engine_env(threads if on_cpu else None):
                 self.llm = vllm.LLM(**options)
             self._procs = [p for p in _children() if p.pid not in before]  # the engine's
-            self._watchdog = _watch([p.pid for p in self._procs])
+            self._watchdog = _watch([p.pid for p in self._procs], self.workdir)
         except Exception as err:
             self.close()
             first = " ".join(str(err).split())[:400] or type(err).__name__  # one line
@@ -480,11 +480,20 @@ def _base_source(base: torch.nn.Module, tokenizer, workdir: Path) -> str:
 
 # The watchdog: a small process that outlives a trainer killed without cleanup (SIGKILL, or a
 # SIGTERM with Python's default handler, which skips atexit) and then kills the engine's
-# processes, which vLLM does not tie to their parent's life. It polls its parent every second.
+# processes, which vLLM does not tie to their parent's life, and removes what close() would have:
+# the engine's work folder and the shared-memory queues its processes mapped (read when the
+# watchdog starts). It polls its parent every second.
 _WATCHDOG = """
-import os, signal, sys, time
-parent, pids = int(sys.argv[1]), [int(p) for p in sys.argv[2:]]
+import os, shutil, signal, sys, time
+parent, workdir, pids = int(sys.argv[1]), sys.argv[2], [int(p) for p in sys.argv[3:]]
 signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the trainer, which closes
+segments = set()
+for pid in pids:
+    try:
+        maps = open(f"/proc/{pid}/maps").read()
+    except OSError:
+        continue
+    segments |= {ln.rsplit(" ", 1)[-1] for ln in maps.splitlines() if "/dev/shm/psm_" in ln}
 while os.getppid() == parent:
     time.sleep(1.0)
 for pid in pids:
@@ -492,6 +501,13 @@ for pid in pids:
         os.kill(pid, signal.SIGKILL)
     except OSError:
         pass
+time.sleep(1.0)  # the killed processes let go of their mappings
+for path in segments:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+shutil.rmtree(workdir, ignore_errors=True)
 """
 
 
@@ -561,13 +577,14 @@ def _running(process) -> bool:
         return False
 
 
-def _watch(pids: list[int]):
-    """Start the watchdog over ``pids`` (the engine's processes, found when it started)."""
+def _watch(pids: list[int], workdir: Path):
+    """Start the watchdog over ``pids`` (the engine's processes, found when it started) and the
+    engine's work folder."""
     import subprocess
     import sys
 
     return subprocess.Popen(
-        [sys.executable, "-c", _WATCHDOG, str(os.getpid()), *map(str, pids)],
+        [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(workdir), *map(str, pids)],
         stdin=subprocess.DEVNULL,
         start_new_session=True,  # a terminal's signals go to the trainer, not to it
     )

@@ -86,14 +86,18 @@ def save_stand_in(
     dtype: torch.dtype = torch.bfloat16,
     seed: int = 0,
     overrides: dict[str, Any] | None = None,
+    device: str | torch.device = "cpu",
 ) -> Path:
     """Write ``arch`` (a shipped architecture) with random weights in ``dtype`` and the tokenizer
     above to ``folder`` (``config.json``, ``model.safetensors``, tokenizer files); returns it.
     ``overrides`` replace fields of the architecture's config (a shrunken stand-in for a quick
-    run: fewer layers, a narrower width; the vocabulary must keep Qwen3's special ids)."""
+    run: fewer layers, a narrower width; the vocabulary must keep Qwen3's special ids).
+    ``device``: where the random weights are drawn (a GPU draws a 4B's in a second, where a CPU
+    takes minutes); the same seed draws other weights on another device."""
     folder = Path(folder)
     config = Qwen3Config(**{**arch_config(arch), **(overrides or {})})
-    with torch.random.fork_rng(devices=[]):
+    device = torch.device(device)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), device:
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM._from_config(config, dtype=dtype)
     gen = model.generation_config

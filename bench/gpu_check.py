@@ -27,11 +27,12 @@ The parts, each recorded whatever became of the others:
 
 Lengths: the study's Voting math sampled up to 5,120 new tokens for 64 problems x 8 episodes a
 step; here one step of 4 problems x 4 episodes (48 generator turns: one rollout batch of 48) of
-128 new tokens, validated on 1 problem before and after, with stand-ins of the 0.6B (both
-routings), the 1.7B and the 4B (IP). Sized from the first check on one H100 (HF rollout loop,
-bfloat16): a 0.6B IP run of two 256-token steps with 2 validation problems took 248 s, its
-second step 35 s of rollout (68 ms per sampled position, 48 turns a batch) and 4 s of learning,
-its first 62 s and 18 s (warm-up). The budget, not the estimate, bounds the check; a size starts
+64 new tokens, validated on 1 problem before and after, with stand-ins of the 0.6B (both
+routings), the 1.7B and the 4B (IP). Sized from the first checks on one H100 (HF rollout loop,
+bfloat16), where sampling is bound by the Python of each forward: a 0.6B IP run of two 256-token
+steps with 2 validation problems took 248 s (its second step 35 s of rollout and 4 s of learning,
+its first 62 s and 18 s: warm-up), and of one 128-token step with 1 validation problem 140 s
+(42 s of rollout, 17 s of learning). The budget, not the estimate, bounds the check; a size starts
 only with its ``min_s`` left, so that no run is started to be stopped half-way. A stand-in's noise
 almost never samples the end token, so nearly every turn runs to its limit and every run's steps
 have the same size.
@@ -106,9 +107,9 @@ class Size:
 
 
 SIZES = (
-    Size("qwen3-0.6b", "qwen3-0.6b", ("ip", "sp"), 1, 4, 4, 128, 1, min_s=60),
-    Size("qwen3-1.7b", "qwen3-1.7b", ("ip",), 1, 4, 4, 128, 1, min_s=80),
-    Size("qwen3-4b", "qwen3-4b", ("ip",), 1, 4, 4, 128, 1, min_s=100),
+    Size("qwen3-0.6b", "qwen3-0.6b", ("ip", "sp"), 1, 4, 4, 64, 1, min_s=60),
+    Size("qwen3-1.7b", "qwen3-1.7b", ("ip",), 1, 4, 4, 64, 1, min_s=75),
+    Size("qwen3-4b", "qwen3-4b", ("ip",), 1, 4, 4, 64, 1, min_s=90),
 )
 DRY_SIZES = (
     # The 0.6B's vocabulary (which the stand-in's tokenizer needs) on 2 narrow layers; short

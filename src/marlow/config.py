@@ -568,7 +568,7 @@ class OptimConfig(_Section):
 class DetectConfig(_Section):
     """The online detectors' thresholds (they fire while a run goes, on early signs); the
     report's after-the-fact labels keep their own, larger ones on purpose
-    (``marlow.report.evidence``, above ``CLIFF_DROP``)."""
+    (``marlow.report.evidence.labels``, above ``CLIFF_DROP``)."""
 
     cliff_drop: float = Field(0.05, gt=0.0, lt=1.0, description="terminal_cliff: drop below peak")
     cliff_patience: int = Field(2, ge=1, description="terminal_cliff: validations below the line")

@@ -1,4 +1,4 @@
-"""Detectors judged on evidence and the claims' verdicts (issue 19), on hand-made runs."""
+"""Detectors judged on evidence and the claims' verdicts, on hand-made runs."""
 
 from __future__ import annotations
 
@@ -6,14 +6,11 @@ import pytest
 
 from marlow.diagnostics.runstats import run_statistics
 from marlow.report import evidence
-from marlow.report.evidence import (
-    _score,
-    _verdict,
-    label_amplification,
-    label_capture,
-    label_cliff,
-    tune,
-)
+from marlow.report.evidence import claims as claims_module
+from marlow.report.evidence import scoring
+from marlow.report.evidence.claims import _verdict
+from marlow.report.evidence.labels import label_amplification, label_capture, label_cliff
+from marlow.report.evidence.scoring import _score, tune
 from marlow.report.results import CellId, CellRun
 
 VOTING = {"generator": 3, "aggregator": 1}
@@ -157,12 +154,12 @@ def test_c4_needs_a_captured_sp_cell_besides_the_cliffs(monkeypatch):
         ip = cell([0.4, 0.6, 0.45], "ip", seed)  # falls 0.15
         sp = cell([0.4, 0.6, 0.6], "sp", seed)  # holds
         pairs.append((("math", "tiny-s", "voting"), seed, ip, sp))
-    monkeypatch.setattr(evidence, "matched_pairs", lambda res: pairs)
+    monkeypatch.setattr(claims_module, "matched_pairs", lambda res: pairs)
     delta = Table("table-delta", "", [], [], "")
     claims = {r["claim"]: r for r in evidence.claims_table(None, delta, ["fig-x"]).rows}
     assert claims["C4"]["effect"] == pytest.approx(0.15) and claims["C4"]["p_value"] < 0.05
     assert claims["C4"]["verdict"] == "not shown"  # no SP cell shows role capture
-    monkeypatch.setattr(evidence, "label_capture", lambda run: evidence.Label(True, 1))
+    monkeypatch.setattr(claims_module, "label_capture", lambda run: evidence.Label(True, 1))
     claims = {r["claim"]: r for r in evidence.claims_table(None, delta, ["fig-x"]).rows}
     assert claims["C4"]["verdict"] == "holds" and claims["C4"]["figure"] == "fig-x"
     assert claims["C2"]["verdict"] == "not shown"  # equal peaks
@@ -227,7 +224,7 @@ def test_each_alarm_and_labelled_event_is_listed_with_its_steps(monkeypatch):
         cell([0.4, 0.62, 0.6, 0.5, 0.4], seed=1, name="cliff-late-s1"),
         cell([0.4, 0.5, 0.55, 0.6, 0.62], seed=1, name="rising-s1"),
     ]
-    monkeypatch.setattr(evidence, "_trained", lambda res: runs)
+    monkeypatch.setattr(scoring, "trained_runs", lambda res: runs)
     summary, events = evidence.detector_evaluation(None)
     (cliff,) = [r for r in summary.rows if r["detector"] == "terminal_cliff"]
     assert cliff["tuned_on_seeds"] == "0" and cliff["reported_on_seeds"] == "1"
@@ -257,7 +254,7 @@ def test_each_variant_has_its_own_verdicts(monkeypatch):
             ip = in_variant(cell([0.3, ip_peak], "ip", seed), variant)
             sp = in_variant(cell([0.3, sp_peak], "sp", seed), variant)
             pairs.append((("math", f"tiny-s {variant}", "voting"), seed, ip, sp))
-    monkeypatch.setattr(evidence, "matched_pairs", lambda res: pairs)
+    monkeypatch.setattr(claims_module, "matched_pairs", lambda res: pairs)
     delta = Table("table-delta", "", [], [], "")
     dynamics = ["fig-dynamics-math-tiny-s-fast", "fig-dynamics-math-tiny-s-slow"]
     table = evidence.claims_table(None, delta, dynamics)
@@ -271,7 +268,7 @@ def test_each_variant_has_its_own_verdicts(monkeypatch):
 
 def test_a_grid_of_many_seeds_holds_out_half_of_them(monkeypatch):
     runs = [cell([0.4, 0.6, 0.58, 0.52, 0.45], seed=s, name=f"cliff-s{s}") for s in range(6)]
-    monkeypatch.setattr(evidence, "_trained", lambda res: runs)
+    monkeypatch.setattr(scoring, "trained_runs", lambda res: runs)
     summary, events = evidence.detector_evaluation(None)
     (cliff,) = [r for r in summary.rows if r["detector"] == "terminal_cliff"]
     assert (cliff["tuned_on_seeds"], cliff["reported_on_seeds"]) == ("0, 1, 2", "3, 4, 5")

@@ -18,12 +18,15 @@ from __future__ import annotations
 import ast
 import re
 import warnings
+from typing import get_args
+
+from marlow.choices import CodeBlockRule
 
 _FENCE = re.compile(r"^[ \t]*```[ \t]*([^\n`]*)\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE)
 _PY_TAGS = {"python", "py", "python3", "py3"}
 
 
-BLOCK_RULES = ("fallback", "last-block")
+BLOCK_RULES: tuple[str, ...] = get_args(CodeBlockRule)
 
 
 def extract_code(completion: str, rule: str = "fallback") -> str | None:

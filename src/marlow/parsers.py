@@ -13,10 +13,12 @@ never a workflow, and diagnostics import it instead of the workflows' parsers.
 from __future__ import annotations
 
 import re
+from typing import get_args
 
+from marlow.choices import ParseRule
 from marlow.rewards.math import last_boxed
 
-PARSE_RULES = ("last-box", "first-match")
+PARSE_RULES: tuple[str, ...] = get_args(ParseRule)
 """How a verdict or a selection is read (``workflow.parse``):
 
 * ``last-box`` (marlow): the text's last ``\\boxed{...}``, stripped, any case; anything else in

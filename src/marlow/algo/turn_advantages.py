@@ -38,13 +38,15 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import get_args
 
 import torch
 from torch import Tensor
 
 from marlow.algo.advantages import group_advantages, group_keys, zero_std_fraction
+from marlow.choices import AdvantageScope
 
-SCOPES = ("problem", "role", "slot", "trajectory")
+SCOPES: tuple[str, ...] = get_args(AdvantageScope)
 
 __all__ = ["SCOPES", "CreditRows", "turn_advantages"]
 

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import get_args
 
+from marlow.choices import RoutingKind
 from marlow.types import BASE
 
-ROUTINGS = ("sp", "ip", "map", "base")
+ROUTINGS: tuple[str, ...] = get_args(RoutingKind)
 SHARED = "shared"
 
 

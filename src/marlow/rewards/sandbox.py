@@ -115,7 +115,9 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import get_args
 
+from marlow.choices import SandboxRequire
 from marlow.rewards._channel import Channel
 from marlow.rewards._sandbox_boot import boot_code
 from marlow.rewards.limits import (  # noqa: F401  (the statuses are this module's API too)
@@ -509,7 +511,7 @@ def run_many(jobs: list[Job], max_workers: int | None = None) -> list[RunResult]
         return list(pool.map(lambda j: run_program(j.source, j.stdin, j.limits, j.converse), jobs))
 
 
-REQUIRES = ("none", "namespaces")  # choices of rewards.sandbox.require
+REQUIRES: tuple[str, ...] = get_args(SandboxRequire)  # choices of rewards.sandbox.require
 NAMESPACES = ("netns", "pidns", "mountns", "chroot")  # what require="namespaces" demands
 _HOW_TO_GET = (
     "run as root, or allow unprivileged user namespaces (sysctl user.max_user_namespaces > 0; "

@@ -47,12 +47,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen3ForCausalLM
 
 from marlow.chat import chat_prompt_text
+from marlow.choices import BuiltinTask
 from marlow.prompts import TEMPLATES
 from marlow.tiny import codegen, mathgen
 from marlow.tiny.codecorpus import CodeCorpusConfig
@@ -65,7 +66,7 @@ CORPUS_VERSION = 1
 """Bump when the corpus or problem generator changes in a way its config does not show."""
 CODE_CORPUS_VERSION = 1
 """The same for the code world (its own cache entries)."""
-TASKS = ("math", "code")
+TASKS: tuple[str, ...] = get_args(BuiltinTask)  # each built-in task has a world
 
 BATCH_EXAMPLES = 64  # examples per optimizer step, unless a run sets model.pretrain_batch
 POOL_BATCHES = 16  # batches sorted by length together

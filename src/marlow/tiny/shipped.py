@@ -26,13 +26,15 @@ import json
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import get_args
 
+from marlow.choices import World
 from marlow.fileio import DamagedFileError, sha256_file
 from marlow.tiny.pretrain import tiny_path
 
 ROOT = Path(__file__).resolve().parent / "worlds"
 MANIFEST = "worlds.json"
-WORLDS = ("auto", "shipped", "rebuild")
+WORLDS: tuple[str, ...] = get_args(World)
 """The values of ``model.world``: ``auto`` the shipped world of the recipe when marlow ships one,
 else pre-trained into the cache; ``shipped`` a shipped world or an error; ``rebuild`` pre-trained
 on this machine into the cache (or found there), never the shipped one."""

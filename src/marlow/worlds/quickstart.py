@@ -29,7 +29,9 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import get_args
 
+from marlow.choices import BuiltinTask
 from marlow.config import ConfigError, RunConfig
 from marlow.diagnostics.runstats import run_statistics, series
 from marlow.fileio import write_json
@@ -40,7 +42,7 @@ from marlow.training.trainer import read_metrics
 Log = Callable[[str], None]
 
 SCALE = "tiny-s"  # the default; model.name=tiny-m (or tiny-l) in the settings picks another
-TASKS = ("math", "code")
+TASKS: tuple[str, ...] = get_args(BuiltinTask)
 PRESET = "quickstart"  # every cell's preset (marlow.presets.PRESETS), with its task overlay
 
 

@@ -20,9 +20,10 @@ import random
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from marlow.chat import chat_prompt_ids
+from marlow.choices import BuiltinTask
 from marlow.codetext import code_key
 from marlow.parsers import selection_of, strategies_of, verdict_of
 from marlow.prompts import numbered, render
@@ -35,7 +36,7 @@ from marlow.tiny.pretrain import load_tiny
 from marlow.types import BASE, GenRequest, Problem, SamplingParams
 from marlow.workflows.votes import answer_key, majority_index
 
-TASKS = ("math", "code")
+TASKS: tuple[str, ...] = get_args(BuiltinTask)
 REPORT_PROBLEMS = 200  # validation problems of the greedy report (:func:`greedy_report`)
 ANSWER_ROLES = ("generator", "worker", "synthesizer")  # the roles whose output is graded
 PROBED_ROLES = (

@@ -1,8 +1,6 @@
-"""One typed run config, validated once (pydantic), over a preset (:mod:`marlow.presets`).
-
-Layering: preset (with its overlay for the run's task, :data:`PRESETS`) -> YAML file ->
-``key=value`` overrides (dotted keys, YAML-parsed values). The resolved config is written beside a
-run's outputs; that file alone reproduces the run.
+"""The run config's schema: every section and field, with its type, default, bounds and
+description, validated once (pydantic). How a config is assembled from a preset, a file and
+overrides: :mod:`marlow.config.loading`.
 
 Choices the paper does not fix, made here and recorded in each run's config:
 
@@ -22,16 +20,23 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from marlow.algo.losses import AGGREGATIONS
 from marlow.algo.policy_loss import policy_loss_names
-from marlow.presets import PER_TASK, PRESETS, SWITCHES, Switch
+from marlow.choices import (
+    AdvantageScope,
+    BuiltinTask,
+    CodeBlockRule,
+    ParseRule,
+    RoutingKind,
+    SandboxRequire,
+    ScheduleStepping,
+    TaskFamily,
+    World,
+)
 
 
 class ConfigError(ValueError):
@@ -54,7 +59,7 @@ class ModelConfig(_Section):
     pretrain_batch: int | None = Field(
         None, ge=1, description="tiny scales: examples per pretraining step (default 64)"
     )
-    world: Literal["auto", "shipped", "rebuild"] = Field(
+    world: World = Field(
         "auto",
         description="tiny scales: auto (the world marlow ships for this recipe, else pre-train it "
         "into the cache), shipped (a shipped world or an error), rebuild (pre-train it on this "
@@ -69,7 +74,7 @@ class ModelConfig(_Section):
         return v
 
 
-BUILTIN_TASKS = ("math", "code")
+BUILTIN_TASKS: tuple[str, ...] = get_args(BuiltinTask)
 """The tasks marlow grades itself; ``custom`` is a task of one's own file and reward."""
 MATH_DATASETS = ("gsm8k", "math500", "dapo")
 CODE_DATASETS = ("humaneval", "deepcoder")
@@ -84,7 +89,7 @@ class TaskConfig(_Section):
         "file and reward: task.source, task.prompt_field, task.reward; the default when "
         "task.reward is set), or a task an installed package publishes (marlow tasks)",
     )
-    family: Literal["math", "code", "general"] | None = Field(
+    family: TaskFamily | None = Field(
         None,
         description="which templates of the prompt set the roles read, and on a tiny model which "
         "tiny world: math, code or general (chat models only); None: the task's own (custom: "
@@ -142,7 +147,7 @@ class TaskConfig(_Section):
         description="code: the fraction of hidden tests passed (the paper's text), or 1 only "
         "when all pass (the official code)",
     )
-    code_block: Literal["fallback", "last-block"] = Field(
+    code_block: CodeBlockRule = Field(
         "fallback",
         description="code: which code runs: fallback (the last python block, else the last "
         "block, else the whole completion if it parses) or last-block (the last fenced block, "
@@ -327,7 +332,7 @@ class WorkflowConfig(_Section):
         "marlow's words) or the path of a prompt-set file (.yaml, marlow/prompt_sets/); a tiny "
         "model always reads the tiny set it was pre-trained on",
     )
-    parse: Literal["last-box", "first-match"] = Field(
+    parse: ParseRule = Field(
         "last-box",
         description="how a verdict or a selection is read: last-box (the last \\boxed{}) or "
         "first-match (the official code's first match, marlow.parsers.PARSE_RULES)",
@@ -335,7 +340,7 @@ class WorkflowConfig(_Section):
 
 
 class PolicyConfig(_Section):
-    routing: Literal["sp", "ip", "map", "base"] = "ip"
+    routing: RoutingKind = "ip"
     role_map: dict[str, str] | None = None
     lora_rank: int = Field(64, ge=1)
     lora_alpha: int = Field(32, ge=1)
@@ -470,7 +475,7 @@ class GRPOConfig(_Section):
         description="broadcast: every turn gets the episode reward (paper); role: each "
         "turn its own (marlow.workflows.role_rewards), normalised per slot",
     )
-    advantage_scope: Literal["problem", "role", "slot", "trajectory"] = Field(
+    advantage_scope: AdvantageScope = Field(
         "problem",
         description="the group a reward is normalised in: problem, (problem, role) or (problem, "
         "role, slot, round); under credit=role, problem and slot coincide (a turn's own "
@@ -547,7 +552,7 @@ class OptimConfig(_Section):
     grad_clip: float = Field(1.0, gt=0.0)
     weight_decay: float = Field(0.01, ge=0.0)
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas, each in [0, 1)")
-    schedule_stepping: Literal["per-step", "per-role-update", "shared-uncapped"] = Field(
+    schedule_stepping: ScheduleStepping = Field(
         "per-step",
         description="per-step: each adapter's own schedule, stepped once per step; "
         "per-role-update: one shared schedule stepped once per role update, 0 past the end; "
@@ -685,7 +690,7 @@ class MitigateConfig(_Section):
 
 
 class SandboxConfig(_Section):
-    require: Literal["none", "namespaces"] = Field(
+    require: SandboxRequire = Field(
         "none",
         description="namespaces: stop at start unless the code sandbox gets its network, PID "
         "and mount namespaces and private root (root, or unprivileged user namespaces); none: "
@@ -762,263 +767,3 @@ class RunConfig(_Section):
                 "steps >= 1 (0 only for an evaluation run with routing base or map)"
             )
         return self
-
-
-def preset_settings(preset: str, task: str) -> dict[str, Any]:
-    """The settings ``preset`` gives a run of ``task``: its own with its overlay for ``task``."""
-    if not isinstance(preset, str) or preset not in PRESETS:
-        raise ConfigError(f"config field 'preset' is {preset!r}; valid: {', '.join(PRESETS)}")
-    own = {k: v for k, v in PRESETS[preset].items() if k != PER_TASK}
-    return merge(own, PRESETS[preset].get(PER_TASK, {}).get(task, {}))
-
-
-@dataclass(frozen=True)
-class PresetDiff:
-    """One field on which two presets resolve differently, for one task."""
-
-    key: str
-    task: str
-    left: Any
-    right: Any
-    switch: Switch | None  # its sources, where the field is a documented switch
-
-    def cells(self) -> tuple[str, str, str, str, str, str, str]:
-        """The table row: field, task, both values, what, and both sources ("" for a field
-        that is no documented switch)."""
-        sw = self.switch
-        about = (sw.what, sw.paper, sw.official) if sw else ("", "", "")
-        return (self.key, self.task, _shown(self.left), _shown(self.right), *about)
-
-
-def preset_diff(left: str, right: str) -> list[PresetDiff]:
-    """Every config field on which presets ``left`` and ``right`` resolve to different values,
-    per task (math, then code; a field that differs for both tasks is listed once with task
-    ``all``), in field order. Computed from the resolved configs themselves, so the table cannot
-    drift from what a run gets."""
-    switches = {s.key: s for s in SWITCHES}
-    per_task: dict[str, dict[str, tuple[Any, Any]]] = {}
-    for task in BUILTIN_TASKS:
-        a, b = (_flat(resolve({"preset": p, "task": {"name": task}})) for p in (left, right))
-        per_task[task] = {k: (a[k], b[k]) for k in a if a[k] != b[k] and k != "preset"}
-    out: list[PresetDiff] = []
-    keys = dict.fromkeys(k for diffs in per_task.values() for k in diffs)
-    for key in keys:
-        tasks = [t for t, diffs in per_task.items() if key in diffs]
-        values = {per_task[t][key] for t in tasks}
-        if len(tasks) == len(per_task) and len(values) == 1:
-            tasks = ["all"]
-        for task in tasks:
-            pair = per_task[task if task != "all" else next(iter(per_task))][key]
-            out.append(PresetDiff(key, task, pair[0], pair[1], switches.get(key)))
-    return out
-
-
-def preset_diff_markdown(left: str, right: str) -> str:
-    """:func:`preset_diff` as a Markdown table (docs/presets.md holds this text for paper vs
-    official; a test checks that it is the code's)."""
-    rows = [
-        f"| field | task | {left} | {right} | what | source ({left}) | source ({right}) |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for d in preset_diff(left, right):
-        key, task, a, b, *about = d.cells()
-        cells = [f"`{key}`", task, f"`{a}`", f"`{b}`", *about]
-        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(rows) + "\n"
-
-
-def _shown(value: Any) -> str:
-    return "null" if value is None else str(value)
-
-
-def _flat(config: RunConfig) -> dict[str, Any]:
-    """Dotted field name -> value (JSON form) of every field of ``config``."""
-    out: dict[str, Any] = {}
-
-    def walk(prefix: str, value: Any) -> None:
-        if isinstance(value, dict) and not prefix.endswith(("params", "role_map", "role_weights")):
-            for k, v in value.items():
-                walk(f"{prefix}.{k}" if prefix else k, v)
-        else:
-            out[prefix] = tuple(value) if isinstance(value, list) else value
-
-    walk("", config.model_dump(mode="json"))
-    return out
-
-
-def merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    """``top`` over ``base``, recursively for nested sections (a workflow's params replace)."""
-    out = dict(base)
-    for key, value in top.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "params":
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """``["grpo.clip_high=0.3", "workflow.name=voting"]`` -> nested dict."""
-    out: dict[str, Any] = {}
-    for item in items:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like key=value (e.g. optim.lr=1e-3)")
-        key, raw = item.split("=", 1)
-        parts = key.strip().split(".")
-        if not all(parts):
-            raise ConfigError(
-                f"override {item!r} has an empty key part; keys are dotted field names "
-                "(e.g. optim.lr=1e-3)"
-            )
-        node = out
-        for depth, part in enumerate(parts[:-1]):
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(
-                    f"override {item!r}: {'.'.join(parts[: depth + 1])} was already set to a "
-                    "value, so it has no fields to set; give one of the two"
-                )
-        node[parts[-1]] = _scalar(raw, key)
-    return out
-
-
-def _scalar(raw: str, key: str = "value") -> Any:
-    """YAML value, except that ``1e-3`` is a float (YAML 1.1 would keep it a string)."""
-    try:
-        value = yaml.safe_load(raw) if raw else ""
-    except yaml.YAMLError as err:
-        problem = getattr(err, "problem", None) or type(err).__name__
-        raise ConfigError(
-            f"override {key}={raw!r} is not a YAML value ({problem}); quote text, write lists "
-            "as [a, b] and mappings as {k: v}"
-        ) from None
-    if isinstance(value, str) and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+", value):
-        return float(value)
-    return value
-
-
-def _one_line(err: ValidationError) -> str:
-    first = err.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "config"
-    if first["type"] == "extra_forbidden":
-        section: type[BaseModel] = RunConfig
-        for part in first["loc"][:-1]:
-            section = section.model_fields[str(part)].annotation  # type: ignore[assignment]
-        valid = ", ".join(section.model_fields)
-        return f"config field {where!r} is unknown; valid here: {valid}"
-    more = f" (and {len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
-    msg = first["msg"].removeprefix("Value error, ")
-    got = (
-        "" if first["type"].startswith("value_error") else f", got {repr(first.get('input'))[:80]}"
-    )
-    valid = _valid_range(first["loc"])
-    valid = f"; valid: {valid}" if valid and first["type"] == "finite_number" else ""
-    field = f"config field {where!r}: " if first["loc"] else "config: "
-    return f"{field}{msg}{got}{valid}{more}".replace("\n", " ")
-
-
-def _valid_range(loc: tuple) -> str:
-    """The bounds declared on the field at ``loc`` (``> 0``, ``>= 0 and < 1``), or ""."""
-    model: Any = RunConfig
-    info = None
-    for part in loc:
-        fields = getattr(model, "model_fields", None)
-        if not fields or str(part) not in fields:
-            break
-        info = fields[str(part)]
-        model = info.annotation
-    symbols = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
-    bounds = [
-        f"{sym} {getattr(m, name)}"
-        for m in (info.metadata if info else [])
-        for name, sym in symbols.items()
-        if getattr(m, name, None) is not None
-    ]
-    return " and ".join(bounds) or "a finite number"
-
-
-def _shorthand(data: dict[str, Any]) -> dict[str, Any]:
-    """``workflow: NAME`` (``workflow=FILE`` on the command line) is short for ``workflow.name``:
-    a built-in name or a workflow file's path, the one field a user sets most (issue 35)."""
-    if isinstance(data.get("workflow"), str):
-        return {**data, "workflow": {"name": data["workflow"]}}
-    return data
-
-
-def resolve(data: dict[str, Any]) -> RunConfig:
-    """Validate a merged dict over its preset (:func:`preset_settings`); raise ConfigError with
-    one line naming the field."""
-    data = _shorthand(data)
-    task = data.get("task")
-    if isinstance(task, dict) and task.get("reward") is not None and "name" not in task:
-        task = data["task"] = {**task, "name": "custom"}  # a reward of one's own: a custom task
-    name = task.get("name") if isinstance(task, dict) else None
-    name = name if isinstance(name, str) else TaskConfig.model_fields["name"].default
-    installed = _installed_settings(name)
-    family = merge(installed.get("task", {}), task if isinstance(task, dict) else {}).get("family")
-    # the preset's overlay for the task's family when one is named, else for its name (a
-    # custom task gets none: the preset's own settings); then what an installed task brings
-    preset = preset_settings(
-        data.get("preset", RunConfig.model_fields["preset"].default),
-        family if isinstance(family, str) else name,
-    )
-    try:
-        return RunConfig.model_validate(merge(merge(preset, installed), data))
-    except ValidationError as err:
-        raise ConfigError(_one_line(err)) from None
-
-
-def _installed_settings(name: str) -> dict[str, Any]:
-    """What task ``name`` brings when an installed package publishes it ({} for the built-in
-    names); an unknown name is one line listing the valid ones."""
-    if name in (*BUILTIN_TASKS, "custom"):
-        return {}
-    from marlow.entrypoints import TaskEntryError, installed_task, installed_tasks
-
-    try:
-        found = installed_task(name)
-    except TaskEntryError as err:
-        raise ConfigError(f"config field 'task.name': {err}") from None
-    if found is None:
-        valid = ", ".join((*BUILTIN_TASKS, "custom", *installed_tasks()))
-        raise ConfigError(f"config field 'task.name' is {name!r}; valid: {valid} (marlow tasks)")
-    return found
-
-
-def load_config(
-    path: str | Path | None = None,
-    overrides: list[str] | None = None,
-    *,
-    base: RunConfig | None = None,
-) -> RunConfig:
-    """Preset (named in the file or an override; default tiny) <- file <- overrides. With
-    ``base`` (a resumed run's own config) the file and overrides are layered over it instead."""
-    data: dict[str, Any] = base.model_dump(mode="json") if base is not None else {}
-    if path is not None:
-        try:
-            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-        except (OSError, UnicodeDecodeError) as err:
-            reason = getattr(err, "strerror", None) or type(err).__name__
-            if not str(path).endswith((".yaml", ".yml")):  # e.g. an override without its '='
-                reason += "; give a .yaml file, and overrides as key=value"
-            raise ConfigError(f"cannot read config {path}: {reason}") from None
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            where = f" at line {mark.line + 1}" if mark is not None else ""
-            problem = getattr(err, "problem", None) or type(err).__name__
-            raise ConfigError(f"config {path} is not valid YAML{where}: {problem}") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config {path} must be a YAML mapping, got {type(loaded).__name__}")
-        data = merge(data, _shorthand(loaded))
-    return resolve(merge(data, _shorthand(parse_overrides(overrides or []))))
-
-
-def dump_config(config: RunConfig) -> str:
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
-
-
-def differences(old: RunConfig, new: RunConfig) -> list[str]:
-    """The dotted fields where two configs differ, as ``"steps: 12 -> 8"``, in field order
-    (:func:`_flat`'s fields: a mapping such as ``workflow.params`` compares whole)."""
-    a, b = _flat(old), _flat(new)
-    return [f"{k}: {a[k]!r} -> {b[k]!r}" for k in a if a[k] != b[k]]

@@ -1,4 +1,4 @@
-"""Math grader latency and agreement on MATH-500 (SPEC §3).
+"""Math grader latency and agreement on MATH-500.
 
     .venv/bin/python bench/grade_latency.py [--data tests/data/math500_test.jsonl]
                                             [--timeout 2.0]

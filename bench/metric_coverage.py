@@ -1,8 +1,8 @@
-"""Which SPEC §5 metrics a real tiny run logs, per role, for every workflow x {SP, IP}.
+"""Which per-role metrics a real tiny run logs, per role, for every workflow x {SP, IP}.
 
 Trains each cell briefly (tiny preset, shortened), then prints one table per cell: every metric
 the last training step and the last validation logged for every role, with its value, and the
-metrics of SPEC §5 a role is missing. Run folders are kept (``--out``) for ``marlow inspect``.
+metrics a role is missing. Run folders are kept (``--out``) for ``marlow inspect``.
 
     .venv/bin/python bench/metric_coverage.py [--steps 4] [--val-size 50] [--out /tmp/coverage]
 """

@@ -1,5 +1,5 @@
 """Sampling throughput of the two rollout backends side by side: ``hf`` (marlow's own loop) and
-``vllm`` (issue 32, item 7).
+``vllm``.
 
 For each scale (random weights of its architecture: what sampling costs does not depend on the
 weights' values), each adapter mix and each completion length, the same requests go to both

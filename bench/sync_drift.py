@@ -1,6 +1,5 @@
 """How far the vLLM engine's log-probs drift from the trainer's on the same weights: the figure the
-adapter-sync check's tolerances (``marlow.training.sync.TOLERANCE``) are set from (issue 32,
-item 2).
+adapter-sync check's tolerances (``marlow.training.sync.TOLERANCE``) are set from.
 
 For each dtype, a model with two adapters of random LoRA weights is served by a vLLM engine;
 completions of ``--tokens`` tokens are sampled from it (temperature 1) for ``--turns`` prompts

@@ -5,7 +5,7 @@ run's file and overrides by :func:`marlow.config.resolve`; under :data:`PER_TASK
 settings for one ``task.name``. Pure data: this module imports nothing of marlow, so that
 :mod:`marlow.config` (which validates the settings) can read it.
 
-Two presets reproduce the study (issue 17):
+Two presets reproduce the study:
 
 * ``paper``: its text (Table 7 and §A.7). Every field's default *is* its Table 7 value, so the
   preset only names the model and its bfloat16 base weights, and sizes the rollout batch and the

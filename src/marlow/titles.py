@@ -1,5 +1,5 @@
-"""Display titles of policies and model scales: one home for the grid's cell names (SPEC §1,
-``Voting-IP-tiny-s-Math``) and the report's labels. A workflow's title is its file's ``title:``
+"""Display titles of policies and model scales: one home for the grid's cell names
+(``Voting-IP-tiny-s-Math``) and the report's labels. A workflow's title is its file's ``title:``
 (:func:`marlow.workflows.load.workflow_title`).
 
 It sits at the bottom of the package (imports nothing of marlow) so that ``grids.grid``,

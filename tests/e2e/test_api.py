@@ -1,4 +1,4 @@
-"""The Python API (issue 18): the README's example runs as written, and load_run reads a run."""
+"""The Python API: the README's example runs as written, and load_run reads a run."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_the_readmes_python_example_runs_as_written(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert not cache.exists()  # the shipped world: nothing pre-trained, nothing cached
     assert "Loading weights" not in done.stderr + done.stdout  # quiet unless verbose
-    # quiet, not mute (issue 35, item 6): one line per long phase, and no detail
+    # quiet, not mute: one line per long phase, and no detail
     phases = done.stderr.splitlines()
     assert phases[0].startswith("training Voting (sp) on tiny-s (math), 2 steps"), phases
     assert phases[1].startswith("trained to step 2 in "), phases

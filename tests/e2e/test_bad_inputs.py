@@ -1,4 +1,4 @@
-"""Every bad input a clear error, nothing left behind (issue 13, item 3).
+"""Every bad input a clear error, nothing left behind.
 
 One table of bad inputs a user can type: config values, override syntax, config and data files,
 data rows, models, paths and command-line flags. For each, the CLI (driven in-process with
@@ -82,7 +82,7 @@ def run_folder(checkpoint: dict[str, str | bytes] | None = None, metrics: str | 
 
 
 CASES: list[Case] = [
-    # -- the issue's list ------------------------------------------------------------------
+    # -- the bad inputs --------------------------------------------------------------------
     value("routing-map-without-role-map", "policy.routing=map", "policy.role_map", "sp, ip"),
     value("workflow-n-0", "workflow.params={n: 0}", "workflow.params", ">= 1"),
     value("betas-2-3", "optim.betas=[2, 3]", "optim.betas", "[0, 1)"),

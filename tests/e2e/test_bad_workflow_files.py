@@ -1,4 +1,4 @@
-"""Every bad workflow file is one line of error, exit code 2, no traceback (issue 16, item 6).
+"""Every bad workflow file is one line of error, exit code 2, no traceback.
 
 Each row is a small change to a good file (Voting with its own tiny prompt), checked through
 ``marlow workflows check FILE`` (typer's CliRunner, in-process) and through ``marlow train
@@ -57,7 +57,7 @@ ROWS = {
     "unknown top field": (GOOD + "extra: 1\n", "line 16", "field 'extra'", "valid: name, title"),
     "no roles field": (swap("roles:", "rolez:"), "field 'rolez'", "unknown field"),
     "no answer": (GOOD.replace("answer: selected\n", ""), "field 'answer'", "required"),
-    "stage holds its prompt's text (issue 35)": (
+    "stage holds its prompt's text": (
         swap("prompt: say,", 'prompt: "Say: {problem}",'),
         "field 'stages[0].prompt'",
         "roles.generator.prompts",

@@ -1,4 +1,4 @@
-"""``--help`` at every level (issue 18): every argument shows, the key=value overrides included,
+"""``--help`` at every level: every argument shows, the key=value overrides included,
 each command that takes settings gives three examples, and every example is valid."""
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ def test_the_table_and_both_verdicts(tmp_path: Path):
 )
 def test_the_paper_preset_fits_the_studys_cards(model, card, tmp_path):
     """§A.8: two GPUs per cell, 48 GB L40S for 0.6B, 80 GB H100 for 1.7B and 4B; each
-    data-parallel process holds the whole plan, so the verdict is per GPU (issue 35, item 5)."""
+    data-parallel process holds the whole plan, so the verdict is per GPU."""
     done = plan_cli("preset=paper", f"model.name={model}", "--gpu-mem", str(card), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert f"fits in {card} GiB" in done.stdout, done.stdout

@@ -1,4 +1,4 @@
-"""``marlow grid`` as a user types it (issue 35, items 1, 7 and 9): key=value overrides, a dry
+"""``marlow grid`` as a user types it: key=value overrides, a dry
 run that counts the cells and says the controls are the default ones, a failed cell's line with
 ``[k/N]`` and its error file, and a grid trained with a workflow file by a relative path that
 reads (report, inspect) from another folder after that file is gone, under one workflow name."""

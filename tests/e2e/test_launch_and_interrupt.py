@@ -1,4 +1,4 @@
-"""Launching and stopping runs as a user (or a scheduler) does (issue 35, items 2 and 3).
+"""Launching and stopping runs as a user (or a scheduler) does.
 
 * ``torchrun --nproc_per_node 2 -m marlow train ...`` with no seeding setting: the default
   ``rollout.seeding=auto`` picks ``request``, the run records it and says so once;

@@ -1,4 +1,4 @@
-"""A run read from another folder than the one it was trained in (issue 35, item 1), and what
+"""A run read from another folder than the one it was trained in, and what
 resuming a finished run says (item 9).
 
 The run is trained with a workflow file given by a relative path; its folder keeps the file's

@@ -1,4 +1,4 @@
-"""What a run says while it works (issue 35, items 6 and 8): before pre-training an uncached
+"""What a run says while it works: before pre-training an uncached
 tiny world, what happens, an estimate of how long, and that ``preset=quickstart`` has a world of
 its own; and a warning naming the role and ``rollout.max_new_tokens`` when most turns are cut."""
 

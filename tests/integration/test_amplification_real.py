@@ -1,6 +1,6 @@
 """D2 on real runs of the fully pre-trained tiny world: a raised learning rate on Voting-IP, whose
 generator adapter takes the gradients of three same-role slots, fires gradient_amplification; the
-same run at the preset's rate does not (issue 13).
+same run at the preset's rate does not.
 
 Measured (threads 1, AMD EPYC): at lr 5e-3 the generator's chi2_update went from 0.07 at the
 warmup's end (step 4) to 12.5 at step 11 while the aggregator's stayed near 0.003 until step 7

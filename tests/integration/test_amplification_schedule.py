@@ -2,7 +2,7 @@
 warmup alone. A Voting IP run trains on one fixed set of problems (fresh samples every step)
 under a linear warmup: chi2_update grows with the rate's square during the warmup, so its peak
 over its first logged value is large. Measured from the warmup's end (runstats) the schedule
-alone cannot fire the detector; measured from the first value, as before issue 13, it did."""
+alone cannot fire the detector; measured from the first value, as marlow's earlier rule did, it fired."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def test_a_warmup_only_fixed_batch_run_does_not_fire(small_config, tmp_path):
     ratio = verdict.evidence["ratios"]["generator"]["chi2_update"]
     assert ratio is not None and ratio < 3.0
     # The same records with the baseline at the first positive value (no learning rate logged,
-    # the rule before issue 13): the warmup alone lifts the generator's ratio past rise (measured
+    # marlow's earlier rule): the warmup alone lifts the generator's ratio past rise (measured
     # 94). The flat rule is lifted here because the warmup lifts the aggregator's ratio too
     # (measured 1.8, over flat = 1.5): what is shown is the ratio, not the old verdict.
     unscheduled = [{k: v for k, v in r.items() if not k.endswith("/lr")} for r in records]

@@ -1,5 +1,5 @@
 """Data parallel on the CPU (gloo): ``torchrun --nproc_per_node 2 -m marlow train`` against one
-process with the same global batch and seeds (issue 15, item 4). With ``rollout.seeding=request``
+process with the same global batch and seeds. With ``rollout.seeding=request``
 every request samples the same tokens whichever rank it runs on, the update cuts its
 mini-batches from the global turn list and sums the gradients across ranks, so after 3 steps the
 adapters agree to 1e-5 and so do the per-role metrics (reduced over ranks, not rank 0's)."""

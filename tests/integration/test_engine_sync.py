@@ -1,4 +1,4 @@
-"""Adapter-sync checks that fail loudly (issue 15, item 6).
+"""Adapter-sync checks that fail loudly.
 
 After every update the trainer has the rollout engine score one probe turn per adapter and
 compares with its own log-probs (``marlow.training.sync``). The HF engine scores through the

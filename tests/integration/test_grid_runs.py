@@ -108,7 +108,7 @@ def test_missing_worlds_are_pre_trained_in_child_processes(tmp_path, monkeypatch
     worlds.pretrain_worlds(expand(parse_grid(grid)), lines.append)
     assert int((tmp_path / "tiny-s-math.pid").read_text()) != os.getpid()
     assert [x for x in lines if "failed" in x] == ["pre-training tiny-s (code) failed (exit 3)"]
-    for task in ("math", "code"):  # each world is announced first, with an estimate (issue 35)
+    for task in ("math", "code"):  # each world is announced first, with an estimate
         assert any(x.startswith(f"the tiny world tiny-s ({task}) is not cached") for x in lines)
 
 

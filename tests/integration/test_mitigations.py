@@ -1,4 +1,4 @@
-"""Mitigations inside a real update (issue 19): the per-role KL penalty's gradient equals the
+"""Mitigations inside a real update: the per-role KL penalty's gradient equals the
 plain-PyTorch gradient of beta * k3 against the base, for its role only; coherence damping and
 role balance change only what they should."""
 

@@ -1,4 +1,4 @@
-"""Portable adapters (issue 15, item 5): a run's adapters load with plain transformers + PEFT in a
+"""Portable adapters: a run's adapters load with plain transformers + PEFT in a
 fresh process with marlow's cache gone, and give the trainer's logits bit for bit.
 
 The run trains Voting-IP two steps on the shrunk tiny world; its logits on a few prompts, per

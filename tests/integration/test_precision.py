@@ -1,5 +1,5 @@
-"""The tiny preset with bfloat16 base weights, end to end, against the same run in float32
-(issue 15, item 1). The learn step compares the two on the device tests' device (the CPU unless
+"""The tiny preset with bfloat16 base weights, end to end, against the same run in float32.
+The learn step compares the two on the device tests' device (the CPU unless
 MARLOW_TEST_DEVICE names another: ``tests/conftest.py``); the end-to-end run puts bfloat16 on
 ``device=auto`` (the accelerator, where the machine has one) against float32 on the CPU.
 

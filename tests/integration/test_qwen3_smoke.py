@@ -1,4 +1,4 @@
-"""The real-scale smoke (issue 15, item 3), slow: two Voting-IP steps on the CPU with the Qwen3-0.6B
+"""The real-scale smoke, slow: two Voting-IP steps on the CPU with the Qwen3-0.6B
 architecture (random bfloat16 weights, a local tokenizer in the Qwen3 chat format: see
 :mod:`marlow.archs.stand_in`), settings in ``configs/qwen3-0.6b-smoke.yaml``. Its cost is
 measured in ``bench/qwen3_smoke.py``."""

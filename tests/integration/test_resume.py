@@ -1,4 +1,4 @@
-"""Resume continues the same run (issue 13): its own config, refused changes with a diff, a named
+"""Resume continues the same run: its own config, refused changes with a diff, a named
 damaged checkpoint with an earlier one offered, the last two checkpoints kept, and a run killed
 with SIGKILL anywhere (mid-run, or inside a checkpoint's commit) resuming bit-equal."""
 
@@ -263,7 +263,7 @@ def test_a_run_killed_anywhere_resumes_bit_equal(reference, tmp_path, point):
 def test_a_file_workflow_is_kept_in_the_run_and_a_resume_reads_the_copy(small_config, tmp_path):
     """config.yaml names a workflow file by its path; the run keeps the file's text beside it
     (RUN/workflow.yaml), and a resume reads that copy, never the path: after the file changed,
-    and after it is gone, the run goes on with the workflow it started with (issue 35)."""
+    and after it is gone, the run goes on with the workflow it started with."""
     source = Path(__file__).parents[2] / "configs" / "workflows" / "debate.yaml"
     mine = tmp_path / "debate.yaml"
     shutil.copy(source, mine)

@@ -1,4 +1,4 @@
-"""grpo.rollout_correction=truncate in a real update (issue 32, item 3): each token's surrogate is
+"""grpo.rollout_correction=truncate in a real update: each token's surrogate is
 weighed by min(pi_old / pi_sampler, C), so a sampler that gave every token twice the trainer's
 probability (log-probs raised by ln 2) halves the gradient; ``off`` ignores the
 sampler. The mismatch it corrects is logged per role as rollout_abs_dlogp (ln 2 here)."""

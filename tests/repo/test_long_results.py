@@ -1,4 +1,4 @@
-"""The committed long-run grids: the long grid (issue 19) and the dose-response grid (issue 34).
+"""The committed long-run grids: the long grid and the dose-response grid.
 Each report is of its grid file (``configs/grids/<name>.yaml``) as it stands, every cell
 finished, and each summary page is what ``docs/results/long_summary.py`` writes from the
 committed files."""

@@ -1,4 +1,4 @@
-"""Saved adapter configs are portable (issue 15, item 5): the base named as the caller says, and
+"""Saved adapter configs are portable: the base named as the caller says, and
 ``target_modules`` as short names exactly when they pick the same modules."""
 
 from __future__ import annotations

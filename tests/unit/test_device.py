@@ -1,4 +1,4 @@
-"""Device and precision (issue 15, item 1): which device a config's ``device`` names on this
+"""Device and precision: which device a config's ``device`` names on this
 machine, and which dtype each tensor kind has when the base is bfloat16 (base weights bfloat16;
 LoRA weights, their gradients, AdamW state and log-probs float32), on the device tests' device
 (the CPU unless MARLOW_TEST_DEVICE names another: ``tests/conftest.py``); and the per-phase

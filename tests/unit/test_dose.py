@@ -1,4 +1,4 @@
-"""The dose-response of same-role parallelism (issue 34): the within-seed slope, its permutation
+"""The dose-response of same-role parallelism: the within-seed slope, its permutation
 test and detectable effect worked by hand, and the dose table on hand-made runs."""
 
 from __future__ import annotations

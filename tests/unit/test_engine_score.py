@@ -1,4 +1,4 @@
-"""``HFEngine.score`` (issue 15, item 6): teacher-forced log-probs of given completions, the same
+"""``HFEngine.score``: teacher-forced log-probs of given completions, the same
 definition ``generate`` records, under each request's adapter."""
 
 from __future__ import annotations

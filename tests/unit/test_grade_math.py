@@ -1,4 +1,4 @@
-r"""The math grader (SPEC §3): extraction, equivalence, the math-verify worker and its time bound,
+r"""The math grader: extraction, equivalence, the math-verify worker and its time bound,
 and conformance on real data (every MATH-500 / GSM8K gold answer grades correct against itself,
 and a value-changing perturbation of it grades wrong)."""
 

@@ -1,4 +1,4 @@
-"""Mitigations (issue 19, docs/mitigations.md) on hand-made gradients and rewards: coherence
+"""Mitigations on hand-made gradients and rewards: coherence
 damping of same-role slots, role-balanced gradient mass, the per-role KL settings, and
 agent-wise advantage normalisation (Dr. MAS) as grpo.advantage_scope=role."""
 

@@ -1,4 +1,4 @@
-"""Every switch between marlow's behaviour and the study's official code (issue 17): hand-made
+"""Every switch between marlow's behaviour and the study's official code: hand-made
 cases where the two choices give different, hand-computed results."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The faithful presets (issue 17): ``official`` takes the official code's value on every switch,
+"""The faithful presets: ``official`` takes the official code's value on every switch,
 ``paper`` the text's, every difference is a documented switch, and docs/presets.md holds the
 table the code prints."""
 

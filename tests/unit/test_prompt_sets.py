@@ -1,4 +1,4 @@
-"""Prompt sets as data (issue 17): the built-in sets, a set of one's own, the official protocol's
+"""Prompt sets as data: the built-in sets, a set of one's own, the official protocol's
 set, and the errors a bad set file gets."""
 
 from __future__ import annotations

@@ -401,7 +401,7 @@ def test_cli_report(tmp_path):
     assert (tmp_path / "r.html").is_file() and (tmp_path / "r" / "table1.csv").is_file()
 
 
-# ------------------------------------------------ issue 18: headline, layout, counts, seeds
+# ------------------------------------------------------ headline, layout, counts, seeds
 
 
 def test_the_headline_says_what_the_tables_say(built):

@@ -1,4 +1,4 @@
-"""A catalogue of reward hacks against the code reward: every one must score 0 (issue 12).
+"""A catalogue of reward hacks against the code reward: every one must score 0.
 
 Each program tries one way to win tests it does not solve, against one of the three test forms:
 HumanEval's ``check(candidate)`` on real problems from ``tests/data``, function-call tests

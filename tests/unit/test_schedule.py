@@ -1,5 +1,5 @@
 """Each adapter's learning rate after k steps equals the cosine-with-warmup formula, in both
-stepping modes (SPEC §4.6)."""
+stepping modes."""
 
 import math
 

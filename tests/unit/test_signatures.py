@@ -1,4 +1,4 @@
-"""Trajectory signatures (SPEC §5) on small fixed texts, expected values worked out by hand."""
+"""Trajectory signatures on small fixed texts, expected values worked out by hand."""
 
 from __future__ import annotations
 

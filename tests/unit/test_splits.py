@@ -1,4 +1,4 @@
-"""Dataset splits (issue 17): marlow's id-hash split and the official code's, which is the
+"""Dataset splits: marlow's id-hash split and the official code's, which is the
 ``datasets`` library's seeded permutation of the rows; the held-out part; the official runtime
 filter of DeepCoder tests."""
 

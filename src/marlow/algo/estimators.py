@@ -1,4 +1,5 @@
-"""Per-token statistics of a policy on its sampled tokens: the estimators behind SPEC §5's metrics.
+"""Per-token statistics of a policy on its sampled tokens: the estimators behind the per-role
+metrics.
 
 With m_it in {0, 1} the mask and M = sum_it m_it the number of counted tokens:
 

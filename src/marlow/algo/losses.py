@@ -184,7 +184,7 @@ def _seq_mean_token_sum(m: Tensor) -> Tensor:
 
 
 AGGREGATIONS: tuple[str, ...] = tuple(_AGGREGATIONS)
-"""Valid aggregation mode names (SPEC §4.4; the default is `seq-mean-token-mean`)."""
+"""Valid aggregation mode names (the default is `seq-mean-token-mean`)."""
 
 
 def token_weights(mask: Tensor, mode: str, dtype: torch.dtype | None = None) -> Tensor:

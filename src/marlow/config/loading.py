@@ -134,7 +134,7 @@ def _valid_range(loc: tuple) -> str:
 
 def _shorthand(data: dict[str, Any]) -> dict[str, Any]:
     """``workflow: NAME`` (``workflow=FILE`` on the command line) is short for ``workflow.name``:
-    a built-in name or a workflow file's path, the one field a user sets most (issue 35)."""
+    a built-in name or a workflow file's path, the one field a user sets most."""
     if isinstance(data.get("workflow"), str):
         return {**data, "workflow": {"name": data["workflow"]}}
     return data

@@ -45,7 +45,7 @@ class ConfigError(ValueError):
 
 class _Section(BaseModel):
     # Non-finite numbers (nan, inf) are refused in every float field: an inf learning rate
-    # would train one step of non-finite adapters before anything noticed (issue 13).
+    # would train one step of non-finite adapters before anything noticed.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 

@@ -1,4 +1,4 @@
-"""Failure detectors on a run's records (SPEC §5), as pure functions returning a verdict with its
+"""Failure detectors on a run's records, as pure functions returning a verdict with its
 evidence. The trainer runs them after every validation (:func:`run_detectors`), ``marlow
 inspect`` and reports run them on finished runs.
 
@@ -85,8 +85,8 @@ def gradient_amplification(
     later validation is at least ``drop`` under the best one up to it. Why the onset and not the
     peak: on the tiny world a raised rate drove the 3-slot generator's chi2 up 100-fold over
     eight steps while validation was already falling, and the aggregator's chi2 jumped only once
-    its inputs (the generators' answers) had gone bad (issue 13, D2): "rising while single-slot
-    roles stay flat, before a validation drop" (SPEC 5) is read as the rise coming first.
+    its inputs (the generators' answers) had gone bad: "rising while single-slot
+    roles stay flat, before a validation drop" is read as the rise coming first.
     """
     start = warmup_end(records)
     curves = {

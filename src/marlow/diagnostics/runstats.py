@@ -1,4 +1,4 @@
-"""Run-level statistics of one run, from its ``metrics.jsonl`` records (SPEC §5).
+"""Run-level statistics of one run, from its ``metrics.jsonl`` records.
 
 * validation: peak accuracy and its step (ties go to the earliest step), final accuracy and its
   step, terminal drop = peak - final;
@@ -16,7 +16,7 @@ first *positive* logged value at or after the **end of the learning-rate warmup*
 taken from that step on. Why: on a fixed batch an update's size grows with the learning rate, and
 ``chi2_update`` with its square, so during the warmup (which starts at learning rate 0, as in verl
 and Hugging Face) the peak-over-first ratio measured the schedule, not the dynamics (8.3 with 15
-warmup steps, 2.8 with 3, on one fixed batch; issue 13, D2). The warmup's end is read from the
+warmup steps, 2.8 with 3, on one fixed batch). The warmup's end is read from the
 run's own records: the first step at which the largest logged adapter learning rate
 (``train/<adapter>/lr``) reaches its maximum over the run (the cosine schedule only falls after
 it). A run that logs no learning rate keeps the first positive value of the whole series. A
@@ -91,7 +91,7 @@ def rise_curve(
     is logged from there): the running median of the last ``window`` logged values over the first
     positive such median, the baseline. A median of 3 lets no single value move the curve: the
     sampled-token ``chi2_update`` estimate (mean rho^2 - 1) is noisy and can be negative, and one
-    spike fired the detector on a default-rate run (issue 13, D2). Empty when fewer than
+    spike fired the detector on a default-rate run. Empty when fewer than
     ``window`` values are logged or no median is positive. ``window=1`` is the raw series."""
     points = after_warmup(points, start)
     medians = [

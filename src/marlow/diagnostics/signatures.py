@@ -1,4 +1,4 @@
-r"""Trajectory signatures (SPEC §5): per-role shape statistics of a set of episodes.
+r"""Trajectory signatures: per-role shape statistics of a set of episodes.
 
 ``trajectory_signatures(episodes)`` -> ``{role: {name: value}}``, one entry per role that has at
 least one turn (roles in order of first appearance). Pure: no I/O, no model. ``write_signatures``
@@ -217,7 +217,7 @@ def strategy_signatures(
 def trajectory_signatures(
     episodes: Sequence[Episode], *, n_strategies: int | None = None
 ) -> Signatures:
-    """Per-role signatures of ``episodes`` (SPEC §5); see the module docstring for each rule.
+    """Per-role signatures of ``episodes``; see the module docstring for each rule.
 
     ``n_strategies`` overrides the number of strategies the orchestrator was asked for (by
     default, each episode's count of distinct worker slots)."""

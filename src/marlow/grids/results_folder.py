@@ -1,4 +1,4 @@
-"""A grid's results folder on disk, as the runner keeps it (SPEC §6).
+"""A grid's results folder on disk, as the runner keeps it.
 
 The results folder::
 

@@ -1,4 +1,4 @@
-"""Running a grid's cells into one results folder, on local processes or on Ray (SPEC §6).
+"""Running a grid's cells into one results folder, on local processes or on Ray.
 
 :func:`run_grid` expands the grid, takes the folder's lock, refuses a folder whose cells ran
 under other settings, pre-trains the tiny worlds the cells need, and drives a pool: ready cells

@@ -1,6 +1,6 @@
 """LoRA adapters on one frozen base: one adapter per policy, all resident at once.
 
-A *policy* (SPEC §1) is a named LoRA adapter. Isolated-policy routing attaches one adapter per role
+A *policy* is a named LoRA adapter. Isolated-policy routing attaches one adapter per role
 type, shared-policy routing one adapter for every role; both live on the same frozen base model, and
 the name ``BASE`` means "every adapter disabled".
 
@@ -11,7 +11,7 @@ Departures from plain PEFT usage, and why:
   and decides itself which parameters receive gradients (only the active adapter is in the graph),
   so :func:`activate` switches the active adapter on the LoRA layers directly and never touches
   ``requires_grad``. It also costs microseconds instead of a walk over every module.
-* **Parameters are matched by exact adapter name** (SPEC §4.7): ``...lora_A.<name>.weight`` with
+* **Parameters are matched by exact adapter name**: ``...lora_A.<name>.weight`` with
   ``<name>`` a whole dotted path component, so adapters ``worker`` and ``workers`` never mix.
 * **LoRA weights are float32 on any base dtype.** PEFT first creates an adapter in its base
   layer's dtype, then (``autocast_adapter_dtype=True``, passed explicitly here) casts bfloat16

@@ -1,4 +1,4 @@
-"""Reports of grid results folders (SPEC §6): ``marlow report DIR`` is :func:`build_report`.
+"""Reports of grid results folders: ``marlow report DIR`` is :func:`build_report`.
 
 * :mod:`~marlow.report.results`: read the folder, one :class:`CellRun` per finished cell, with
   ``runstats`` and the detectors computed once;

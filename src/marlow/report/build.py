@@ -177,7 +177,7 @@ def make_report(results_dir: str | Path) -> Report:
         instability_figure(inst),
         *roles,
     ]
-    # only a grid whose cells differ in one role's slot count (issue 34) has a dose-response
+    # only a grid whose cells differ in one role's slot count has a dose-response
     doses = dose_series(res)
     dose, dose_plots = dose_table(doses), dose_figures(doses)
     dose_ids = ["table-dose", *(p.id for p in dose_plots)] if dose is not None else []

@@ -1,4 +1,4 @@
-"""The dose-response of same-role parallelism (issue 34): slopes over the slot count n.
+"""The dose-response of same-role parallelism: slopes over the slot count n.
 
 The study's mechanism (reference/paper.md §5) is a dose-response claim: under Isolated-Policies
 *parallel same-role agents on shared prompts* amplify that role's gradient and drive the terminal
@@ -95,7 +95,7 @@ LABELS = {
     "peak": "peak validation accuracy",
 }
 PREDICTED = {("ip", "amplitude"), ("ip", "terminal_drop"), ("sp", "mass_share")}
-"""(policy, measure) the study predicts to rise with n (§5); the rest are measured, not judged."""
+"""(policy, measure) the study predicts to rise with n; the rest are measured, not judged."""
 POLICIES = ("ip", "sp")
 DIFF = "ip - sp"  # the policy column of the difference-of-slopes row
 

@@ -32,7 +32,7 @@ it would be a new compiled package on every install for the ~20 lines of numpy o
 :func:`sign_flip_p`, whose exact p-values are checked against hand-counted sign patterns in
 ``tests/unit/test_report.py``.
 
-**Dose-response slopes** (issue 34: an effect measured at several slot counts n of one role, on
+**Dose-response slopes** (an effect measured at several slot counts n of one role, on
 the same seeds). :func:`within_slope` is the ordinary least-squares slope of y on x with one
 intercept per seed (seed fixed effects)::
 

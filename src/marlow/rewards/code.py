@@ -1,4 +1,4 @@
-"""Code outcome reward (SPEC §3): the last fenced python block, run against hidden tests.
+"""Code outcome reward: the last fenced python block, run against hidden tests.
 
 ``score_code(completion, tests, **limits)`` is the fraction of tests passed; ``code_details``
 returns the same with one ``TestOutcome`` per test; ``score_code_batch`` scores many
@@ -6,7 +6,7 @@ returns the same with one ``TestOutcome`` per test; ``score_code_batch`` scores 
 the sandbox (``marlow.rewards.sandbox``), so a test's crash, timeout or output flood costs only
 that test.
 
-**Who decides** (issue 12): the verdict never comes from anything the program controls. A stdin
+**Who decides**: the verdict never comes from anything the program controls. A stdin
 test alone runs the program itself and compares its captured stdout here (its exit status can
 only fail it); every other test runs through the harness (``marlow.rewards.harness``): the
 sandboxed process holds the program and answers requests (call this function with these

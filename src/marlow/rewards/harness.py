@@ -1,6 +1,6 @@
 """The trusted side of the code harness: tests run here, each call of the candidate in the sandbox.
 
-The verdict never comes from anything the program controls (issue 12). The sandboxed process
+The verdict never comes from anything the program controls. The sandboxed process
 (``marlow.rewards._serve``) holds the candidate's code and answers requests: load the code, call
 a function with these arguments, run the program on this stdin. It receives arguments and inputs
 only; test code and expected values stay in this process. Its answers are parsed by

@@ -1,4 +1,4 @@
-r"""Math outcome reward (SPEC §3): the last boxed answer, graded against the gold answer.
+r"""Math outcome reward: the last boxed answer, graded against the gold answer.
 
 ``grade_math(completion, gold)`` -> 1.0 correct, 0.0 parsed but wrong, ``format_penalty``
 (default -0.1) when the completion has no parseable box. ``grade_math_batch`` grades many pairs

@@ -1,4 +1,4 @@
-"""Run untrusted, model-written Python in a separate, limited, throw-away process (SPEC §3).
+"""Run untrusted, model-written Python in a separate, limited, throw-away process.
 
 ``run_program(source, stdin, limits)`` runs one program; ``run_many(jobs)`` runs a list of them on
 a thread pool (one thread per core by default; each thread only waits on its own process). With

@@ -53,7 +53,7 @@ Choices the spec leaves open:
   (absent, null, or blank text), ``no_gold_marker`` (GSM8K), ``duplicate_prompt``,
   ``duplicate_id``, ``empty_tests``, ``unparseable_tests``, ``no_passing_tests``,
   ``outside_vocabulary`` (custom, on the tiny world).
-* ``strict=True`` turns the first skipped row into a ``DatasetError`` (SPEC §9); by default rows
+* ``strict=True`` turns the first skipped row into a ``DatasetError``; by default rows
   are skipped and counted. A source with no rows, or where *no* row could be kept, is a wrong file:
   ``DatasetError`` naming the first skip reason, the fields the dataset needs and the fields found.
 * ``limit`` caps the number of *kept* problems (reading stops there).

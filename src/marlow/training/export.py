@@ -14,7 +14,7 @@ so that, from ``DIR`` as the working folder (or with ``DIR/base`` spelled out)::
     base = AutoModelForCausalLM.from_pretrained("base", dtype=...)  # export.json's dtype
     model = PeftModel.from_pretrained(base, "adapters/<name>")
 
-computes the run's logits. Choices of marlow, not fixed by the issue: the latest checkpoint
+computes the run's logits. Choices of marlow, not fixed by the study: the latest checkpoint
 unless ``step`` is given; a local-folder base *is* copied here (a standalone folder is the point
 of an export; the run itself only names it); the base copied must still have the weights the
 run recorded (sha256), else nothing is written. ``DIR`` must be absent or empty; it is built in a

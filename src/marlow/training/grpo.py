@@ -1,6 +1,7 @@
-"""One GRPO update of one step, exactly SPEC §4, written to read like the algorithm box.
+"""One GRPO update of one step, exactly the study's objective, written to read like the
+algorithm box.
 
-    for each episode i of problem g:      A_i = (R_i - mean_g R) / (std_g R + eps)   (algo.credit)
+    for each episode i of problem g:      A_i = (R_i - mean_g R) / (std_g R + eps)   (algo.advantages)
     every token of every turn of i gets A_i (broadcast credit; scope and 1/N weighting optional)
     logp_old <- score every turn under the current adapters, before any update
     for each adapter a (routing order):

@@ -1,4 +1,4 @@
-"""Non-finite updates never land (SPEC §9): undo, count, and stop after a streak.
+"""Non-finite updates never land: undo, count, and stop after a streak.
 
 An adapter's update of a step is *skipped* when its loss or gradient is NaN/inf in any of its
 mini-batches (:class:`~marlow.training.grpo.NonFiniteLoss`), or when the updated adapter gives

@@ -10,7 +10,7 @@ Schedule (HF's ``get_cosine_schedule_with_warmup`` shape, min lr 0)::
 with W warmup steps and S total steps. Departure from HF: past S the rate stays at 0 instead of
 rising again along the cosine, except under ``shared-uncapped``.
 
-Stepping modes (SPEC §4.6, issue 17):
+Stepping modes:
 
 * ``per-step`` (default): every adapter's position t is the number of training steps done.
 * ``per-role-update``: one shared schedule stepped once per role update, so with P adapters each

@@ -19,7 +19,7 @@ the grid and the Python API reach directly), :func:`preflight` checks:
   one is named, with the last good one before it offered as ``--resume-from STEP``.
 
 Only then is ``config.yaml`` rewritten (with the accepted changes) and are the records after the
-checkpoint's step dropped. Choices made here, not fixed by the issue:
+checkpoint's step dropped. Choices made here, not fixed by the study:
 
 * ``steps`` may only grow. The cosine schedule is a function of ``steps``, so extending a run
   stretches the schedule from the resume step on: the rate at the resume step jumps to the

@@ -7,7 +7,7 @@ folder that has none (:func:`record`), and checked on every resume (:func:`chang
 :func:`marlow.training.resume.preflight`): a base whose weights changed is refused.
 
 What the adapters' ``adapter_config.json`` calls the base (``base_model_name_or_path``,
-:attr:`BaseRecord.adapter_base`), by kind; choices of marlow, not fixed by the issue:
+:attr:`BaseRecord.adapter_base`), by kind; choices of marlow, not fixed by the study:
 
 * ``tiny`` (a tiny scale): its pre-trained weights live in marlow's package (a shipped world)
   or its cache, under a hashed folder name, which another machine may not have. The run therefore keeps a copy, ``RUN/base/``: a

@@ -667,7 +667,7 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     return list(read_jsonl(Path(run_dir) / "metrics.jsonl"))
 
 
-# -- the code reward's sandbox: its isolation, once per run (issue 12) ------------------------------
+# -- the code reward's sandbox: its isolation, once per run ------------------------------
 
 
 def sandbox_isolation(config: RunConfig, log: Log) -> Isolation:

@@ -1,4 +1,4 @@
-"""Per-role credit (``grpo.credit: role``), the alternative SPEC §3 offers to broadcast credit.
+"""Per-role credit (``grpo.credit: role``), the alternative to broadcast credit.
 
 Under broadcast credit (the paper's, the default) every turn carries the episode's reward. Under
 role credit each turn is rewarded by the rule of its role's *kind* (the workflow file's

@@ -84,7 +84,7 @@ def quickstart_grid(
 def cell_configs(
     seed: int = 0, steps: int | None = None, settings: dict | None = None, task: str = "math"
 ) -> dict[str, RunConfig]:
-    """The quickstart's cells by name (SPEC §1), with their resolved configs."""
+    """The quickstart's cells by name, with their resolved configs."""
     return {c.name: c.config for c in expand(quickstart_grid(seed, steps, settings, task))}
 
 
@@ -188,9 +188,8 @@ def quickstart(
     timings["pretrain_or_cache_s"] = time.perf_counter() - t0
     dirs = {c.name: out / "cells" / c.name for c in cells}
     # Every cell at once, one torch thread each on every machine: tiny models gain nothing from
-    # intra-op threads, processes with several threads each on few cores slow down 10x+
-    # (MEASURED.md), and the thread count changes float sums, so the README's accuracies need
-    # one. The OS shares the cores; the cells finish at about the same time.
+    # intra-op threads, processes with several threads each on few cores slow down 10x+, and
+    # the thread count changes float sums, so the README's accuracies need one. The OS shares the cores; the cells finish at about the same time.
     t1 = time.perf_counter()
     states = run_grid(
         grid,

@@ -11,6 +11,7 @@ start leaves nothing behind, a run that trained keeps its files.
 from __future__ import annotations
 
 import functools
+import inspect as pyinspect
 import json
 import os
 import shutil
@@ -63,8 +64,9 @@ diagnostics, detectors) and marlow eval RUN (its latest checkpoint).
 
 [b]Before a GPU run[/b]: marlow plan CONFIG.yaml --gpu-mem 80 (memory, without loading a model).
 
-Settings are config fields as section.field=value (steps=50 policy.routing=sp optim.lr=1e-4);
-presets: marlow diff-presets paper official. Each command's --help has examples."""
+Settings are config fields as section.field=value (steps=50 policy.routing=sp optim.lr=1e-4):
+marlow settings lists every one; marlow diff-presets paper official compares two presets. Each
+command's --help has examples."""
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=USER_HELP, cls=_OneLineErrors)
 
@@ -232,7 +234,8 @@ def train(
 ) -> None:
     """Train one cell (a workflow under one routing) with GRPO.
 
-    Settings come from the config file (default: the tiny preset), then each key=value."""
+    Settings come from the config file (default: the tiny preset), then each key=value;
+    marlow settings lists every setting with its default and valid values."""
     resuming = resume or resume_from is not None
     if nproc > 1:
         _launch_data_parallel(nproc, args or [], out, resume, resume_from)
@@ -826,6 +829,38 @@ def diff_presets(
     Console().print(table)
 
 
+@app.command(
+    epilog=_examples("marlow settings", "marlow settings grpo", "marlow settings rollout.vllm")
+)
+def settings(
+    section: Annotated[
+        str | None,
+        typer.Argument(help="a section (top, grpo, rollout.vllm, ...); default: every one"),
+    ] = None,
+) -> None:
+    """Every setting a config may give: its default, valid values and what it does.
+
+    Set one in a config file or as section.field=value after marlow train."""
+    from rich.padding import Padding
+    from rich.text import Text
+
+    from marlow.config.describe import settings as described
+
+    try:
+        rows = described(section)
+    except ValueError as err:
+        _fail(str(err))
+    out = Console()
+    shown = None
+    for row in rows:
+        if row.section != shown:
+            shown = row.section
+            out.print(f"\n[b]{escape(shown)}[/b]", highlight=False)
+        valid = f"  ({row.valid})" if row.valid else ""
+        out.print(Text(f"{row.key} = {row.default}{valid}"), highlight=False)
+        out.print(Padding(Text(row.description), (0, 0, 0, 4)), highlight=False)
+
+
 @app.command()
 def tasks() -> None:
     """List the tasks task.name can name: the built-in ones and those installed packages publish
@@ -1180,6 +1215,37 @@ class _CellProgress:
         counts = f"{ended.count('done')} done, {ended.count('failed')} failed"
         line = f"[{_clock(now - self.start)}] {counts}; running: {', '.join(running) or 'none'}"
         print(line, file=sys.stderr, flush=True)
+
+
+def reflowed(text: str) -> str:
+    """A help text as rich should wrap it: the lines of each paragraph joined into one (rich keeps
+    a docstring's line breaks, which break a sentence mid-way on a narrow terminal). A paragraph
+    whose lines are indented (examples, a list) keeps its breaks."""
+    paragraphs = pyinspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(
+        p
+        if any(line.startswith((" ", "-", "*")) for line in p.splitlines()[1:])
+        else " ".join(line.strip() for line in p.splitlines())
+        for p in paragraphs
+    )
+
+
+def _reflow_help(typer_app: typer.Typer) -> None:
+    """Every command's and group's help of ``typer_app`` :func:`reflowed`."""
+    if typer_app.info.help:
+        typer_app.info.help = reflowed(typer_app.info.help)
+    for info in typer_app.registered_commands:
+        info.help = reflowed(info.help or pyinspect.getdoc(info.callback) or "")
+    for group in typer_app.registered_groups:
+        sub = group.typer_instance
+        if sub is not None:
+            for callback in (sub.registered_callback,):
+                if callback is not None and callback.callback is not None and not callback.help:
+                    callback.help = reflowed(pyinspect.getdoc(callback.callback) or "")
+            _reflow_help(sub)
+
+
+_reflow_help(app)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ each command that takes settings gives three examples, and every example is vali
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from marlow.cli import app
+from marlow.cli import app, reflowed
 from marlow.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,3 +78,39 @@ def test_three_examples_each_valid(name):
             assert (ROOT / file).exists(), file
         if name in ("train", "plan", "quickstart") or (name == "eval" and files):
             load_config(ROOT / files[0] if files else None, overrides)  # a valid config
+
+
+def _paths() -> list[tuple[str, ...]]:
+    """Every command path: the top level, each command, each group's commands."""
+    out: list[tuple[str, ...]] = [()]
+    for name, command in COMMAND.commands.items():
+        out.append((name,))
+        for sub in getattr(command, "commands", {}):
+            out.append((name, sub))
+    return out
+
+
+def _plain(markup: str) -> str:
+    return re.sub(r"\[/?b\]", "", markup).replace("\\[", "[")
+
+
+@pytest.mark.parametrize("path", _paths(), ids=lambda p: " ".join(p) or "marlow")
+def test_help_paragraphs_are_not_broken_mid_sentence_and_fit_80_columns(path):
+    """Rich keeps a help text's line breaks; marlow joins each paragraph's lines, so that a wide
+    terminal shows a paragraph on one line and a narrow one wraps it at its own width."""
+    command = COMMAND
+    for part in path:
+        command = command.commands[part]
+    lines = [line.strip() for line in help_of(*path).splitlines()]  # at 200 columns
+    for paragraph in reflowed(command.help or "").split("\n\n"):
+        if "\n" in paragraph or len(paragraph) > 190:  # an indented example keeps its breaks
+            continue
+        assert any(_plain(paragraph) in line for line in lines), paragraph
+    done = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "80"})
+    assert done.exit_code == 0
+    assert max(len(line) for line in done.output.splitlines()) <= 80
+
+
+def test_reflowed_joins_a_paragraphs_lines_and_keeps_indented_ones():
+    text = "One line\nand its rest.\n\nExamples:\n    marlow a\n    marlow b"
+    assert reflowed(text) == "One line and its rest.\n\nExamples:\n    marlow a\n    marlow b"

@@ -137,7 +137,9 @@ class TaskConfig(_Section):
         "the training source is then used whole",
     )
     val_dataset: str | None = Field(None, description="the format of val_source (as dataset)")
-    val_size: int = Field(500, ge=1)
+    val_size: int = Field(
+        500, ge=1, description="validation problems: the held-out part's (or val_source's) first"
+    )
     format_penalty: float = Field(-0.1, le=0.0, description="math: reward of an unboxed answer")
     code_timeout_s: float | None = Field(
         None, gt=0.0, description="code: seconds per hidden test; None: 2 (tiny), 6 (datasets)"
@@ -340,12 +342,29 @@ class WorkflowConfig(_Section):
 
 
 class PolicyConfig(_Section):
-    routing: RoutingKind = "ip"
-    role_map: dict[str, str] | None = None
-    lora_rank: int = Field(64, ge=1)
-    lora_alpha: int = Field(32, ge=1)
-    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    target_modules: str | list[str] = "all-linear"
+    routing: RoutingKind = Field(
+        "ip",
+        description="which LoRA adapter each role samples and trains: ip (one per role), sp (one "
+        "shared by every role), map (policy.role_map's), base (none: the base model, no "
+        "training)",
+    )
+    role_map: dict[str, str] | None = Field(
+        None,
+        description="routing map: role -> adapter name, naming every role of the workflow (roles "
+        "given one name share that adapter)",
+    )
+    lora_rank: int = Field(64, ge=1, description="LoRA rank r of every adapter (paper: 64)")
+    lora_alpha: int = Field(
+        32, ge=1, description="LoRA alpha; the update is scaled by alpha / rank (paper: 32)"
+    )
+    lora_dropout: float = Field(
+        0.0, ge=0.0, lt=1.0, description="dropout on the LoRA input while training (paper: 0)"
+    )
+    target_modules: str | list[str] = Field(
+        "all-linear",
+        description="the base's modules that get LoRA: all-linear (every linear layer but the "
+        "output head), or a list of module names (e.g. [q_proj, v_proj])",
+    )
 
     @model_validator(mode="after")
     def _map_needs_role_map(self) -> PolicyConfig:
@@ -407,11 +426,15 @@ class RolloutConfig(_Section):
         "marlow.rollout.register_backend (checked when a run starts)",
     )
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
-    temperature: float = Field(0.7, gt=0.0)
+    temperature: float = Field(
+        0.7, gt=0.0, description="sampling temperature of the training rollouts (paper: 0.7)"
+    )
     val_temperature: float | None = Field(
         None, ge=0.0, description="None: the training temperature; 0: greedy"
     )
-    max_new_tokens: int = Field(5120, ge=1)
+    max_new_tokens: int = Field(
+        5120, ge=1, description="the most tokens one turn may sample; a longer turn is cut there"
+    )
     max_prompt_tokens: int | None = Field(
         None,
         ge=1,
@@ -419,7 +442,9 @@ class RolloutConfig(_Section):
         "stages do not run; counted prompt_cap); None: no cap (Table 7's per-workflow caps: "
         "e.g. 20480 for Voting math)",
     )
-    max_batch: int = Field(256, ge=1)
+    max_batch: int = Field(
+        256, ge=1, description="the most sequences one sampling call of the engine holds at once"
+    )
     merge_lora: Literal["auto", "on", "off"] = Field(
         "auto",
         description="sample each adapter with its LoRA folded into a copy of the base weights "
@@ -440,9 +465,24 @@ class RolloutConfig(_Section):
 class GRPOConfig(_Section):
     batch_problems: int = Field(64, ge=1, description="B: problems per step (paper: 64)")
     group_size: int = Field(8, ge=2, description="n: episodes per problem (paper: 8)")
-    clip_low: float = Field(0.2, ge=0.0, lt=1.0)
-    clip_high: float = Field(0.28, ge=0.0)
-    aggregation: str = "seq-mean-token-mean"
+    clip_low: float = Field(
+        0.2,
+        ge=0.0,
+        lt=1.0,
+        description="the importance ratio is clipped below at 1 - clip_low (paper: 0.2)",
+    )
+    clip_high: float = Field(
+        0.28,
+        ge=0.0,
+        description="the importance ratio is clipped above at 1 + clip_high (paper: 0.28, "
+        "DAPO's clip-higher)",
+    )
+    aggregation: str = Field(
+        "seq-mean-token-mean",
+        description="how per-token losses become one loss: seq-mean-token-mean (each turn's "
+        "token mean, averaged over turns), token-mean (over every token of the mini-batch) or "
+        "seq-mean-token-sum (each turn's token sum, averaged over turns)",
+    )
     minibatch_turns: int = Field(
         64,
         ge=1,
@@ -454,7 +494,9 @@ class GRPOConfig(_Section):
         description="turns: an update takes M turns (marlow); prompts: M prompts' worth, "
         "M x group_size turns (verl's ppo_mini_batch_size, the official code: 512 turns)",
     )
-    epochs: int = Field(1, ge=1)
+    epochs: int = Field(
+        1, ge=1, description="passes over a step's rollouts, each in mini-batches (paper: 1)"
+    )
     eps: float = Field(
         1e-6, ge=0.0, description="added to the group std, not the variance (verl: 1e-6)"
     )
@@ -547,10 +589,14 @@ class GRPOConfig(_Section):
 
 
 class OptimConfig(_Section):
-    lr: float = Field(2e-5, gt=0.0)
-    warmup_steps: int = Field(15, ge=0)
-    grad_clip: float = Field(1.0, gt=0.0)
-    weight_decay: float = Field(0.01, ge=0.0)
+    lr: float = Field(2e-5, gt=0.0, description="AdamW's peak learning rate (paper: 2e-5)")
+    warmup_steps: int = Field(
+        15, ge=0, description="steps of linear warmup before the cosine decay (paper: 15)"
+    )
+    grad_clip: float = Field(
+        1.0, gt=0.0, description="each adapter's gradient is clipped to this L2 norm (paper: 1)"
+    )
+    weight_decay: float = Field(0.01, ge=0.0, description="AdamW's decoupled weight decay")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas, each in [0, 1)")
     schedule_stepping: ScheduleStepping = Field(
         "per-step",
@@ -628,7 +674,7 @@ class DiagnosticsConfig(_Section):
 class SinksConfig(_Section):
     tensorboard: bool = Field(False, description="also write TensorBoard event files (extra: tb)")
     wandb: bool = Field(False, description="also log to Weights & Biases (extra: wandb)")
-    wandb_project: str = "marlow"
+    wandb_project: str = Field("marlow", description="the Weights & Biases project (sinks.wandb)")
     wandb_mode: Literal["offline", "online"] = Field(
         "offline", description="offline needs no network; `wandb sync` uploads later"
     )
@@ -712,8 +758,17 @@ DTYPES: tuple[str, ...] = get_args(Dtype)
 
 
 class RunConfig(_Section):
-    preset: Literal["paper", "official", "tiny", "quickstart"] = "tiny"
-    seed: int = 0
+    preset: Literal["paper", "official", "tiny", "quickstart"] = Field(
+        "tiny",
+        description="the settings a run starts from, under its file and overrides: paper (the "
+        "study's text), official (the study's released code), tiny (small, on a CPU), "
+        "quickstart (the quickstart's cells); marlow diff-presets A B compares two",
+    )
+    seed: int = Field(
+        0,
+        description="seeds the run's random draws (adapter initialisation, data order, "
+        "sampling); the train/validation split has its own (task.split_seed)",
+    )
     device: str = Field(
         "auto",
         description=f"where every tensor of the run lives: {DEVICES} (auto: cuda if available, "
@@ -727,8 +782,12 @@ class RunConfig(_Section):
     steps: int = Field(
         500, ge=0, description="training steps; 0 only for an evaluation run (routing base or map)"
     )
-    val_every: int = Field(10, ge=1)
-    ckpt_every: int = Field(5, ge=1)
+    val_every: int = Field(
+        10, ge=1, description="validate every this many steps, and at step 0 and the last step"
+    )
+    ckpt_every: int = Field(
+        5, ge=1, description="save a checkpoint every this many steps, and at the last step"
+    )
     threads: int | None = Field(
         None,
         ge=1,

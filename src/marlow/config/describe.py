@@ -1,0 +1,146 @@
+"""Every setting of a run config, described from the schema itself: its dotted key, type, default,
+valid values and description. ``marlow settings [SECTION]`` prints them, and the settings
+reference page is written from the same rows, so neither can drift from what a run accepts."""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+from typing import Any, Literal, Union, get_args, get_origin
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from marlow.config.schema import RunConfig
+
+BOUNDS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+TOP = "top"
+"""The name of the section of the top-level fields (``steps``, ``seed``, ...)."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One field of the config, as a user types it (``section.field=value``)."""
+
+    key: str
+    type: str
+    default: str
+    valid: str  # the choices, or the bounds ("" where any value of the type is taken)
+    description: str
+
+    @property
+    def section(self) -> str:
+        """The section the key sits in (:data:`TOP` for a top-level field)."""
+        return self.key.rpartition(".")[0] or TOP
+
+
+def _is_section(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def _type_name(annotation: Any) -> str:
+    if get_origin(annotation) is Literal:
+        return "choice"
+    if get_origin(annotation) in (Union, types.UnionType):
+        parts = [_type_name(a) for a in get_args(annotation) if a is not type(None)]
+        optional = type(None) in get_args(annotation)
+        return " or ".join(parts) + (" or null" if optional else "")
+    origin = get_origin(annotation)
+    if origin is not None:
+        args = ", ".join(_type_name(a) for a in get_args(annotation))
+        return f"{origin.__name__}[{args}]"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _choices(annotation: Any) -> tuple[str, ...]:
+    """The values a Literal (possibly optional) admits."""
+    if get_origin(annotation) is Literal:
+        return tuple(str(a) for a in get_args(annotation))
+    if get_origin(annotation) in (Union, types.UnionType):
+        return tuple(c for a in get_args(annotation) for c in _choices(a))
+    return ()
+
+
+def _valid(info: FieldInfo) -> str:
+    choices = _choices(info.annotation)
+    if choices:
+        return ", ".join(choices)
+    bounds = [
+        f"{symbol} {getattr(m, name)}"
+        for m in info.metadata
+        for name, symbol in BOUNDS.items()
+        if getattr(m, name, None) is not None
+    ]
+    return " and ".join(bounds)
+
+
+def _default(info: FieldInfo) -> str:
+    value = info.get_default(call_default_factory=True)
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    return str(value)
+
+
+def settings(section: str | None = None) -> list[Setting]:
+    """Every setting, in the schema's order; with ``section`` (``grpo``, ``rollout.vllm``, or
+    :data:`TOP` for the top-level fields) only that section's own. An unknown section is a
+    ValueError naming the valid ones."""
+    rows: list[Setting] = []
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, info in model.model_fields.items():
+            if _is_section(info.annotation):
+                walk(info.annotation, f"{prefix}{name}.")
+                continue
+            rows.append(
+                Setting(
+                    key=f"{prefix}{name}",
+                    type=_type_name(info.annotation),
+                    default=_default(info),
+                    valid=_valid(info),
+                    description=info.description or "",
+                )
+            )
+
+    walk(RunConfig, "")
+    if section is None:
+        return rows
+    names = sections()
+    if section not in names:
+        raise ValueError(f"no settings section {section!r}; valid: {', '.join(names)}")
+    return [r for r in rows if r.section == section]
+
+
+def sections() -> list[str]:
+    """The sections in the schema's order, the top level (:data:`TOP`) first."""
+    seen = dict.fromkeys([TOP])
+    for row in settings():
+        seen.setdefault(row.section)
+    return list(seen)
+
+
+def settings_markdown() -> str:
+    """The settings reference page: a table per section."""
+    out = [
+        "# Settings",
+        "",
+        "Every field of a run config, generated from marlow's schema (`marlow settings "
+        "[SECTION]` prints the same). Set one in a config file (nested YAML) or on the command "
+        "line as `section.field=value`; a preset (`preset:`) gives the defaults a run starts "
+        "from, so the defaults below are the fields' own, before any preset.",
+    ]
+    for section in sections():
+        out += ["", f"## {'Top level' if section == TOP else section}", ""]
+        out += ["| setting | type | default | valid | description |", "|---|---|---|---|---|"]
+        for row in settings(section):
+            cells = [f"`{row.key}`", row.type, f"`{row.default}`", row.valid, row.description]
+            out.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")

@@ -28,7 +28,10 @@ def test_the_rows_are_every_leaf_field_of_the_schema_with_its_own_default():
             assert row.default == (shown if shown is not None else str(value)), key
     assert rows["grpo.clip_low"].valid == ">= 0.0 and < 1.0"
     assert rows["policy.routing"].valid == "sp, ip, map, base"
-    assert rows["steps"].section == TOP and rows["rollout.vllm.max_model_len"].section == "rollout.vllm"
+    assert (
+        rows["steps"].section == TOP
+        and rows["rollout.vllm.max_model_len"].section == "rollout.vllm"
+    )
 
 
 def test_each_key_is_one_a_run_accepts():

@@ -39,6 +39,8 @@ def _is_section(annotation: Any) -> bool:
 
 
 def _type_name(annotation: Any) -> str:
+    if isinstance(annotation, str):  # a forward reference (a model that holds itself)
+        return annotation
     if get_origin(annotation) is Literal:
         return "choice"
     if get_origin(annotation) in (Union, types.UnionType):
@@ -58,6 +60,8 @@ def _choices(annotation: Any) -> tuple[str, ...]:
         return tuple(str(a) for a in get_args(annotation))
     if get_origin(annotation) in (Union, types.UnionType):
         return tuple(c for a in get_args(annotation) for c in _choices(a))
+    if get_origin(annotation) is list:  # a list of choices: each item one of them
+        return _choices(get_args(annotation)[0])
     return ()
 
 
@@ -78,35 +82,43 @@ def _default(info: FieldInfo) -> str:
     value = info.get_default(call_default_factory=True)
     if value is None:
         return "null"
+    if value == "":
+        return '""'
     if isinstance(value, bool):
         return str(value).lower()
+    if isinstance(value, BaseModel):  # a section of its own: its fields' defaults
+        return ", ".join(f"{k}={_default(f)}" for k, f in type(value).model_fields.items())
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(str(v) for v in value) + "]"
     return str(value)
 
 
-def settings(section: str | None = None) -> list[Setting]:
-    """Every setting, in the schema's order; with ``section`` (``grpo``, ``rollout.vllm``, or
-    :data:`TOP` for the top-level fields) only that section's own. An unknown section is a
-    ValueError naming the valid ones."""
+def fields_of(model: type[BaseModel], prefix: str = "", recurse: bool = True) -> list[Setting]:
+    """The fields of any pydantic ``model`` as rows, in declaration order; with ``recurse`` a
+    field that is itself a model gives its own fields (``prefix`` + ``name.`` + field) instead
+    of a row. A required field's default is ``""``."""
     rows: list[Setting] = []
-
-    def walk(model: type[BaseModel], prefix: str) -> None:
-        for name, info in model.model_fields.items():
-            if _is_section(info.annotation):
-                walk(info.annotation, f"{prefix}{name}.")
-                continue
-            rows.append(
-                Setting(
-                    key=f"{prefix}{name}",
-                    type=_type_name(info.annotation),
-                    default=_default(info),
-                    valid=_valid(info),
-                    description=info.description or "",
-                )
+    for name, info in model.model_fields.items():
+        if recurse and _is_section(info.annotation):
+            rows += fields_of(info.annotation, f"{prefix}{name}.")
+            continue
+        rows.append(
+            Setting(
+                key=f"{prefix}{name}",
+                type=_type_name(info.annotation),
+                default="" if info.is_required() else _default(info),
+                valid=_valid(info),
+                description=info.description or "",
             )
+        )
+    return rows
 
-    walk(RunConfig, "")
+
+def settings(section: str | None = None) -> list[Setting]:
+    """Every setting of a run config, in the schema's order; with ``section`` (``grpo``,
+    ``rollout.vllm``, or :data:`TOP` for the top-level fields) only that section's own. An
+    unknown section is a ValueError naming the valid ones."""
+    rows = fields_of(RunConfig)
     if section is None:
         return rows
     names = sections()

@@ -100,20 +100,46 @@ class CellResources(BaseModel):
 class GridSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    workflows: list[str] = Field(default_factory=lambda: ["voting"], min_length=1)
-    policies: list[Literal["ip", "sp"]] = Field(default_factory=lambda: ["ip", "sp"])
-    scales: list[str] = Field(default_factory=lambda: ["tiny-s"], min_length=1)
-    tasks: list[str] = Field(default_factory=lambda: ["math"], min_length=1)
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    workflows: list[str] = Field(
+        default_factory=lambda: ["voting"],
+        min_length=1,
+        description="built-in workflow names or workflow files (.yaml)",
+    )
+    policies: list[Literal["ip", "sp"]] = Field(
+        default_factory=lambda: ["ip", "sp"], description="the routings trained per workflow"
+    )
+    scales: list[str] = Field(
+        default_factory=lambda: ["tiny-s"],
+        min_length=1,
+        description="models: tiny scales or Hugging Face ids / paths",
+    )
+    tasks: list[str] = Field(
+        default_factory=lambda: ["math"], min_length=1, description="task names (marlow tasks)"
+    )
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="run seeds")
     controls: list[Literal["base", "sa-rl", "transfer"]] = Field(
-        default_factory=lambda: ["base", "sa-rl"]
+        default_factory=lambda: ["base", "sa-rl"],
+        description="control cells: base (each workflow on the untrained model, validation "
+        "only), sa-rl (Single trained with the same settings), transfer (the SA-RL adapter on "
+        "each workflow's generator role, the others on the base, validation only)",
     )
-    settings: dict[str, Any] = Field(default_factory=dict)
-    variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    settings: dict[str, Any] = Field(
+        default_factory=dict, description="config settings every cell gets (nested, as in a config)"
+    )
+    variants: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="named setting sets; each multiplies the grid's cells (e.g. a mitigation)",
+    )
     exclude: list[dict[Literal["workflow", "policy", "scale", "task", "seed", "variant"], Any]] = (
-        Field(default_factory=list)
+        Field(
+            default_factory=list,
+            description="cells left out: each entry names axis values, and a cell matching all "
+            "of one entry's is excluded",
+        )
     )
-    resources: CellResources = Field(default_factory=CellResources)
+    resources: CellResources = Field(
+        default_factory=CellResources, description="what each cell asks a Ray cluster for"
+    )
 
     @field_validator("variants")
     @classmethod

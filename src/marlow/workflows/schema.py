@@ -55,7 +55,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from marlow.prompts import TEMPLATES
 
@@ -119,40 +119,85 @@ class _Strict(BaseModel):
 
 
 class ParamFile(_Strict):
-    default: int
-    min: int = 0
+    """A count parameter (``params: {n: {default: 3, min: 1}}``); ``workflow.params`` sets it."""
+
+    default: int = Field(description="its value unless workflow.params gives another")
+    min: int = Field(0, description="the smallest value workflow.params may give")
 
 
 class RoleFile(_Strict):
-    kind: str
-    prompts: dict[str, str | dict[str, str | dict[str, str]]] = {}
+    """A role: what it does (its kind), and prompts of its own."""
+
+    kind: str = Field(description=f"what the role does: {', '.join(KINDS)}")
+    prompts: dict[str, str | dict[str, str | dict[str, str]]] = Field(
+        {},
+        description="the role's own templates by variant: a str.format string for every style, "
+        "or {chat: ..., tiny: ...} whose values may be {math: ..., code: ...}",
+    )
 
 
 class StageFile(_Strict):
     """A stage, or (``repeat`` and ``stages`` only) a block of stages run for several rounds."""
 
-    role: str | None = None
-    prompt: str | None = None
-    slots: int | str = 1
-    when: str = "always"
-    parser: str | None = None
-    reads: dict[str, str] = {}
-    trajectory: str = "role"
-    skip_last: bool = False
-    repeat: int | str | None = None
-    stages: list[StageFile] | None = None
+    role: str | None = Field(None, description="the role that speaks in this stage")
+    prompt: str | None = Field(
+        None,
+        description="ROLE/VARIANT: a template of the built-in library; VARIANT: one of the "
+        "role's own prompts",
+    )
+    slots: int | str = Field(
+        1, description="how many times the role speaks in parallel: a number or a parameter's name"
+    )
+    when: str = Field(
+        "always", description=f"the episodes the stage runs in: {', '.join(CONDITIONS)}"
+    )
+    parser: str | None = Field(
+        None,
+        description=f"how the output is read: {', '.join(PARSERS)} (each for its kind), or none",
+    )
+    reads: dict[str, str] = Field(
+        {},
+        description="template field -> SOURCE.ROLE of an earlier stage's role; sources: "
+        + ", ".join(SOURCES),
+    )
+    trajectory: str = Field(
+        "role",
+        description="the name its turns carry for grpo.advantage_scope=trajectory: role, or slot "
+        "(each slot its own)",
+    )
+    skip_last: bool = Field(
+        False, description="inside a repeat: leave the stage out of the last round"
+    )
+    repeat: int | str | None = Field(
+        None, description="run this block's stages for rounds 1..R (a number or a parameter)"
+    )
+    stages: list[StageFile] | None = Field(None, description="the stages of a repeat block")
 
 
 class WorkflowFile(_Strict):
-    name: str | None = None
-    title: str | None = None
-    description: str = ""
-    params: dict[str, ParamFile] = {}
-    roles: dict[str, RoleFile]
-    stages: list[StageFile]
-    answer: str
-    credit: dict[str, str] = {}
-    conversation: bool = False
+    """A workflow file's top level."""
+
+    name: str | None = Field(None, description="its name (default: the file's name)")
+    title: str | None = Field(None, description="its title in cell names and reports")
+    description: str = Field("", description="one line on what it does (marlow workflows)")
+    params: dict[str, ParamFile] = Field({}, description="count parameters by name")
+    roles: dict[str, RoleFile] = Field(description="the roles by name")
+    stages: list[StageFile] = Field(description="the stages, in the order they run")
+    answer: str = Field(
+        description="the episode's answer: last.ROLE (that role's latest output) or selected "
+        "(the candidate the selection parser chose)"
+    )
+    credit: dict[str, str] = Field(
+        {},
+        description="under grpo.credit=role: kind -> credit rule ("
+        + ", ".join(CREDIT_RULES)
+        + "), over the defaults",
+    )
+    conversation: bool = Field(
+        False,
+        description="whether workflow.context=conversation sends each call after the episode's "
+        "chat so far",
+    )
 
 
 def _choices(valid) -> str:

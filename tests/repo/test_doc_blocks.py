@@ -241,3 +241,15 @@ def test_a_config_or_grid_file_in_the_docs_is_valid(block, scratch):
         assert re.search(r"\d+ cells: ", out), out
     else:
         load_config(file, [])
+
+
+# -- the README's links (the docs' own are checked by mkdocs build --strict) ------------------
+
+
+def test_every_relative_link_of_the_readme_names_a_file_of_the_repository():
+    text = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    local = [link for link in links if "://" not in link]
+    assert local, "the README links to no file"
+    for link in local:
+        assert (ROOT / link).exists(), f"README.md links to {link}, which does not exist"

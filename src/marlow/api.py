@@ -12,7 +12,7 @@ Face's "Loading weights") show; by default marlow is quiet, not mute: one line o
 long phase (pre-training a tiny world, with an estimate of its time; training; evaluating) and
 no third-party bars. Choices of marlow, not fixed by the spec.
 
-The README's "From Python" section holds a runnable example (``tests/e2e/test_api.py`` runs it).
+docs/how-to/python.md holds a runnable example (``tests/e2e/test_api.py`` runs it).
 """
 
 from __future__ import annotations

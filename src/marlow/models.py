@@ -101,9 +101,9 @@ def is_tiny(name: str) -> bool:
 
 PRETRAIN_MS_PER_EXAMPLE = {"tiny-s": 4.0, "tiny-m": 10.0, "tiny-l": 20.0}
 """Milliseconds a tiny world's pre-training spends per example on the 2-core CPU marlow is built
-on (README: tiny-s's full recipe, 64 x 1,200 examples, 280-340 s; tiny-m about 16 min; tiny-l
-37-51 min), for the estimate printed before a world is pre-trained. Another machine, or the code
-world's longer examples, may take longer: the line says it is an estimate."""
+on (docs/concepts/tiny-world.md: tiny-s's full recipe, 64 x 1,200 examples, 280-340 s; tiny-m
+about 16 min; tiny-l 37-51 min), for the estimate printed before a world is pre-trained. Another
+machine, or the code world's longer examples, may take longer: the line says it is an estimate."""
 
 
 def pretrain_notice(config: ModelConfig, task: str = "math") -> str | None:

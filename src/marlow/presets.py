@@ -97,15 +97,15 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny": _TINY,
     # The quickstart's: the tiny preset on a tiny-s world pre-trained with half the tokens of the
     # full recipe (8 examples x 4800 steps instead of 64 x 1200, which reached the same greedy
-    # accuracy, 0.545 on 200 problems), for 12 steps with 1 warm-up step, so that a cold
-    # quickstart fits 5 minutes on 2 cores. 12 steps, not 8: over three seeds on two kernel sets
-    # the best Voting cell gained +4.6 to +9.0 points in 8 steps and +8.2 to +9.8 in 12, where the
-    # curves were still rising at step 8 (measured: README). It validates at steps 0 and 12 only:
-    # a middle validation cost every trained cell a third of its validation time, which held to
-    # AVX2 put the cold quickstart over 2 minutes (121.5 s), and every trained Voting cell of 3
-    # seeds x 3 kernel settings peaked at step 12 (the single-agent control of seed 2 peaked at
-    # step 6: 0.512, then 0.498; README). Code runs as under the tiny preset (its own world, full
-    # recipe).
+    # accuracy, 0.545 on 200 problems), for 12 steps with 1 warm-up step, so that a cold quickstart
+    # fits 5 minutes on 2 cores. 12 steps, not 8: over three seeds on two kernel sets the best
+    # Voting cell gained +4.6 to +9.0 points in 8 steps and +8.2 to +9.8 in 12, where the curves
+    # were still rising at step 8 (measured: docs/benchmarks/quickstart.md). It validates at steps 0
+    # and 12 only: a middle validation cost every trained cell a third of its validation time, which
+    # held to AVX2 put the cold quickstart over 2 minutes (121.5 s), and every trained Voting cell
+    # of 3 seeds x 3 kernel settings peaked at step 12 (the single-agent control of seed 2 peaked at
+    # step 6: 0.512, then 0.498; the same page). Code runs as under the tiny preset (its own world,
+    # full recipe).
     "quickstart": {
         **_TINY,
         "steps": 12,

@@ -1,4 +1,5 @@
-"""The Python API: the README's example runs as written, and load_run reads a run."""
+"""The Python API: the docs' example (docs/how-to/python.md) runs as written, and
+load_run reads a run."""
 
 from __future__ import annotations
 
@@ -17,18 +18,18 @@ from marlow.config import ConfigError
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def readme_example() -> str:
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### From Python") :]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+def docs_example() -> str:
+    """The first Python block of the page "Train from Python"."""
+    text = (ROOT / "docs" / "how-to" / "python.md").read_text()
+    return re.search(r"```python\n(.*?)```", text, re.S).group(1)
 
 
-def test_the_readmes_python_example_runs_as_written(tmp_path):
+def test_the_docs_python_example_runs_as_written(tmp_path):
     # The example names the default tiny-s world, which marlow ships: it pre-trains nothing.
     cache = tmp_path / "cache"
     (tmp_path / "configs").symlink_to(ROOT / "configs")
     script = tmp_path / "example.py"
-    script.write_text(readme_example())
+    script.write_text(docs_example())
     env = {**os.environ, "MARLOW_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=env

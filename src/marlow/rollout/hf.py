@@ -9,8 +9,8 @@ log-prob recorded for it, is exactly the textbook definition the trainer re-comp
 
 Batches are left-padded with an explicit attention mask and position ids (cumsum(mask) - 1), so a
 row's tokens do not depend on what it is batched with (up to float round-off). Requests are grouped
-by adapter, one pass per adapter (faster than PEFT's mixed-adapter batches, which are
-also inference-only). Sampling draws from one ``torch.Generator`` seeded with ``params.seed`` per
+by adapter, one pass per adapter (faster than PEFT's mixed-adapter batches, which are also
+inference-only). Sampling draws from one ``torch.Generator`` seeded with ``params.seed`` per
 call, consumed group by group in order of first appearance, chunk by chunk: the same requests,
 params and ``max_batch`` give the same samples. Rows that have stopped leave the working batch,
 KV cache included, whenever they make up an eighth of it (a few long completions then no longer

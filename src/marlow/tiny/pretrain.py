@@ -88,16 +88,16 @@ PRECISION = "float32"
 and optimizer state, PyTorch's fused (sdpa) attention. Measured with ``bench/tiny_pretrain.py
 --precision --threads 2`` (tiny-s): bf16 autocast took 9.0x as long as this with torch held to
 AVX2 (a CPU without native bf16) and 0.6x on an AVX-512 CPU with native bf16. float32 is the only
-recipe that is fast on both, and a cache key that depended on the CPU would make the README's
-numbers machine-specific."""
+recipe that is fast on both, and a cache key that depended on the CPU would make the measured
+numbers (docs/benchmarks) machine-specific."""
 THREADS = 2
 """Torch threads of a pre-training unless the caller asks for others, on every machine: part of
 the recipe, never the machine's core count. A CPU's float32 sums are split across threads, so
 the weights depend on the thread count (tiny-s, 300 steps of 8: 1 and 2 threads gave different
 bytes; two runs at 2 threads, and two on different transformers releases, the same bytes). Two
 keeps the key of every world cached before this constant (all built on 2 cores); on a one-core
-machine it costs 12 % (measured: README). Another count is honoured and is another world, with
-its own key."""
+machine it costs 12 % (measured: docs/benchmarks/worlds.md). Another count is honoured and is
+another world, with its own key."""
 
 Log = Callable[[str], None]
 

@@ -188,8 +188,9 @@ def quickstart(
     timings["pretrain_or_cache_s"] = time.perf_counter() - t0
     dirs = {c.name: out / "cells" / c.name for c in cells}
     # Every cell at once, one torch thread each on every machine: tiny models gain nothing from
-    # intra-op threads, processes with several threads each on few cores slow down 10x+, and
-    # the thread count changes float sums, so the README's accuracies need one. The OS shares the cores; the cells finish at about the same time.
+    # intra-op threads, processes with several threads each on few cores slow down 10x+, and the
+    # thread count changes float sums, so the quickstart's measured accuracies need one. The OS
+    # shares the cores; the cells finish at about the same time.
     t1 = time.perf_counter()
     states = run_grid(
         grid,

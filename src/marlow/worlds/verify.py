@@ -35,7 +35,8 @@ TOLERANCE = 0.05
 world built on the CPU's own AVX-512 kernels (shipped) 0.522, built with torch and oneDNN held to
 AVX2 0.536, each the same on both kernel sets; a gap of 0.014. The two disagree on 10.6 % of the
 problems, so two equally good worlds differ by sqrt(0.106 / 500) = 0.015 (one standard error);
-0.05 is 3.4 of those, where a wrong recipe moved the accuracy by 7 points or more (README).
+0.05 is 3.4 of those, where a wrong recipe moved the accuracy by 7 points or more
+(docs/benchmarks/worlds.md).
 Measured again on 2026-11-26 on an Intel Xeon: rebuilt on its own AVX-512 kernels 0.524 (other
 bytes than the AMD-built world: MKL takes another path), and with MKL held to AVX2 as well
 (:data:`marlow.tiny.pretrain.AVX2_ONLY`) 0.478, a gap of 0.044: inside the tolerance, with less

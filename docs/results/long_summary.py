@@ -1,4 +1,4 @@
-"""Writes a long-run grid's summary page (issue 19) from its committed report and index.
+"""Writes a long-run grid's summary page from its committed report and index.
 
     marlow report runs/tiny-long -o docs/results/tiny-long/report.html
     cp runs/tiny-long/index.json docs/results/tiny-long/index.json
@@ -8,7 +8,7 @@ Reads ``report.json`` (every table of ``marlow report``) and ``index.json`` (eac
 seconds, as the grid runner recorded them) from the folder, so the page is regenerated from
 committed files alone. Per task, variant, scale and workflow: the mean peak and final validation
 accuracy of IP and SP over seeds and the base; then the claims, the dose-response when the grid
-has one (issue 34: its table, and each row's slope with its interval in words), the mitigation
+has one (its table, and each row's slope with its interval in words), the mitigation
 criterion, the detectors against the labels and the cell time.
 """
 

@@ -1,6 +1,7 @@
 """The reference pages of the documentation, written from the code: the command line (from the
 ``marlow`` command itself), the settings (from the config's schema), the workflow file and the
-grid file (from the models that read them). Each page is a pure function of the code, so a
+grid file (from the models that read them), the metrics and the run folder (from their
+catalogues, which tests hold to what a real run writes). Each page is a pure function of the code, so a
 committed page that differs from it is stale:
 
     python -m marlow.reference docs/reference            rewrite the pages
@@ -135,11 +136,65 @@ def grid_file_page() -> str:
     return _models_page("Grid file", intro, [GridSpec, CellResources])
 
 
+def metrics_page() -> str:
+    """Every metric of ``metrics.jsonl`` (:data:`marlow.diagnostics.metrics.METRICS`)."""
+    from marlow.diagnostics.metrics import METRICS
+
+    who = {
+        "role": "`train/ROLE/name`, `train/all/name`",
+        "all": "`train/all/name`",
+        "adapter": "`train/ADAPTER/name`",
+    }
+    out = [
+        "# Metrics",
+        "",
+        GENERATED,
+        "",
+        "The keys of `metrics.jsonl`, one JSON record per step, read as `split/who/name`: the "
+        "split (`train`, or `val` for validation steps), who (a role, `all` over every role, or "
+        "an adapter: `shared` under SP, the role's name under IP) and the metric's name. Each "
+        "record also holds `step`, the seconds of each phase (`time/*`) and, on CUDA, the peak "
+        "memory of the rollout and the learn phase (`memory/*`). `<x>` stands for any text.",
+        "",
+        "| name | keys | splits | when | meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for m in METRICS:
+        keys = who[m.who].replace("name", m.name)
+        if "val" in m.splits:
+            keys += " (and `val/...`)"
+        cells = [f"`{m.name}`", keys, m.splits, m.when, m.meaning]
+        out.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def run_folder_page() -> str:
+    """Every entry of a run folder (:data:`marlow.runfolder.RUN_FOLDER`)."""
+    from marlow.runfolder import RUN_FOLDER
+
+    out = [
+        "# Run folder",
+        "",
+        GENERATED,
+        "",
+        "What `marlow train --out RUN` writes (and `marlow eval RUN`, `marlow rescore RUN` add). "
+        "`marlow inspect RUN` reads it; `marlow.load_run(RUN)` from Python.",
+        "",
+        "| path | when | what |",
+        "|---|---|---|",
+    ]
+    for f in RUN_FOLDER:
+        out.append(f"| `{f.pattern}` | {_cell(f.when)} | {_cell(f.meaning)} |")
+    return "\n".join(out) + "\n"
+
+
 PAGES: dict[str, Callable[[], str]] = {
     "cli.md": cli_page,
     "settings.md": settings_page,
     "workflow-file.md": workflow_file_page,
     "grid-file.md": grid_file_page,
+    "metrics.md": metrics_page,
+    "run-folder.md": run_folder_page,
 }
 """Each reference page's file name and the function that writes it."""
 

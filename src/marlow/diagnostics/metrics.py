@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -124,3 +125,248 @@ def episode_metrics(meter: Meter, episodes: Sequence[Episode]) -> None:
         meter.set(role, "length_p50", float(np.percentile(arr, 50)))
         meter.set(role, "length_p95", float(np.percentile(arr, 95)))
         meter.set(role, "length_max", float(arr.max()))
+
+
+@dataclass(frozen=True)
+class MetricDoc:
+    """What one metric of ``metrics.jsonl`` means. ``name`` is the last part of a key
+    (``split/who/name``; ``<x>`` stands for any text); ``who`` says what the middle part names:
+    ``role`` (each role, and ``all`` over every role), ``all`` (only ``all``), ``adapter`` (each
+    adapter: ``shared`` under SP, the role's name under IP); ``splits`` are the splits that log
+    it; ``when`` says on which steps."""
+
+    name: str
+    who: str
+    splits: str
+    when: str
+    meaning: str
+
+    def matches(self, name: str) -> bool:
+        head, mark, tail = self.name.partition("<")
+        if not mark:
+            return name == self.name
+        rest = tail.partition(">")[2]
+        return name.startswith(head) and name.endswith(rest) and len(name) > len(head + rest)
+
+
+EVERY = "every step (val: each validation)"
+DIAGNOSED = "diagnostics.every's steps"
+METRICS: tuple[MetricDoc, ...] = (
+    MetricDoc(
+        "reward",
+        "role",
+        "train, val",
+        EVERY,
+        "mean reward of the episodes (a role: of the episodes it spoke in)",
+    ),
+    MetricDoc(
+        "accuracy",
+        "role",
+        "train, val",
+        EVERY,
+        "fraction of those episodes graded correct (reward >= task.correct_threshold)",
+    ),
+    MetricDoc(
+        "own_reward",
+        "role",
+        "train, val",
+        EVERY,
+        "grpo.credit=role: mean reward of the role's own turns, what it is trained on",
+    ),
+    MetricDoc(
+        "truncation_rate",
+        "role",
+        "train, val",
+        EVERY,
+        "fraction of the role's turns cut at rollout.max_new_tokens",
+    ),
+    MetricDoc(
+        "length_mean",
+        "role",
+        "train, val",
+        EVERY,
+        "mean completion length of the role's turns, in tokens",
+    ),
+    MetricDoc("length_p50", "role", "train, val", EVERY, "median completion length"),
+    MetricDoc("length_p95", "role", "train, val", EVERY, "95th percentile completion length"),
+    MetricDoc("length_max", "role", "train, val", EVERY, "longest completion"),
+    MetricDoc(
+        "reward_<reason>",
+        "role",
+        "train, val",
+        "steps where it is not zero",
+        "a user's "
+        "reward that gave none (reason: none, nonfinite, error, timeout): episodes (all) "
+        "or turns (a role) left out",
+    ),
+    MetricDoc(
+        "count_<counter>",
+        "all",
+        "train, val",
+        EVERY,
+        "a workflow counter's mean per "
+        "episode (verdict_correct, verdict_incorrect, verdict_unparsed, selection_fallback, "
+        "strategies_parsed, strategy_missing, prompt_cap)",
+    ),
+    MetricDoc(
+        "rounds_used",
+        "all",
+        "train, val",
+        EVERY,
+        "a workflow with rounds: the highest round an episode reached, averaged",
+    ),
+    MetricDoc(
+        "pass_at_n",
+        "all",
+        "train, val",
+        EVERY,
+        "a workflow that selects: fraction of episodes with a correct candidate",
+    ),
+    MetricDoc(
+        "majority_correct",
+        "all",
+        "train, val",
+        EVERY,
+        "a workflow that selects: fraction whose majority-vote candidate is correct",
+    ),
+    MetricDoc("n_problems", "all", "val", "validation steps", "problems validated"),
+    MetricDoc(
+        "entropy",
+        "role",
+        "train",
+        EVERY,
+        "mean per-token entropy of the policy at the sampling temperature, on its sampled tokens",
+    ),
+    MetricDoc(
+        "nll",
+        "role",
+        "train",
+        EVERY,
+        "mean negative log-probability of the sampled tokens under the policy",
+    ),
+    MetricDoc("perplexity", "role", "train", EVERY, "exp(nll)"),
+    MetricDoc(
+        "chi2_rollout",
+        "role",
+        "train",
+        EVERY,
+        "chi-square divergence between the "
+        "sampler's and the trainer's token distributions, on the sampled tokens",
+    ),
+    MetricDoc(
+        "rollout_abs_dlogp",
+        "role",
+        "train",
+        EVERY,
+        "mean |trainer - sampler| log-probability per sampled token",
+    ),
+    MetricDoc(
+        "chi2_update",
+        "role",
+        "train",
+        DIAGNOSED,
+        "chi-square divergence of the updated "
+        "policy from the one that sampled (the step's update size)",
+    ),
+    MetricDoc(
+        "kl_to_base",
+        "role",
+        "train",
+        DIAGNOSED,
+        "k3 estimate of KL(policy || base model) on the step's sampled tokens",
+    ),
+    MetricDoc(
+        "clipfrac_low",
+        "role",
+        "train",
+        EVERY,
+        "fraction of tokens whose importance ratio was clipped below (1 - grpo.clip_low)",
+    ),
+    MetricDoc(
+        "clipfrac_high", "role", "train", EVERY, "fraction clipped above (1 + grpo.clip_high)"
+    ),
+    MetricDoc("ratio_max", "role", "train", EVERY, "largest importance ratio of the role's tokens"),
+    MetricDoc(
+        "grad_norm_own",
+        "role",
+        "train",
+        EVERY,
+        "SP: L2 norm of the role's own share of the shared adapter's gradient",
+    ),
+    MetricDoc(
+        "grad_mass_share",
+        "role",
+        "train",
+        EVERY,
+        "SP: the role's gradient norm over the sum of every role's",
+    ),
+    MetricDoc(
+        "slot_coherence",
+        "role",
+        "train",
+        EVERY,
+        "mitigate.slot_damping: mean pairwise cosine of a role's slots' gradients",
+    ),
+    MetricDoc(
+        "slot_damping",
+        "role",
+        "train",
+        EVERY,
+        "mitigate.slot_damping: the factor each slot's gradient was multiplied by",
+    ),
+    MetricDoc(
+        "frac_reward_zero_std",
+        "all",
+        "train",
+        EVERY,
+        "fraction of advantage groups whose rewards are all equal (they teach nothing)",
+    ),
+    MetricDoc(
+        "sandbox_errors",
+        "all",
+        "train",
+        "steps where it is not zero",
+        "programs whose sandbox failed to start (graded wrong)",
+    ),
+    MetricDoc(
+        "grad_norm",
+        "adapter",
+        "train",
+        EVERY,
+        "the adapter's gradient L2 norm before clipping, averaged over its updates",
+    ),
+    MetricDoc("grad_norm_max", "adapter", "train", EVERY, "its largest over the step's updates"),
+    MetricDoc("loss", "adapter", "train", EVERY, "the policy loss, averaged over the updates"),
+    MetricDoc("lr", "adapter", "train", EVERY, "the adapter's learning rate after the step"),
+    MetricDoc("updates", "adapter", "train", EVERY, "optimizer updates the adapter has taken"),
+    MetricDoc(
+        "nonfinite_skips",
+        "adapter",
+        "train",
+        EVERY,
+        "1 when the step's update was non-finite and undone",
+    ),
+    MetricDoc(
+        "engine_drift",
+        "adapter",
+        "train",
+        "after each adapter sync",
+        "largest "
+        "|engine - trainer| log-probability on a probe, after the rollout engine got the "
+        "new weights",
+    ),
+)
+"""Every per-split metric of ``metrics.jsonl``. Besides them a record holds ``step`` and, per
+step, ``time/*`` (seconds of each phase: rollout, scoring, update, learn, stats, val,
+kl_to_base; ``rollout_tokens_per_s``) and, on CUDA, ``memory/*`` (peak allocated and reserved
+GiB of the rollout and the learn phase)."""
+TIMINGS = ("time/", "memory/", "step")
+
+
+def describe_metric(key: str) -> MetricDoc | None:
+    """The :data:`METRICS` entry of a ``metrics.jsonl`` key (``train/generator/entropy``), or
+    None for a key outside the catalogue (and for ``step``, ``time/*``, ``memory/*``)."""
+    parts = key.split("/")
+    if len(parts) != 3:
+        return None
+    return next((m for m in METRICS if m.matches(parts[2])), None)

@@ -966,6 +966,10 @@ def answer(
                 result = workflow.answer(questions[0], trace=trace, temperature=temperature)
                 if trace:
                     for t in result.turns:
+                        if "tool" in t:  # a tool stage's call: its inputs and what it returned
+                            print(f"--- tool {t['tool']} (slot {t['slot']}, {t['status']})")
+                            print(f"inputs: {json.dumps(t['inputs'])}\noutput:\n{t['output']}")
+                            continue
                         print(f"--- {t['role']} (slot {t['slot']}, adapter {t['adapter']})")
                         print(f"prompt:\n{t['prompt']}\ncompletion:\n{t['completion']}")
                     print("--- final answer")

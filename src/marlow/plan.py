@@ -159,6 +159,7 @@ class Plan:
     max_micro_tokens: int | None  # the largest grpo.micro_tokens that fits (None: none does)
     # what to set, together, for a run that does not fit: setting -> value (:func:`suggest`)
     suggestions: dict[str, Any] = field(default_factory=dict)
+    tools: list[str] = field(default_factory=list)  # the workflow's tool stages: no GPU memory
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -223,6 +224,7 @@ def plan_run(
         fits=fits,
         max_micro_tokens=max_micro,
         suggestions=suggestions,
+        tools=list(workflow.tools),
     )
 
 
@@ -356,6 +358,10 @@ def render(plan: Plan) -> list:
         "peak: base + adapters + max(activations, KV cache), per GPU: each data-parallel "
         "process (torchrun, marlow train --nproc) holds all of it",
     ]
+    if plan.tools:
+        notes.append(
+            f"tool stages ({', '.join(plan.tools)}): functions, no adapter and no GPU memory"
+        )
     out: list = [table, Text("\n".join(notes), style="dim")]
     if plan.gpu_mem_gib is not None:
         if plan.fits:

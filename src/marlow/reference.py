@@ -144,6 +144,7 @@ def metrics_page() -> str:
         "role": "`train/ROLE/name`, `train/all/name`",
         "all": "`train/all/name`",
         "adapter": "`train/ADAPTER/name`",
+        "tool": "`train/TOOL/name`",
     }
     out = [
         "# Metrics",
@@ -151,10 +152,11 @@ def metrics_page() -> str:
         GENERATED,
         "",
         "The keys of `metrics.jsonl`, one JSON record per step, read as `split/who/name`: the "
-        "split (`train`, or `val` for validation steps), who (a role, `all` over every role, or "
-        "an adapter: `shared` under SP, the role's name under IP) and the metric's name. Each "
-        "record also holds `step`, the seconds of each phase (`time/*`) and, on CUDA, the peak "
-        "memory of the rollout and the learn phase (`memory/*`). `<x>` stands for any text.",
+        "split (`train`, or `val` for validation steps), who (a role, `all` over every role, an "
+        "adapter: `shared` under SP, the role's name under IP; or a tool stage's name) and the "
+        "metric's name. Each record also holds `step`, the seconds of each phase (`time/*`) "
+        "and, on CUDA, the peak memory of the rollout and the learn phase (`memory/*`). `<x>` "
+        "stands for any text.",
         "",
         "| name | keys | splits | when | meaning |",
         "|---|---|---|---|---|",

@@ -84,6 +84,47 @@ class Turn:
         return self.finish_reason == "length"
 
 
+ToolStatus = Literal["ok", "error", "timeout"]
+
+
+@dataclass
+class ToolCall:
+    """One call of a workflow's tool stage inside an episode: a function, not a model. It has no
+    adapter, no tokens and no gradient; later stages read its text like a role's output."""
+
+    tool: str  # the stage's tool name: what later stages read (``last.TOOL``)
+    slot: int
+    round: int
+    inputs: dict[str, str]  # the stage's reads, as the function got them
+    completion_text: str  # what it returned, or what went wrong (what the next role sees)
+    status: ToolStatus
+    seconds: float
+    fields: dict[str, object] = field(default_factory=dict)  # structured fields it returned
+    after: int = 0  # the model turns the episode had before it: its place in the transcript
+
+    @property
+    def ok(self) -> bool | None:
+        """Whether the tool reported success: its ``ok`` field when it returned one (a failed or
+        timed-out call: False), else None."""
+        if self.status != "ok":
+            return False
+        value = self.fields.get("ok")
+        return value if isinstance(value, bool) else None
+
+    def record(self) -> dict[str, object]:
+        """The call as people read it, beside the turns (samples.jsonl, ``--trace``)."""
+        return {
+            "tool": self.tool,
+            "slot": self.slot,
+            "round": self.round,
+            "inputs": self.inputs,
+            "output": self.completion_text,
+            "status": self.status,
+            "seconds": round(self.seconds, 4),
+            **({"fields": self.fields} if self.fields else {}),
+        }
+
+
 REWARD_MISSING = ("reward_none", "reward_nonfinite", "reward_error", "reward_timeout")
 """Why an item has no reward (a user's reward returned None, NaN or inf, raised, or timed out);
 each is counted per role per step in metrics.jsonl."""
@@ -125,6 +166,21 @@ class Episode:
     correct: bool = False
     counters: dict[str, int] = field(default_factory=dict)  # parse failures, fallbacks, ...
     info: dict[str, float] = field(default_factory=dict)  # workflow extras (pass@N, majority, ...)
+    tools: list[ToolCall] = field(default_factory=list)  # tool stages' calls, apart from turns
+
+    def transcript(self) -> list[dict[str, object]]:
+        """Every turn and tool call in the order they happened, as records (samples.jsonl,
+        ``marlow answer --trace``, the server's ``turns``)."""
+        out: list[dict[str, object]] = []
+        tools = sorted(self.tools, key=lambda c: c.after)
+        at = 0
+        for i, turn in enumerate(self.turns):
+            while at < len(tools) and tools[at].after <= i:
+                out.append(tools[at].record())
+                at += 1
+            out.append(turn.record())
+        out += [c.record() for c in tools[at:]]
+        return out
 
     def reward_of(self, turn: Turn) -> float:
         """What ``turn`` is trained on: its own reward under per-role credit, else the episode's

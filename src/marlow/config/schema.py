@@ -339,6 +339,12 @@ class WorkflowConfig(_Section):
         description="how a verdict or a selection is read: last-box (the last \\boxed{}) or "
         "first-match (the official code's first match, marlow.parsers.PARSE_RULES)",
     )
+    tool_timeout_s: float = Field(
+        30.0,
+        gt=0.0,
+        description="the most seconds one call of a tool stage may take; a call past it gives "
+        "the next role a line saying so, and is counted",
+    )
 
 
 class PolicyConfig(_Section):

@@ -119,6 +119,7 @@ def episode_metrics(meter: Meter, episodes: Sequence[Episode]) -> None:
                 meter.add(t.role, missing, 1)
             elif t.reward is not None:  # per-role credit: what the role is trained on
                 meter.mean(t.role, "own_reward", t.reward, 1, also_all=False)
+    tool_metrics(meter, episodes)
     for role, values in lengths.items():
         arr = np.asarray(values)
         meter.set(role, "length_mean", float(arr.mean()))
@@ -127,13 +128,40 @@ def episode_metrics(meter: Meter, episodes: Sequence[Episode]) -> None:
         meter.set(role, "length_max", float(arr.max()))
 
 
+def _same(a: str, b: str) -> bool:
+    return " ".join(a.split()) == " ".join(b.split())
+
+
+def tool_metrics(meter: Meter, episodes: Sequence[Episode]) -> None:
+    """Per tool (its name in the role's place): ``calls`` per episode, ``errors`` (the fraction
+    of calls that raised, timed out or returned no text), ``seconds`` per call, ``ok_rate``
+    (of the calls that report ``ok``, the fraction that passed) and ``revision_rate``: of the
+    calls that reported a failure (``ok`` False, or a failed call) and are followed by a model
+    turn, the fraction where that turn's text differs from every text the tool was given
+    (whitespace aside): the next role changed the answer the tool examined."""
+    names = sorted({c.tool for ep in episodes for c in ep.tools})
+    for ep in episodes:
+        for name in names:
+            mine = [c for c in ep.tools if c.tool == name]
+            meter.mean(name, "calls", len(mine), 1, also_all=False)
+            for c in mine:
+                meter.mean(name, "errors", float(c.status != "ok"), 1, also_all=False)
+                meter.mean(name, "seconds", c.seconds, 1, also_all=False)
+                if c.ok is not None and c.status == "ok":
+                    meter.mean(name, "ok_rate", float(c.ok), 1, also_all=False)
+                if c.ok is False and c.after < len(ep.turns) and c.inputs:
+                    nxt = ep.turns[c.after].completion_text
+                    changed = not any(_same(nxt, seen) for seen in c.inputs.values())
+                    meter.mean(name, "revision_rate", float(changed), 1, also_all=False)
+
+
 @dataclass(frozen=True)
 class MetricDoc:
     """What one metric of ``metrics.jsonl`` means. ``name`` is the last part of a key
     (``split/who/name``; ``<x>`` stands for any text); ``who`` says what the middle part names:
     ``role`` (each role, and ``all`` over every role), ``all`` (only ``all``), ``adapter`` (each
-    adapter: ``shared`` under SP, the role's name under IP); ``splits`` are the splits that log
-    it; ``when`` says on which steps."""
+    adapter: ``shared`` under SP, the role's name under IP), ``tool`` (each tool stage's name);
+    ``splits`` are the splits that log it; ``when`` says on which steps."""
 
     name: str
     who: str
@@ -206,7 +234,7 @@ METRICS: tuple[MetricDoc, ...] = (
         EVERY,
         "a workflow counter's mean per "
         "episode (verdict_correct, verdict_incorrect, verdict_unparsed, selection_fallback, "
-        "strategies_parsed, strategy_missing, prompt_cap)",
+        "strategies_parsed, strategy_missing, prompt_cap, tool_error, tool_timeout)",
     ),
     MetricDoc(
         "rounds_used",
@@ -327,6 +355,31 @@ METRICS: tuple[MetricDoc, ...] = (
         "train",
         "steps where it is not zero",
         "programs whose sandbox failed to start (graded wrong)",
+    ),
+    MetricDoc("calls", "tool", "train, val", EVERY, "a tool stage's calls per episode"),
+    MetricDoc(
+        "errors",
+        "tool",
+        "train, val",
+        EVERY,
+        "fraction of its calls that raised, timed out or returned no text (the next role read "
+        "what went wrong)",
+    ),
+    MetricDoc("seconds", "tool", "train, val", EVERY, "seconds per call"),
+    MetricDoc(
+        "ok_rate",
+        "tool",
+        "train, val",
+        EVERY,
+        "of the calls that report ok, the fraction that passed",
+    ),
+    MetricDoc(
+        "revision_rate",
+        "tool",
+        "train, val",
+        EVERY,
+        "of the calls that reported a failure, the fraction after which the next role changed "
+        "its answer",
     ),
     MetricDoc(
         "grad_norm",

@@ -45,6 +45,7 @@ from marlow.report.tables import (
     missing_table,
     paired_table,
     table1,
+    tools_table,
 )
 from marlow.workflows.load import workflow_title
 
@@ -183,6 +184,8 @@ def make_report(results_dir: str | Path) -> Report:
     dose_ids = ["table-dose", *(p.id for p in dose_plots)] if dose is not None else []
     tables[1:1] = [dose] if dose is not None else []
     plots += dose_plots
+    tools = tools_table(res)
+    tables += [tools] if tools is not None else []
     sections = [
         ("sec-claims", "Claims C1-C4", ["table-claims"]),
         *([("sec-dose", "Dose-response of same-role parallelism", dose_ids)] if dose_ids else []),
@@ -194,6 +197,7 @@ def make_report(results_dir: str | Path) -> Report:
         ("sec-roles", "Per-role training series", [p.id for p in roles]),
         ("sec-table2", "Table 2: per-role peak-over-first ratios", ["table2"]),
         ("sec-signatures", "Trajectory signatures", ["table-signatures"]),
+        *([("sec-tools", "Tool stages", ["table-tools"])] if tools is not None else []),
         ("sec-detectors", "Detector verdicts", ["table-detectors"]),
         (
             "sec-detector-eval",

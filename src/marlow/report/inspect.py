@@ -54,6 +54,8 @@ ROLE_METRICS = (
 """Per-role training metrics shown in the table, in this order (absent ones are left out)."""
 
 ADAPTER_METRICS = ("grad_norm", "grad_norm_max", "lr", "updates", "loss")
+TOOL_METRICS = ("calls", "errors", "seconds", "ok_rate", "revision_rate")
+"""A tool stage's metrics (``marlow.diagnostics.metrics.tool_metrics``), in the tools table."""
 
 
 def _latest(records: list[dict], prefix: str) -> dict:
@@ -125,6 +127,17 @@ def inspect_run(run_dir: str | Path, overrides: list[str] | None = None) -> dict
         "adapters": {
             a: {m: train[f"train/{a}/{m}"] for m in ADAPTER_METRICS if f"train/{a}/{m}" in train}
             for a in adapters
+        },
+        "tools": {
+            name: {
+                split: {
+                    m: last[f"{split}/{name}/{m}"][1]
+                    for m in TOOL_METRICS
+                    if f"{split}/{name}/{m}" in last
+                }
+                for split in ("train", "val")
+            }
+            for name in workflow.tools
         },
         "signatures": (
             {"step": latest_sigs[0], "roles": latest_sigs[1]} if latest_sigs is not None else None
@@ -201,6 +214,16 @@ def render(report: dict) -> list:
             table.add_column(m, justify="right")
         for a, vals in report["adapters"].items():
             table.add_row(a, *(_fmt(vals.get(m)) for m in ADAPTER_METRICS))
+        out.append(table)
+
+    if report.get("tools"):
+        table = Table(title="tool stages (latest; per call unless said: calls per episode)")
+        table.add_column("tool")
+        for m in TOOL_METRICS:
+            table.add_column(m, justify="right")
+        for name, by_split in report["tools"].items():
+            for split, vals in by_split.items():
+                table.add_row(f"{name} ({split})", *(_fmt(vals.get(m)) for m in TOOL_METRICS))
         out.append(table)
 
     sig = report["signatures"]

@@ -278,3 +278,38 @@ def instability_table(res: GridRuns) -> Table:
         "collapse depth (first minus minimum of train/all/entropy)."
     )
     return Table("table-instability", "Instability amplitude (IP vs SP)", cols, rows, note)
+
+
+TOOL_COLUMNS = ("calls", "errors", "seconds", "ok_rate", "revision_rate")
+"""A tool stage's metrics (``marlow.diagnostics.metrics.tool_metrics``) in the tools table."""
+
+
+def tools_table(res: GridRuns) -> Table | None:
+    """Each cell's tool stages, their metrics averaged over the training steps (None when no
+    cell has one): how often each was called, its failures and time, how often the role after
+    a reported failure changed its answer."""
+    rows = []
+    for run in res.runs.values():
+        tools = sorted({k.split("/")[1] for r in run.records for k in r if _is_tool_key(k)})
+        for tool in tools:
+            row: dict = {**ident(run.id), "tool": tool}
+            for m in TOOL_COLUMNS:
+                values = [r[f"train/{tool}/{m}"] for r in run.records if f"train/{tool}/{m}" in r]
+                row[m] = sum(values) / len(values) if values else None
+            rows.append(row)
+    if not rows:
+        return None
+    note = (
+        "Per cell and tool stage, the mean over training steps: calls per episode; errors, the "
+        "fraction of calls that raised, timed out or returned no text; seconds per call; "
+        "ok_rate, of the calls that report ok, the fraction that passed; revision_rate, of the "
+        "calls that reported a failure, the fraction after which the next role changed the "
+        "answer the tool examined."
+    )
+    cols = [*IDENT, "tool", *TOOL_COLUMNS]
+    return Table("table-tools", "Tool stages", cols, rows, note)
+
+
+def _is_tool_key(key: str) -> bool:
+    parts = key.split("/")
+    return len(parts) == 3 and parts[0] == "train" and parts[2] == "calls"

@@ -293,7 +293,9 @@ def _judge(session: Session, case: TestCase, seq: int | None) -> TestOutcome:
             good = same_value(value, case.expected)
     except Exception as exc:  # the value breaks the comparison (an int too big for a float...)
         return TestOutcome(False, "wrong_answer", f"{type(exc).__name__}: {exc}"[:300])
-    return TestOutcome(good, "ok" if good else "wrong_answer")
+    if good:
+        return TestOutcome(True, "ok")
+    return TestOutcome(False, "wrong_answer", f"returned {value!r}"[:300])
 
 
 def _suitable(cases: list[TestCase]) -> bool:
@@ -338,7 +340,8 @@ def _outcomes(case_runs: list, run: RunResult) -> list[TestOutcome]:
         if not run.ok:
             return [TestOutcome(False, run.status, run.detail or run.stderr[-300:], run)]
         good = same_stdout(run.stdout, case.expected)
-        return [TestOutcome(good, "ok" if good else "wrong_answer", "", run)]
+        detail = "" if good else f"printed {run.stdout[:200]!r}"
+        return [TestOutcome(good, "ok" if good else "wrong_answer", detail, run)]
     out = []
     for got in conv.outcomes:
         if got is None or got.status == "no_result":  # the process died before answering

@@ -35,28 +35,29 @@ reason.
 
 from __future__ import annotations
 
-import asyncio
-import importlib
-import importlib.util
-import inspect
 import math
 import numbers
-import sys
-import threading
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, get_args
 
-from marlow.config import ConfigError, TaskConfig
+from marlow.config import TaskConfig
 from marlow.types import NoReward, Problem
+from marlow.usercode import (
+    CallFailed,
+    CallTimedOut,
+    UserCodeError,
+    call_guarded,
+    first_line,
+    load_callable,
+)
 
 REWARD_FORMS: tuple[str, ...] = get_args(TaskConfig.model_fields["reward_form"].annotation)
 RESERVED = ("prompts", "completions", "problem_ids")
 """Keywords marlow passes to a TRL-form reward: no dataset column may have these names."""
 
 
-class RewardLoadError(ConfigError):
-    """``task.reward`` cannot be imported or is not a function; the message is one line."""
+RewardLoadError = UserCodeError
+"""``task.reward`` cannot be imported or is not a function; the message is one line."""
 
 
 class RewardsMissing(RuntimeError):
@@ -65,51 +66,7 @@ class RewardsMissing(RuntimeError):
 
 def load_reward(spec: str) -> Callable[..., Any]:
     """The function ``spec`` names (``module:function`` or ``file.py:function``)."""
-    where, colon, name = spec.rpartition(":")
-    if not colon or not where or not name.isidentifier():
-        raise RewardLoadError(
-            f"task.reward is {spec!r}; valid: package.module:function or path/to/file.py:function"
-        )
-    if where.endswith(".py"):
-        path = Path(where).expanduser()
-        if not path.is_file():
-            raise RewardLoadError(f"task.reward {spec!r}: file {where} does not exist")
-        module_name = f"marlow_user_reward_{abs(hash(str(path.resolve())))}"
-        try:
-            found = importlib.util.spec_from_file_location(module_name, path)
-            module = importlib.util.module_from_spec(found)
-            sys.modules[module_name] = module  # dataclasses and pickling look modules up here
-            found.loader.exec_module(module)
-        except Exception as err:  # the user's module failed to run: one line
-            sys.modules.pop(module_name, None)
-            raise RewardLoadError(
-                f"task.reward {spec!r}: {where} failed to import: {_line(err)}"
-            ) from None
-    else:
-        try:
-            module = importlib.import_module(where)
-        except Exception as err:
-            raise RewardLoadError(
-                f"task.reward {spec!r}: cannot import {where}: {_line(err)}"
-            ) from None
-    fn = getattr(module, name, None)
-    if fn is None:
-        public = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
-        raise RewardLoadError(
-            f"task.reward {spec!r}: {where} has no {name!r}; its functions: "
-            f"{', '.join(public) or 'none'}"
-        )
-    if not callable(fn):
-        raise RewardLoadError(
-            f"task.reward {spec!r}: {name} is a {type(fn).__name__}, not callable"
-        )
-    return fn
-
-
-def _line(err: BaseException) -> str:
-    """``Type: first line`` of an exception, at most 300 characters."""
-    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
-    return f"{type(err).__name__}: {lines[0] if lines else ''}"[:300].rstrip(": ")
+    return load_callable(spec, "task.reward")
 
 
 def _columns(problem: Problem) -> dict[str, Any]:
@@ -127,30 +84,15 @@ class _Failed(Exception):  # noqa: N818 - a whole call failed: its reason and on
 
 
 def _call_in_thread(fn: Callable[[], Any], timeout_s: float) -> Any:
-    """``fn()`` (awaited when it returns a coroutine) in a daemon thread, at most ``timeout_s``."""
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            value = fn()
-            if inspect.isawaitable(value):
-                value = asyncio.run(_awaited(value))
-            box["value"] = value
-        except BaseException as err:  # noqa: BLE001 - the user's code: reported, never raised here
-            box["error"] = err
-
-    thread = threading.Thread(target=target, name="marlow-reward", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        raise _Failed("reward_timeout", f"took longer than task.reward_timeout_s={timeout_s:g}")
-    if "error" in box:
-        raise _Failed("reward_error", _line(box["error"]))
-    return box["value"]
-
-
-async def _awaited(value: Any) -> Any:
-    return await value
+    """``fn()`` under :func:`marlow.usercode.call_guarded`, its failures as the reward's reasons."""
+    try:
+        return call_guarded(fn, timeout_s, "marlow-reward")
+    except CallTimedOut:
+        raise _Failed(
+            "reward_timeout", f"took longer than task.reward_timeout_s={timeout_s:g}"
+        ) from None
+    except CallFailed as err:
+        raise _Failed("reward_error", str(err)) from None
 
 
 def _as_reward(value: Any) -> float:
@@ -290,7 +232,7 @@ class UserReward:
                         extra_info=_columns(problem),
                     )
                 except Exception as err:  # one item's failure is its own
-                    out.append((NoReward("reward_error"), _line(err)))
+                    out.append((NoReward("reward_error"), first_line(err)))
                     continue
                 try:
                     out.append((_as_reward(value), None))

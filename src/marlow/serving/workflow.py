@@ -278,7 +278,7 @@ class TrainedWorkflow:
                     prompt_tokens=sum(len(t.prompt_ids) for t in ep.turns),
                     completion_tokens=sum(len(t.completion_ids) for t in ep.turns),
                     finish=final.finish_reason if final is not None else "",
-                    turns=[t.record() for t in ep.turns] if trace else None,
+                    turns=ep.transcript() if trace else None,
                 )
             )
         return out[0] if one else out

@@ -20,7 +20,8 @@ form ``marlow.rewards.code.parse_tests`` accepts):
 * ``math500``: ``problem`` -> prompt, ``answer`` -> answer; meta keeps ``level``, ``subject``,
   ``unique_id`` and ``solution`` when present.
 * ``humaneval``: ``prompt`` is the prompt as is (the function signature and docstring); answer is
-  ``""``; meta has ``entry_point``, ``test``, ``canonical_solution``, ``task_id`` and
+  ``""``; meta has ``entry_point``, ``test``, ``canonical_solution``, ``task_id``,
+  ``visible_tests`` (the docstring's examples: :func:`visible_examples`; absent without any) and
   ``tests = {"check": test, "entry_point": entry_point, "prompt": prompt}`` (the code reward's
   check-harness form; the prompt's helpers run on the trusted side).
 * ``dapo``: the processed form (``open-r1/DAPO-Math-17k-Processed``): ``prompt`` (text) and
@@ -73,6 +74,7 @@ Choices the spec leaves open:
 
 from __future__ import annotations
 
+import ast
 import gzip
 import hashlib
 import json
@@ -249,6 +251,47 @@ def _math500(row: dict, i: int) -> Problem:
     return Problem(f"math500/{uid if uid else i}", problem, answer, meta)
 
 
+_EXAMPLE = re.compile(r"^\s*(?:>>>\s*)?(?P<call>\w+\(.*\))\s*(?:==|➞|=>|->)\s*(?P<out>.+)$")
+
+
+def visible_examples(prompt: str, entry: str) -> dict | None:
+    """A HumanEval prompt's docstring examples as function-call tests (the code reward's format:
+    ``fn_name``, ``inputs``, ``outputs``): ``>>> f(args)`` with the value on the next line, or
+    ``f(args) == value`` (also ``➞``, ``=>``, ``->``) on one line; each argument and value a
+    Python literal, each value kept as its JSON. These are what a solver may see, never the
+    hidden ``test`` (a few HumanEval docstrings show a wrong value, e.g. HumanEval/47's median:
+    the canonical solution fails those); None when the prompt shows none that parse."""
+    lines = prompt.splitlines()
+    inputs, outputs = [], []
+    for i, line in enumerate(lines):
+        text = line.strip()
+        call, out = None, None
+        if text.startswith(">>>") and i + 1 < len(lines):
+            call, out = text[3:].strip(), lines[i + 1].strip()
+        match = _EXAMPLE.match(text)
+        if match:
+            call, out = match["call"], match["out"].strip().rstrip(".")
+        if not call or not out or out.startswith(">>>"):
+            continue
+        try:
+            node = ast.parse(call, mode="eval").body
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+                continue
+            if node.func.id != entry or node.keywords:
+                continue
+            args = [ast.literal_eval(a) for a in node.args]
+            # as JSON, the code reward's form of an expected value (a tuple is a list there)
+            value = json.dumps(ast.literal_eval(out), allow_nan=False)
+        except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+            continue
+        if args not in inputs:
+            inputs.append(args)
+            outputs.append(value)
+    if not inputs:
+        return None
+    return {"fn_name": entry, "inputs": inputs, "outputs": outputs}
+
+
 def _humaneval(row: dict, i: int) -> Problem:
     prompt, entry, test = _text(row, "prompt"), _text(row, "entry_point"), _text(row, "test")
     canonical = row.get("canonical_solution") or ""
@@ -260,6 +303,9 @@ def _humaneval(row: dict, i: int) -> Problem:
         "canonical_solution": canonical,
         "tests": {"check": test, "entry_point": entry, "prompt": prompt},
     }
+    visible = visible_examples(prompt, entry)
+    if visible is not None:
+        meta["visible_tests"] = visible
     return Problem(f"humaneval/{task_id}", prompt, "", meta)
 
 

@@ -332,12 +332,35 @@ def build_tests(spec: Spec) -> dict[str, Any]:
     return {"fn_name": spec.fn_name, "inputs": inputs, "outputs": outputs}
 
 
+VISIBLE_TESTS = 2
+"""Visible tests per problem: examples a tool may run the program on (never the hidden ones)."""
+
+
+def build_visible_tests(spec: Spec, hidden: dict[str, Any]) -> dict[str, Any]:
+    """:data:`VISIBLE_TESTS` examples of ``spec`` (a pure function of its text, drawn apart from
+    the hidden tests' draws), none with a hidden test's input, in the hidden tests' format."""
+    rng = random.Random(f"marlow-tiny-code-visible-{text_hash(spec.text)}")
+    inputs: list = []
+    for _ in range(20):
+        for x in _inputs(spec, rng):
+            if x not in hidden["inputs"] and x not in inputs and len(inputs) < VISIBLE_TESTS:
+                inputs.append(x)
+    outputs = [run_reference(spec.right, spec.fn_name, i) for i in inputs]
+    return {
+        **{k: v for k, v in hidden.items() if k == "fn_name"},
+        "inputs": inputs,
+        "outputs": outputs,
+    }
+
+
 def make_problem(spec: Spec) -> Problem:
     """The ``Problem`` of a spec: tests in ``meta["tests"]`` (``marlow.rewards.code`` formats),
-    the reference and its slips in ``meta`` for the corpus; ``answer`` is empty (no gold text)."""
+    examples a tool may show in ``meta["visible_tests"]``, the reference and its slips in ``meta`` for the corpus; ``answer`` is empty (no gold text)."""
+    tests = build_tests(spec)
     meta = {
         "family": spec.family,
-        "tests": build_tests(spec),
+        "tests": tests,
+        "visible_tests": build_visible_tests(spec, tests),
         "reference": spec.right,
         "bug": spec.bug,
         "typos": list(spec.typos),

@@ -455,7 +455,7 @@ class Trainer:
             missing = missing_reason(ep.reward)
             if missing is not None:  # null in the file, and why
                 record.update(reward=None, reward_missing=missing)
-            record["turns"] = [t.record() for t in ep.turns]
+            record["turns"] = ep.transcript()
             self.samples.write(record)
 
     # -- the loop ---------------------------------------------------------------------------

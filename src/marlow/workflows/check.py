@@ -17,6 +17,7 @@ from marlow.policy.routing import make_routing
 from marlow.prompts import prompt_set
 from marlow.workflows.load import ParamError, build_workflow
 from marlow.workflows.spec import WorkflowSpec
+from marlow.workflows.tools import check_tools
 
 
 def check_workflow(cfg: WorkflowConfig, copy: Path | None = None) -> WorkflowSpec:
@@ -25,11 +26,12 @@ def check_workflow(cfg: WorkflowConfig, copy: Path | None = None) -> WorkflowSpe
     (:func:`workflow_copy`). Raises ConfigError naming ``workflow.name``
     (an unknown name, a bad file) or ``workflow.params``."""
     try:
-        return build_workflow(cfg.name, cfg.rounds_count, copy=copy, **cfg.params)
+        workflow = build_workflow(cfg.name, cfg.rounds_count, copy=copy, **cfg.params)
     except ParamError as err:
         raise ConfigError(f"config field 'workflow.params': {err}") from None
     except ValueError as err:
         raise ConfigError(f"config field 'workflow.name': {err}") from None
+    return workflow
 
 
 WORKFLOW_COPY = "workflow.yaml"
@@ -60,6 +62,10 @@ def check_run_config(cfg: RunConfig, copy: Path | None = None) -> WorkflowSpec:
     setting gets wrong (``workflow.name``, ``workflow.params``, ``policy.role_map``,
     ``grpo.role_weights``, ``mitigate.kl_coef``, ``workflow.prompts``)."""
     workflow = check_workflow(cfg.workflow, copy)
+    try:
+        check_tools(workflow.tools, workflow.name)
+    except ConfigError as err:
+        raise ConfigError(f"config field 'workflow.name': {err}") from None
     try:
         prompts = prompt_set(cfg.workflow.prompts)
     except ValueError as err:

@@ -26,9 +26,10 @@ from marlow.parsers import plan_of, selection_of, strategies_of, verdict_of
 from marlow.policy.routing import Routing
 from marlow.prompts import DEFAULT_SET, GENERIC_STRATEGY, fill, numbered, template
 from marlow.rollout.base import RolloutEngine
-from marlow.types import Episode, GenRequest, Problem, SamplingParams, Turn
+from marlow.types import Episode, GenRequest, Problem, SamplingParams, ToolCall, Turn
 from marlow.workflows.role_rewards import assign_role_rewards
 from marlow.workflows.spec import EpisodeRules, EpisodeState, Grader, Stage, WorkflowSpec
+from marlow.workflows.tools import call_tools, tool_call
 from marlow.workflows.votes import selection_extras
 
 
@@ -116,6 +117,9 @@ def parse(
 def final_answer(workflow: WorkflowSpec, state: EpisodeState) -> str:
     if workflow.answer == "selected":
         return state.selected
+    if workflow.answer == "latest":
+        turns = [t for t in state.episode.turns if t.kind == "answer"]
+        return turns[-1].completion_text if turns else ""
     turns = state.turns_of(workflow.answer.split(".", 1)[1])
     return turns[-1].completion_text if turns else ""
 
@@ -159,6 +163,10 @@ def holds(condition: str, state: EpisodeState) -> bool:
         return state.verdict is not True
     if condition == "verdict_correct":
         return state.verdict is True
+    if condition == "tool_failed":
+        return state.tool_ok is False
+    if condition == "tool_passed":
+        return state.tool_ok is True
     return True
 
 
@@ -172,6 +180,33 @@ def request_seed(stage: int, group: int, sample: int, slot: int) -> int:
     turn's place in the step (problem index in the whole batch, sample, slot), never of the
     rank or the batch it is generated in."""
     return (stage * 2_654_435_761 + group * 40_503 + sample * 977 + slot * 31 + 1) % (2**63 - 1)
+
+
+def run_tool_stage(
+    stage: Stage, active: Sequence[EpisodeState], style: str, rules: EpisodeRules
+) -> None:
+    """A tool stage (:mod:`marlow.workflows.tools`) in every active episode and slot: one call
+    each, recorded in ``Episode.tools`` and read by later stages like a role's turns; a failed
+    or timed-out call is counted (``tool_error``, ``tool_timeout``)."""
+    places, jobs = [], []
+    for st in active:
+        for slot in range(slots_of(stage, st, rules.workers)):
+            reads = {r.field: read(st, r.source, r.role, slot, style) for r in stage.reads}
+            places.append((st, slot, reads))
+            jobs.append((reads, st.problem, st.episode))
+    results = call_tools(stage.role, stage.call, jobs, rules.tool_timeout_s)
+    new: dict[int, list[ToolCall]] = {}
+    for (st, slot, reads), result in zip(places, results, strict=True):
+        done = tool_call(stage.role, slot, stage.round, reads, result, len(st.episode.turns))
+        st.episode.tools.append(done)
+        new.setdefault(id(st), []).append(done)
+        if done.status != "ok":
+            st.count(f"tool_{done.status}")
+    for st in active:
+        calls = new.get(id(st), [])
+        st.latest[stage.role] = calls
+        oks = [c.ok for c in calls]
+        st.tool_ok = False if False in oks else True if oks and all(oks) else None
 
 
 def run_episodes(
@@ -205,6 +240,9 @@ def run_episodes(
     counts = dict(workflow.params)  # the workflow's parameters, prompt fields too
     for index, stage in enumerate(workflow.stages):
         active = [st for st in states if not st.ended and holds(stage.when, st)]
+        if stage.kind == "tool":
+            run_tool_stage(stage, active, style, rules)
+            continue
         adapter = routing.adapter_for(stage.role)
         calls: list[tuple[EpisodeState, int, str, list[int]]] = []
         for st in active:

@@ -43,6 +43,7 @@ from marlow.workflows.spec import (
     workflow_names,
     workflow_path,
 )
+from marlow.workflows.tools import TOOL_SOURCES
 
 _NEEDS_PARSER = {kind: parser for parser, kind in PARSERS.items()}
 
@@ -122,7 +123,8 @@ class _Checker:
 
     def __init__(self, wf: WorkflowFile, err: _Errors) -> None:
         self.wf, self.err = wf, err
-        self.seen: set[str] = set()
+        self.seen: set[str] = set()  # roles and tools with a stage before
+        self.tools: dict[str, str] = {}  # tool name -> its call
         self.judged = False
         self.stages: list[tuple[Loc, StageFile]] = []
 
@@ -133,8 +135,55 @@ class _Checker:
             here = (*loc, i)
             if entry.repeat is not None or entry.stages is not None:
                 self.repeat(entry, here, in_repeat)
+            elif entry.tool is not None or entry.call is not None:
+                self.tool(entry, here, in_repeat)
             else:
                 self.stage(entry, here, in_repeat)
+
+    def tool(self, st: StageFile, loc: Loc, in_repeat: bool) -> None:
+        """A tool stage: a name that is no role's, a call, reads of earlier stages."""
+        err = self.err
+        for name in ("tool", "call"):
+            if getattr(st, name) is None:
+                raise err((*loc, name), "a tool stage needs both tool and call")
+        extra = sorted({"role", "prompt", "parser", "trajectory"} & st.model_fields_set)
+        if extra:
+            raise err(
+                (*loc, extra[0]),
+                f"a tool stage takes no {extra[0]}; valid: tool, call, reads, slots, when, "
+                "skip_last",
+            )
+        if not _is_name(st.tool) or st.tool in self.wf.roles:
+            raise err(
+                (*loc, "tool"),
+                f"tool name {st.tool!r} must be a word and not a role's name "
+                f"({_choices(self.wf.roles)})",
+            )
+        if self.tools.setdefault(st.tool, st.call) != st.call:
+            raise err(
+                (*loc, "call"),
+                f"tool {st.tool} calls {self.tools[st.tool]} in an earlier stage; one tool, one "
+                "function (give this stage another name)",
+            )
+        where, colon, name = st.call.rpartition(":")
+        if not colon or not where or not name.isidentifier():
+            raise err(
+                (*loc, "call"),
+                f"call is {st.call!r}; valid: package.module:function or path/to/file.py:function",
+            )
+        problem = _count_ok(st.slots, self.wf, 1)
+        if problem:
+            raise err((*loc, "slots"), problem)
+        if st.when not in CONDITIONS:
+            raise err(
+                (*loc, "when"), f"unknown condition {st.when!r}; valid: {_choices(CONDITIONS)}"
+            )
+        self.condition(st, loc)
+        if st.skip_last and not in_repeat:
+            raise err((*loc, "skip_last"), "only a stage inside a repeat block has a last round")
+        self.reads(st, loc)
+        self.seen.add(st.tool)
+        self.stages.append((loc, st))
 
     def repeat(self, entry: StageFile, loc: Loc, in_repeat: bool) -> None:
         if in_repeat:
@@ -166,8 +215,7 @@ class _Checker:
             raise err(
                 (*loc, "when"), f"unknown condition {st.when!r}; valid: {_choices(CONDITIONS)}"
             )
-        if st.when.startswith("verdict") and not self.judged:
-            raise err((*loc, "when"), f"{st.when} needs a judge role's stage before this one")
+        self.condition(st, loc)
         self.parser(st, kind, loc)
         if st.trajectory not in TRAJECTORIES:
             raise err(
@@ -189,6 +237,13 @@ class _Checker:
         self.seen.add(st.role)
         self.judged |= kind == "judge"
         self.stages.append((loc, st))
+
+    def condition(self, st: StageFile, loc: Loc) -> None:
+        """A verdict condition needs a judge's stage before, a tool condition a tool's."""
+        if st.when.startswith("verdict") and not self.judged:
+            raise self.err((*loc, "when"), f"{st.when} needs a judge role's stage before this one")
+        if st.when.startswith("tool") and not self.tools:
+            raise self.err((*loc, "when"), f"{st.when} needs a tool stage before this one")
 
     def templates(self, st: StageFile, loc: Loc) -> dict[tuple[str, str], str]:
         if any(c in st.prompt for c in "{} \n"):  # a template's text where its name belongs
@@ -241,8 +296,12 @@ class _Checker:
             if kind not in SOURCES or not role:
                 valid = ", ".join(f"{s}.ROLE" for s in SOURCES)
                 raise self.err(here, f"unknown source {source!r}; valid: {valid}")
-            if role not in wf.roles:
-                raise self.err(here, f"reads unknown role {role!r}; valid: {_choices(wf.roles)}")
+            if role in self.tools and kind not in TOOL_SOURCES:
+                valid = ", ".join(f"{s}.{role}" for s in TOOL_SOURCES)
+                raise self.err(here, f"{source} reads a tool, which has no {kind}; valid: {valid}")
+            if role not in wf.roles and role not in self.tools:
+                known = _choices([*wf.roles, *self.tools])
+                raise self.err(here, f"reads unknown role {role!r}; valid: {known}")
             if role not in self.seen:
                 raise self.err(
                     here,
@@ -264,10 +323,14 @@ def _check_answer(wf: WorkflowFile, err: _Errors, stages: list[tuple[Loc, StageF
         if not any(st.parser == "selection" for _, st in stages):
             raise err(("answer",), "'selected' needs a stage with parser: selection")
         answer_role = None
+    elif wf.answer == "latest":
+        if not any(spec.kind == "answer" for spec in wf.roles.values()):
+            raise err(("answer",), "'latest' needs a role of kind answer")
+        answer_role = None
     else:
         kind, _, answer_role = wf.answer.partition(".")
         if kind != "last" or answer_role not in wf.roles:
-            valid = ", ".join(["selected", *(f"last.{r}" for r in wf.roles)])
+            valid = ", ".join(["selected", "latest", *(f"last.{r}" for r in wf.roles)])
             raise err(("answer",), f"unknown answer {wf.answer!r}; valid: {valid}")
     for role, spec in wf.roles.items():
         if spec.kind == "final" and role != answer_role:
@@ -344,6 +407,21 @@ def compile_workflow(
 
     def compiled(st: StageFile, rnd: int) -> Stage:
         slots = count(st.slots)
+        if st.tool is not None:
+            if slots < 1:
+                raise ParamError(
+                    f"workflow {name}: parameter {st.slots} gives {st.tool} zero slots"
+                )
+            return Stage(
+                role=st.tool,
+                kind="tool",
+                prompt="",
+                slots=slots,
+                round=rnd,
+                when=st.when,
+                reads=tuple(Read(f, *src.split(".", 1)) for f, src in st.reads.items()),
+                call=st.call or "",
+            )
         if slots < 1:
             raise ParamError(
                 f"workflow {name}: parameter {st.slots} = {slots} gives {st.role} zero slots"
@@ -377,7 +455,8 @@ def compile_workflow(
                 for st in entry.stages
                 if not (skip and st.skip_last and rnd == last)
             ]
-    order = [st.role for _, st in located]
+    order = [st.role for _, st in located if st.tool is None]
+    tools = {st.tool: st.call for _, st in located if st.tool is not None}
     return WorkflowSpec(
         name=name,
         title=wf.title or name,
@@ -394,6 +473,7 @@ def compile_workflow(
         rounds=any(entry.stages is not None for entry in wf.stages),
         conversation=wf.conversation,
         source=err.source,
+        tools=tools,
     )
 
 

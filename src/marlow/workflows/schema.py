@@ -39,8 +39,15 @@ A workflow file declares (docs/workflows.md walks through one)::
 * **trajectory** (:data:`TRAJECTORIES`, default ``role``): how the stage's turns are named for
   ``grpo.advantage_scope: trajectory`` (the official code's groups): ``slot`` keeps the slots
   apart (Voting's voters), ``role`` pools them with the role's other stages.
-* **answer**: ``last.ROLE`` (that role's latest output) or ``selected`` (the candidate the
-  ``selection`` parser chose; its fallback is the first candidate, counted).
+* **answer**: ``last.ROLE`` (that role's latest output), ``latest`` (the latest output of any
+  role of kind ``answer``: a solver's, or a fixer's when one ran after it) or ``selected`` (the
+  candidate the ``selection`` parser chose; its fallback is the first candidate, counted).
+* **tools**: ``- {tool: NAME, call: package.module:function, reads: {...}}`` is a stage that
+  calls a function instead of a model (:mod:`marlow.workflows.tools`): it gets the stage's reads,
+  the problem and the episode so far, and returns text (and optionally fields) that later stages
+  read like a role's output (``last.NAME``). It takes ``slots``, ``when`` and ``reads`` like a
+  role's stage, and no ``role``, ``prompt``, ``parser`` or ``trajectory``; its name is not a
+  role's. Tool calls have no adapter and get no gradient.
 * **credit** (under ``grpo.credit: role``; broadcast credit gives every turn the episode reward):
   one rule per kind, :data:`DEFAULT_CREDIT` unless the file's ``credit:`` changes it.
 
@@ -75,6 +82,8 @@ CONDITIONS = {
     "always": "every episode",
     "verdict_incorrect": "the latest verdict is not Correct (unparseable counts as Incorrect)",
     "verdict_correct": "the latest verdict is Correct",
+    "tool_failed": "the latest tool stage reported a failure (ok false, or a call failed)",
+    "tool_passed": "the latest tool stage reported success (ok true in every call)",
 }
 
 SOURCES = {
@@ -140,6 +149,15 @@ class StageFile(_Strict):
     """A stage, or (``repeat`` and ``stages`` only) a block of stages run for several rounds."""
 
     role: str | None = Field(None, description="the role that speaks in this stage")
+    tool: str | None = Field(
+        None,
+        description="a tool stage instead: its name (what later stages read: last.TOOL); it "
+        "calls call, not a model",
+    )
+    call: str | None = Field(
+        None,
+        description="a tool stage's function: package.module:function or path/to/file.py:function",
+    )
     prompt: str | None = Field(
         None,
         description="ROLE/VARIANT: a template of the built-in library; VARIANT: one of the "
@@ -184,8 +202,9 @@ class WorkflowFile(_Strict):
     roles: dict[str, RoleFile] = Field(description="the roles by name")
     stages: list[StageFile] = Field(description="the stages, in the order they run")
     answer: str = Field(
-        description="the episode's answer: last.ROLE (that role's latest output) or selected "
-        "(the candidate the selection parser chose)"
+        description="the episode's answer: last.ROLE (that role's latest output), latest (the "
+        "latest output of any answer role) or selected (the candidate the selection parser "
+        "chose)"
     )
     credit: dict[str, str] = Field(
         {},

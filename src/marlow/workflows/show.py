@@ -16,6 +16,7 @@ from marlow.types import Completion, GenRequest, Problem, SamplingParams
 from marlow.workflows.engine import run_episodes
 from marlow.workflows.load import build_workflow
 from marlow.workflows.spec import WorkflowSpec, workflow_names
+from marlow.workflows.tools import check_tools
 
 STUB = Problem("stub", "What is 12 + 30?", "42")
 
@@ -66,6 +67,7 @@ def builtin_table() -> list[dict[str, str]]:
 def describe(wf: WorkflowSpec, style: str = "tiny", task: str = "math") -> list[str]:
     """Lines that show ``wf``: roles and kinds, stages, answer, credit, and the prompts of one
     example episode on a stub problem (``style`` and ``task`` pick the templates)."""
+    check_tools(wf.tools, wf.name)  # a tool's function imports (the example calls it)
     lines = [f"{wf.title} ({wf.name}, {wf.source})"]
     lines.append("roles: " + ", ".join(f"{r} ({k})" for r, k in wf.kinds.items()))
     if wf.params:
@@ -73,6 +75,8 @@ def describe(wf: WorkflowSpec, style: str = "tiny", task: str = "math") -> list[
     lines.append("stages:")
     for i, s in enumerate(wf.stages, 1):
         parts = [f"{s.role} x{s.slots}", f"prompt {s.prompt}", f"round {s.round}"]
+        if s.kind == "tool":
+            parts = [f"tool {s.role} x{s.slots}", f"call {s.call}", f"round {s.round}"]
         if s.when != "always":
             parts.append(f"when {s.when}")
         if s.parser:
@@ -96,8 +100,12 @@ def describe(wf: WorkflowSpec, style: str = "tiny", task: str = "math") -> list[
         sampling=SamplingParams(0.7, 16, 0),
     )[0]
     lines.append(f"example episode ({style} prompts, {task}; stub problem {STUB.prompt!r}):")
-    for t in episode.turns:
-        lines.append(f"--- {t.role} slot {t.slot} round {t.round} ({t.kind}) prompt:")
-        lines.extend(t.prompt_text.splitlines())
+    for i, t in enumerate([*episode.turns, None]):
+        for c in (c for c in episode.tools if c.after == i):
+            lines.append(f"--- tool {c.tool} slot {c.slot} round {c.round} ({c.status}) output:")
+            lines.extend(c.completion_text.splitlines())
+        if t is not None:
+            lines.append(f"--- {t.role} slot {t.slot} round {t.round} ({t.kind}) prompt:")
+            lines.extend(t.prompt_text.splitlines())
     lines.append(f"--- final answer: {episode.final_answer}")
     return lines

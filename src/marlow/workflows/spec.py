@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from marlow.config import ConfigError, RunConfig
-from marlow.types import Episode, Problem, Turn
+from marlow.types import Episode, Problem, ToolCall, Turn
 
 BUILTIN_DIR = Path(__file__).with_name("files")
 FILE_SUFFIXES = (".yaml", ".yml")
@@ -34,11 +34,16 @@ class EpisodeState:
     plans: dict[str, list[str | None]] = field(default_factory=dict)  # plan role -> strategies
     candidates: list[str] = field(default_factory=list)  # what the latest selection chose among
     selected: str = ""  # the candidate it chose
-    latest: dict[str, list[Turn]] = field(default_factory=dict)  # role -> its latest stage's turns
+    # role (or tool) -> its latest stage's turns (or calls)
+    latest: dict[str, list[Turn | ToolCall]] = field(default_factory=dict)
     ended: bool = False  # a call's prompt passed rollout.max_prompt_tokens: no later stage runs
+    tool_ok: bool | None = None  # the latest tool stage: failed, passed, or said neither
 
-    def turns_of(self, role: str) -> list[Turn]:
-        return [t for t in self.episode.turns if t.role == role]
+    def turns_of(self, role: str) -> list[Turn | ToolCall]:
+        """A role's turns, or a tool's calls (a tool's name is never a role's)."""
+        return [t for t in self.episode.turns if t.role == role] or [
+            c for c in self.episode.tools if c.tool == role
+        ]
 
     def count(self, counter: str, k: int = 1) -> None:
         self.episode.counters[counter] = self.episode.counters.get(counter, 0) + k
@@ -55,7 +60,8 @@ class Read:
 
 @dataclass(frozen=True)
 class Stage:
-    """One role called for ``slots`` slots in every episode where ``when`` holds."""
+    """One role called for ``slots`` slots in every episode where ``when`` holds; or, with kind
+    ``tool``, a tool's function (:mod:`marlow.workflows.tools`) called the same way."""
 
     role: str
     kind: str
@@ -67,6 +73,7 @@ class Stage:
     reads: tuple[Read, ...] = ()
     count: int = 0  # strategies parser: how many strategies (the slots of the stage reading them)
     trajectory: str = "role"  # schema.TRAJECTORIES: how its turns are named (Turn.trajectory)
+    call: str = ""  # a tool stage (kind "tool", role the tool's name): the function it calls
 
     def trajectory_of(self, slot: int) -> str:
         """The trajectory name of the stage's turn in ``slot``: ``generator`` or ``generator0``."""
@@ -98,7 +105,8 @@ class EpisodeRules:
     * ``prompts``: the chat prompt set library templates come from (``marlow.prompts``; a tiny
       model always reads the ``tiny`` set);
     * ``correct_at``: a reward at least this is correct (accuracy, pass@N, majority vote, a
-      verdict's credit); a missing reward (NaN) is never correct.
+      verdict's credit); a missing reward (NaN) is never correct;
+    * ``tool_timeout_s``: the most seconds one call of a tool stage may take.
     """
 
     credit: str = "broadcast"
@@ -109,6 +117,7 @@ class EpisodeRules:
     max_prompt_tokens: int | None = None
     prompts: str = "marlow"
     correct_at: float = 1.0
+    tool_timeout_s: float = 30.0
 
     @classmethod
     def of(cls, config: RunConfig) -> EpisodeRules:
@@ -121,6 +130,7 @@ class EpisodeRules:
             max_prompt_tokens=config.rollout.max_prompt_tokens,
             prompts=config.workflow.prompts,
             correct_at=config.task.correct_threshold,
+            tool_timeout_s=config.workflow.tool_timeout_s,
         )
 
     def within_context(self, positions: int | None, new_tokens: int) -> EpisodeRules:
@@ -145,7 +155,7 @@ class WorkflowSpec:
     name: str
     title: str
     stages: tuple[Stage, ...]
-    kinds: Mapping[str, str]  # role -> kind, in order of first appearance
+    kinds: Mapping[str, str]  # role -> kind, in order of first appearance (tools are no roles)
     answer: str  # "selected" or "last.ROLE"
     credit: Mapping[str, str]  # kind -> credit rule (schema.CREDIT_RULES)
     params: Mapping[str, int] = field(default_factory=dict)  # also prompt fields ({n})
@@ -154,6 +164,7 @@ class WorkflowSpec:
     rounds: bool = False  # declared a repeat block: episodes report rounds_used
     conversation: bool = False  # its calls may see the episode's chat so far (workflow.context)
     source: str = ""  # the file it was read from
+    tools: Mapping[str, str] = field(default_factory=dict)  # tool name -> the function it calls
 
     @property
     def roles(self) -> list[str]:

@@ -1,0 +1,128 @@
+"""Tool stages: a workflow stage that calls a function instead of a model.
+
+A workflow file declares one as ``- {tool: NAME, call: package.module:function, reads: {...}}``
+(``path/to/file.py:function`` works too). For each episode where the stage runs, and each of its
+slots, the function is called with keywords:
+
+* ``reads``: the stage's reads as text, by field name (``{"program": "..."}``), exactly as a
+  role's prompt would get them;
+* ``problem``: the :class:`marlow.types.Problem` (``id``, ``prompt``, ``answer``, and ``meta``:
+  a custom task's dataset columns under ``meta["columns"]``, a code task's visible tests under
+  ``meta["visible_tests"]``);
+* ``episode``: the episode so far, as the records of its turns and earlier tool calls (role,
+  prompt, completion; tool, inputs, output).
+
+It may be ``async def``. It returns text, or a mapping whose ``"text"`` is the text and whose
+other keys are fields kept with the call (``ok``: a bool saying whether what it checked passed;
+the revision rate reads it). Later stages read the text as they read a role's output
+(``last.NAME``, ``outputs.NAME``, ...).
+
+What can go wrong costs one call, never the run: an exception gives the text
+``tool NAME failed: Type: first line``, a call past ``workflow.tool_timeout_s`` the text ``tool
+NAME timed out after S s``, and a return that is neither text nor such a mapping ``tool NAME
+returned a TYPE, not text``; each is counted (the call's status, and the episode counters
+``tool_error`` / ``tool_timeout``). Calls run in threads, each with its own time limit,
+:data:`TOOL_WORKERS` at a time (a timed-out call's thread is abandoned:
+:mod:`marlow.usercode`).
+
+Security: the function is the user's trusted code, but what it receives is model output. It
+must not run or ``eval`` that text itself; marlow's built-in code tool
+(:func:`marlow.tools.visible_tests`) runs programs only in the code reward's sandbox.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+from typing import Any
+
+from marlow.types import Episode, Problem, ToolCall
+from marlow.usercode import CallFailed, CallTimedOut, call_guarded, load_callable
+
+TOOL_SOURCES = ("last", "own", "outputs", "others")
+"""The read sources that may name a tool (a tool has no plan)."""
+TOOL_WORKERS = 8
+"""Calls of one stage that run at once (each in a thread, each with its own time limit)."""
+
+
+@cache
+def tool_function(call: str, setting: str = "call") -> Callable[..., Any]:
+    """The function ``call`` names, imported once per process (a one-line
+    :class:`marlow.usercode.UserCodeError` naming ``setting`` when it cannot be)."""
+    return load_callable(call, setting)
+
+
+def check_tools(tools: Mapping[str, str], workflow: str) -> None:
+    """Import every tool's function (``tools``: name -> call) before a run starts; one line
+    naming the workflow and the tool when one cannot be imported or is not a function."""
+    for name, call in tools.items():
+        load_callable(call, f"workflow {workflow}: tool {name}'s call")
+
+
+def _as_output(tool: str, value: Any) -> tuple[str, dict[str, Any], str]:
+    """A returned value as (text, fields, status)."""
+    if isinstance(value, str):
+        return value, {}, "ok"
+    if isinstance(value, Mapping) and isinstance(value.get("text"), str):
+        fields = {str(k): v for k, v in value.items() if k != "text"}
+        return value["text"], fields, "ok"
+    what = type(value).__name__
+    return f"tool {tool} returned a {what}, not text (or a mapping with 'text')", {}, "error"
+
+
+def call_tools(
+    tool: str,
+    call: str,
+    jobs: Sequence[tuple[dict[str, str], Problem, Episode]],
+    timeout_s: float,
+) -> list[tuple[str, dict[str, Any], str, float]]:
+    """Call ``tool``'s function once per job (its reads, problem and episode), all at once,
+    each for at most ``timeout_s`` seconds: (text, fields, status, seconds) per job."""
+    fn = tool_function(call)
+    out: list[Any] = [None] * len(jobs)
+
+    def one(i: int, reads: dict[str, str], problem: Problem, episode: Episode) -> None:
+        start = time.perf_counter()
+        records = episode.transcript()
+        try:
+            value = call_guarded(
+                lambda: fn(reads=reads, problem=problem, episode=records),
+                timeout_s,
+                f"marlow-tool-{tool}",
+            )
+            text, fields, status = _as_output(tool, value)
+        except CallTimedOut:
+            text, fields, status = f"tool {tool} timed out after {timeout_s:g} s", {}, "timeout"
+        except CallFailed as err:
+            text, fields, status = f"tool {tool} failed: {err}", {}, "error"
+        out[i] = (text, fields, status, time.perf_counter() - start)
+
+    if jobs:
+        with ThreadPoolExecutor(min(len(jobs), TOOL_WORKERS), f"marlow-tool-{tool}") as pool:
+            list(pool.map(lambda ij: one(ij[0], *ij[1]), enumerate(jobs)))
+    return out
+
+
+def tool_call(
+    tool: str,
+    slot: int,
+    rnd: int,
+    reads: dict[str, str],
+    result: tuple[str, dict[str, Any], str, float],
+    after: int,
+) -> ToolCall:
+    """The record of one call (:func:`call_tools`' result for one job)."""
+    text, fields, status, seconds = result
+    return ToolCall(
+        tool=tool,
+        slot=slot,
+        round=rnd,
+        inputs=dict(reads),
+        completion_text=text,
+        status=status,  # type: ignore[arg-type]  # one of ToolStatus
+        seconds=seconds,
+        fields=fields,
+        after=after,
+    )

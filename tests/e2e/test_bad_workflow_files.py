@@ -184,7 +184,7 @@ ROWS = {
     "unknown answer": (
         swap("answer: selected", "answer: majority"),
         "field 'answer'",
-        "unknown answer 'majority'; valid: selected, last.generator, last.aggregator",
+        "unknown answer 'majority'; valid: selected, latest, last.generator, last.aggregator",
     ),
     "role with no stage": (
         swap(

@@ -191,9 +191,12 @@ def test_the_section_of_a_gpu_run_gives_the_date_the_card_and_each_figure(dry_ru
     peak = f"1.25 / {plan['peak_gib']:.2f} ({1.25 / plan['peak_gib']:.2f})"
     assert f"| {name} | ip | {plan['prompt_tokens']:,} |" in text and peak in text
     assert f"* {name} sp: skipped: not enough time" in text
-    page = gpu_docs.render_page(gpu_docs.PAGE.read_text(), result)
-    assert text in page and gpu_docs.NOT_YET not in page
-    assert page.startswith("# Scaling marlow") and page.count(gpu_docs.BEGIN) == 1
+    old = gpu_docs.PAGE.read_text()
+    page = gpu_docs.render_page(old, result)
+    assert text in page and gpu_docs.NOT_YET not in page and page.count(gpu_docs.BEGIN) == 1
+    # the page's other text is left as it was
+    assert page.split(gpu_docs.BEGIN)[0] == old.split(gpu_docs.BEGIN)[0]
+    assert page.split(gpu_docs.END)[1] == old.split(gpu_docs.END)[1]
 
 
 def test_the_section_refuses_a_cpu_run_and_a_page_without_its_markers(dry_run, tmp_path):

@@ -94,7 +94,8 @@ def test_hugging_face_scales_are_named_by_size():
         ({"workflow": ["voting"]}, "grid key 'workflow' is unknown; valid: workflows, policies"),
         (
             {"workflows": ["debate"]},
-            "unknown workflow 'debate'; valid: eval_opt, orch_workers, single, voting, or the path",
+            "unknown workflow 'debate'; valid: eval_opt, orch_workers, single, test_fix, voting, or "
+            "the path",
         ),
         ({"policies": ["shared"]}, "grid key 'policies.0'"),
         ({"controls": ["oracle"]}, "grid key 'controls.0'"),

@@ -246,3 +246,34 @@ def test_workflows_check_shows_the_tool_stage_and_its_output(tmp_path):
     assert any(line.strip().startswith("2. tool check x1; call") for line in lines)
     at = lines.index("--- tool check slot 0 round 0 (ok) output:")
     assert lines[at + 1].startswith("checked <writer output 1>")
+
+
+def test_the_report_has_a_tools_table_only_for_cells_with_tool_stages():
+    from marlow.report.results import CellId, CellRun, GridRuns
+    from marlow.report.tables import tools_table
+
+    def run(name, records):
+        cid = CellId(name, "trained", "test_fix", "ip", "tiny-s", "code", 0)
+        return CellRun(cid, Path(name), records, {}, {}, {"solver": 1, "fixer": 1})
+
+    tool = [
+        {
+            "step": 1,
+            "train/tests/calls": 1.0,
+            "train/tests/errors": 0.0,
+            "train/tests/ok_rate": 0.5,
+        },
+        {
+            "step": 2,
+            "train/tests/calls": 1.0,
+            "train/tests/errors": 0.5,
+            "train/tests/ok_rate": 1.0,
+        },
+    ]
+    plain = [{"step": 1, "train/solver/entropy": 1.0}]
+    res = GridRuns(Path("."), {}, [], {"a": run("a", tool), "b": run("b", plain)}, [])
+    table = tools_table(res)
+    (row,) = table.rows
+    assert row["cell"] == "a" and row["tool"] == "tests"
+    assert row["errors"] == 0.25 and row["ok_rate"] == 0.75 and row["revision_rate"] is None
+    assert tools_table(GridRuns(Path("."), {}, [], {"b": run("b", plain)}, [])) is None

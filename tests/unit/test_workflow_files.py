@@ -33,7 +33,7 @@ answer: last.echo
 
 
 def test_the_built_ins_are_the_shipped_files():
-    assert workflow_names() == ["eval_opt", "orch_workers", "single", "voting"]
+    assert workflow_names() == ["eval_opt", "orch_workers", "single", "test_fix", "voting"]
     assert sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml")) == workflow_names()
     kinds = {n: dict(build_workflow(n).kinds) for n in workflow_names()}
     assert kinds == {
@@ -41,7 +41,9 @@ def test_the_built_ins_are_the_shipped_files():
         "eval_opt": {"generator": "answer", "evaluator": "judge"},
         "voting": {"generator": "answer", "aggregator": "select"},
         "orch_workers": {"orchestrator": "plan", "worker": "answer", "synthesizer": "final"},
+        "test_fix": {"solver": "answer", "fixer": "answer"},  # and its tool stage, no role
     }
+    assert build_workflow("test_fix").tools == {"tests": "marlow.codetools:run_visible_tests"}
     assert set().union(*(k.values() for k in kinds.values())) == set(KINDS)
 
 

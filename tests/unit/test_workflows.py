@@ -143,6 +143,6 @@ def test_orch_workers_fill_missing_strategies_and_follow_them():
 
 
 def test_unknown_workflow_lists_valid_names():
-    with pytest.raises(ValueError, match="valid: eval_opt, orch_workers, single, voting"):
+    with pytest.raises(ValueError, match="valid: eval_opt, orch_workers, single, test_fix, voting"):
         build_workflow("debate")
-    assert workflow_names() == ["eval_opt", "orch_workers", "single", "voting"]
+    assert workflow_names() == ["eval_opt", "orch_workers", "single", "test_fix", "voting"]

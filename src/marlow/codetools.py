@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from marlow.codetext import extract_code
-from marlow.rewards.code import code_details, parse_tests
+from marlow.rewards.code import parse_tests, score_code_batch
 from marlow.types import Problem
 
 TIMEOUT_S = 2.0
@@ -47,7 +47,9 @@ def run_visible_tests(
             "passed": 0,
             "total": len(parse_tests(tests)),
         }
-    score = code_details(program, tests, timeout_s=TIMEOUT_S)
+    # every visible test of the program in one sandboxed process (the tiny code grader's suite
+    # mode: one process start instead of one per test)
+    (score,) = score_code_batch([(program, tests)], suite=True, timeout_s=TIMEOUT_S)
     cases = parse_tests(tests)
     total, passed = len(cases), score.passed
     if passed == total:

@@ -101,6 +101,8 @@ class ToolCall:
     seconds: float
     fields: dict[str, object] = field(default_factory=dict)  # structured fields it returned
     after: int = 0  # the model turns the episode had before it: its place in the transcript
+    stage: int = 0  # the index of its stage in the workflow
+    stage_s: float = 0.0  # the wall seconds of that whole stage (every episode's calls at once)
 
     @property
     def ok(self) -> bool | None:

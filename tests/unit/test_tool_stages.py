@@ -165,6 +165,8 @@ def test_tool_metrics_count_calls_failures_time_and_revisions(tmp_path):
     got = meter.result("train")
     assert got["train/check/calls"] == 1.0 and got["train/check/errors"] == 0.0
     assert got["train/check/ok_rate"] == 0.0 and got["train/check/seconds"] >= 0.0
+    walls = {c.stage_s for ep in eps for c in ep.tools}
+    assert len(walls) == 1 and got["train/check/wall_s"] == walls.pop()  # one stage, once
     assert got["train/check/revision_rate"] == 1.0  # the fixer's text is not the draft
     for ep in eps:  # a fixer that copies the draft did not revise
         fixer = next(t for t in ep.turns if t.role == "fixer")

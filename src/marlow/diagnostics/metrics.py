@@ -134,12 +134,17 @@ def _same(a: str, b: str) -> bool:
 
 def tool_metrics(meter: Meter, episodes: Sequence[Episode]) -> None:
     """Per tool (its name in the role's place): ``calls`` per episode, ``errors`` (the fraction
-    of calls that raised, timed out or returned no text), ``seconds`` per call, ``ok_rate``
+    of calls that raised, timed out or returned no text), ``seconds`` per call (calls run
+    several at once, so this is each one's latency), ``wall_s`` (the wall seconds of the tool's
+    stages over all the episodes: their share of ``time/rollout_s``), ``ok_rate``
     (of the calls that report ``ok``, the fraction that passed) and ``revision_rate``: of the
     calls that reported a failure (``ok`` False, or a failed call) and are followed by a model
     turn, the fraction where that turn's text differs from every text the tool was given
     (whitespace aside): the next role changed the answer the tool examined."""
     names = sorted({c.tool for ep in episodes for c in ep.tools})
+    for name in names:  # each stage ran once for every episode: its wall time, summed
+        walls = {c.stage: c.stage_s for ep in episodes for c in ep.tools if c.tool == name}
+        meter.set(name, "wall_s", sum(walls.values()))
     for ep in episodes:
         for name in names:
             mine = [c for c in ep.tools if c.tool == name]
@@ -365,7 +370,21 @@ METRICS: tuple[MetricDoc, ...] = (
         "fraction of its calls that raised, timed out or returned no text (the next role read "
         "what went wrong)",
     ),
-    MetricDoc("seconds", "tool", "train, val", EVERY, "seconds per call"),
+    MetricDoc(
+        "seconds",
+        "tool",
+        "train, val",
+        EVERY,
+        "seconds per call (its latency: calls run several at once)",
+    ),
+    MetricDoc(
+        "wall_s",
+        "tool",
+        "train, val",
+        EVERY,
+        "wall seconds of the tool's stages over "
+        "every episode (within time/rollout_s or time/val_s)",
+    ),
     MetricDoc(
         "ok_rate",
         "tool",

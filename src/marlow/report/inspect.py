@@ -54,7 +54,7 @@ ROLE_METRICS = (
 """Per-role training metrics shown in the table, in this order (absent ones are left out)."""
 
 ADAPTER_METRICS = ("grad_norm", "grad_norm_max", "lr", "updates", "loss")
-TOOL_METRICS = ("calls", "errors", "seconds", "ok_rate", "revision_rate")
+TOOL_METRICS = ("calls", "errors", "seconds", "wall_s", "ok_rate", "revision_rate")
 """A tool stage's metrics (``marlow.diagnostics.metrics.tool_metrics``), in the tools table."""
 
 

@@ -280,7 +280,7 @@ def instability_table(res: GridRuns) -> Table:
     return Table("table-instability", "Instability amplitude (IP vs SP)", cols, rows, note)
 
 
-TOOL_COLUMNS = ("calls", "errors", "seconds", "ok_rate", "revision_rate")
+TOOL_COLUMNS = ("calls", "errors", "seconds", "wall_s", "ok_rate", "revision_rate")
 """A tool stage's metrics (``marlow.diagnostics.metrics.tool_metrics``) in the tools table."""
 
 
@@ -301,7 +301,8 @@ def tools_table(res: GridRuns) -> Table | None:
         return None
     note = (
         "Per cell and tool stage, the mean over training steps: calls per episode; errors, the "
-        "fraction of calls that raised, timed out or returned no text; seconds per call; "
+        "fraction of calls that raised, timed out or returned no text; seconds per call (each "
+        "call's latency); wall_s, the wall seconds of the tool's stages per step; "
         "ok_rate, of the calls that report ok, the fraction that passed; revision_rate, of the "
         "calls that reported a failure, the fraction after which the next role changed the "
         "answer the tool examined."

@@ -18,6 +18,7 @@ leaves it out of its group (``marlow.training.batch``).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -183,7 +184,11 @@ def request_seed(stage: int, group: int, sample: int, slot: int) -> int:
 
 
 def run_tool_stage(
-    stage: Stage, active: Sequence[EpisodeState], style: str, rules: EpisodeRules
+    stage: Stage,
+    active: Sequence[EpisodeState],
+    style: str,
+    rules: EpisodeRules,
+    index: int = 0,
 ) -> None:
     """A tool stage (:mod:`marlow.workflows.tools`) in every active episode and slot: one call
     each, recorded in ``Episode.tools`` and read by later stages like a role's turns; a failed
@@ -194,10 +199,13 @@ def run_tool_stage(
             reads = {r.field: read(st, r.source, r.role, slot, style) for r in stage.reads}
             places.append((st, slot, reads))
             jobs.append((reads, st.problem, st.episode))
+    start = time.perf_counter()
     results = call_tools(stage.role, stage.call, jobs, rules.tool_timeout_s)
+    wall = time.perf_counter() - start
     new: dict[int, list[ToolCall]] = {}
     for (st, slot, reads), result in zip(places, results, strict=True):
-        done = tool_call(stage.role, slot, stage.round, reads, result, len(st.episode.turns))
+        after = len(st.episode.turns)
+        done = tool_call(stage.role, slot, stage.round, reads, result, after, index, wall)
         st.episode.tools.append(done)
         new.setdefault(id(st), []).append(done)
         if done.status != "ok":
@@ -241,7 +249,7 @@ def run_episodes(
     for index, stage in enumerate(workflow.stages):
         active = [st for st in states if not st.ended and holds(stage.when, st)]
         if stage.kind == "tool":
-            run_tool_stage(stage, active, style, rules)
+            run_tool_stage(stage, active, style, rules, index)
             continue
         adapter = routing.adapter_for(stage.role)
         calls: list[tuple[EpisodeState, int, str, list[int]]] = []

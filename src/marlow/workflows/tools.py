@@ -112,8 +112,11 @@ def tool_call(
     reads: dict[str, str],
     result: tuple[str, dict[str, Any], str, float],
     after: int,
+    stage: int = 0,
+    stage_s: float = 0.0,
 ) -> ToolCall:
-    """The record of one call (:func:`call_tools`' result for one job)."""
+    """The record of one call (:func:`call_tools`' result for one job) of the stage at index
+    ``stage``, which took ``stage_s`` seconds of wall time in all."""
     text, fields, status, seconds = result
     return ToolCall(
         tool=tool,
@@ -125,4 +128,6 @@ def tool_call(
         seconds=seconds,
         fields=fields,
         after=after,
+        stage=stage,
+        stage_s=stage_s,
     )

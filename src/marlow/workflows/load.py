@@ -171,14 +171,7 @@ class _Checker:
                 (*loc, "call"),
                 f"call is {st.call!r}; valid: package.module:function or path/to/file.py:function",
             )
-        problem = _count_ok(st.slots, self.wf, 1)
-        if problem:
-            raise err((*loc, "slots"), problem)
-        if st.when not in CONDITIONS:
-            raise err(
-                (*loc, "when"), f"unknown condition {st.when!r}; valid: {_choices(CONDITIONS)}"
-            )
-        self.condition(st, loc)
+        self.slots_and_condition(st, loc)
         if st.skip_last and not in_repeat:
             raise err((*loc, "skip_last"), "only a stage inside a repeat block has a last round")
         self.reads(st, loc)
@@ -208,14 +201,7 @@ class _Checker:
             raise err((*loc, "role"), f"unknown role {st.role!r}; valid: {_choices(wf.roles)}")
         kind = wf.roles[st.role].kind
         templates = self.templates(st, loc)
-        problem = _count_ok(st.slots, wf, 1)
-        if problem:
-            raise err((*loc, "slots"), problem)
-        if st.when not in CONDITIONS:
-            raise err(
-                (*loc, "when"), f"unknown condition {st.when!r}; valid: {_choices(CONDITIONS)}"
-            )
-        self.condition(st, loc)
+        self.slots_and_condition(st, loc)
         self.parser(st, kind, loc)
         if st.trajectory not in TRAJECTORIES:
             raise err(
@@ -238,8 +224,16 @@ class _Checker:
         self.judged |= kind == "judge"
         self.stages.append((loc, st))
 
-    def condition(self, st: StageFile, loc: Loc) -> None:
-        """A verdict condition needs a judge's stage before, a tool condition a tool's."""
+    def slots_and_condition(self, st: StageFile, loc: Loc) -> None:
+        """A stage's (a role's or a tool's) slots and ``when``: a known condition, a verdict
+        condition after a judge's stage, a tool condition after a tool's."""
+        problem = _count_ok(st.slots, self.wf, 1)
+        if problem:
+            raise self.err((*loc, "slots"), problem)
+        if st.when not in CONDITIONS:
+            raise self.err(
+                (*loc, "when"), f"unknown condition {st.when!r}; valid: {_choices(CONDITIONS)}"
+            )
         if st.when.startswith("verdict") and not self.judged:
             raise self.err((*loc, "when"), f"{st.when} needs a judge role's stage before this one")
         if st.when.startswith("tool") and not self.tools:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from typer.testing import CliRunner
 
+from marlow.cli import app
 from marlow.codetools import run_visible_tests
 from marlow.tasks.loaders import load_humaneval
 from marlow.tiny import codegen
@@ -46,6 +48,14 @@ def test_test_fix_trains_on_the_tiny_code_world_with_its_tool_feedback_recorded(
         assert tool["status"] == "ok" and tool["output"]
         fixed = tool["fields"]["ok"] is False
         assert kinds[2:] == (["fixer"] if fixed else [])  # the fixer runs only on a failure
+    if routing == "ip":  # the trained workflow answers with its tool stage in the trace
+        done = CliRunner().invoke(
+            app, ["answer", str(tmp_path), "f(x) = x+1", "--trace", "--temperature", "0"]
+        )
+        assert done.exit_code == 0, done.output
+        assert "--- solver (slot 0, adapter solver)" in done.output
+        assert "--- tool tests (slot 0, ok)" in done.output
+        assert "No visible tests for this problem." in done.output  # a question has none
 
 
 def test_the_code_tool_runs_the_visible_tests_never_the_hidden_ones():

@@ -428,7 +428,8 @@ def longest_prompt(samples: Path, model: Path) -> int | None:
     from marlow.diagnostics.sinks import read_jsonl
 
     tokenizer = AutoTokenizer.from_pretrained(model)
-    prompts = {t["prompt"] for episode in read_jsonl(samples) for t in episode["turns"]}
+    turns = (t for episode in read_jsonl(samples) for t in episode["turns"])
+    prompts = {t["prompt"] for t in turns if "prompt" in t}  # a tool call has none
     return max((len(chat_prompt_ids(tokenizer, p)) for p in prompts), default=None)
 
 

@@ -39,8 +39,8 @@ RUN_FOLDER: tuple[RunFile, ...] = (
     RunFile(
         "samples.jsonl",
         "always",
-        "sampled episodes (every turn's prompt and completion, "
-        "rewards), diagnostics.sample_episodes a step",
+        "sampled episodes (every turn's prompt and completion and every tool call's inputs "
+        "and output, in order; rewards), sample_episodes a step",
     ),
     RunFile(
         "events.jsonl",

@@ -3,9 +3,9 @@ lean Qwen3 forward (``marlow.rollout.lean``) vs the model's own, side by side in
 
     .venv/bin/python bench/rollout_speed.py [--threads N] [--repeats R]
 
-Rows: the base through the model's forward and the lean one; the adapter unmerged (the model's
-forward: what GPUs run), and merged into the base (``rollout.merge_lora``, the CPU default)
-through the model's forward and the lean one.
+Rows: the base through the model's forward and the lean one; the adapter unmerged (what GPUs
+run) through the model's (PEFT's) forward and the lean one; and merged into the base
+(``rollout.merge_lora``, the CPU default) through the model's forward and the lean one.
 
 Every row generates exactly 64 new tokens (the stop id is one no model can produce), so tokens/s
 counts sampled tokens only. Models are the tiny scales (``marlow.tiny.model``) freshly initialised:
@@ -63,7 +63,8 @@ def main() -> None:
         cells = [
             ("base", BASE, HFEngine(model, tok, stop_ids=never, lean=False)),
             ("base, lean", BASE, HFEngine(model, tok, stop_ids=never)),
-            ("lora", "policy", HFEngine(model, tok, stop_ids=never)),
+            ("lora", "policy", HFEngine(model, tok, stop_ids=never, lean=False)),
+            ("lora, lean", "policy", HFEngine(model, tok, stop_ids=never)),
             ("merged", "policy", HFEngine(model, tok, stop_ids=never, merge=True, lean=False)),
             ("merged, lean", "policy", HFEngine(model, tok, stop_ids=never, merge=True)),
         ]

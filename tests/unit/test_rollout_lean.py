@@ -95,7 +95,6 @@ def test_lean_follows_a_merged_adapter_and_the_base(qwen3):
     ids, mask, positions = padded_batch([4, 7, 2])
     with torch.inference_mode():
         activate(model, "gen")
-        assert not LeanQwen3.supports(model)  # an unmerged adapter: the model's forward only
         adapted = run(_Transformers(model), ids, mask, positions, 4)
         with merged(model, "gen"):
             assert LeanQwen3.supports(model)
@@ -172,10 +171,53 @@ def test_engine_samples_the_same_with_and_without_the_lean_forward(qwen3, tokeni
         torch.testing.assert_close(
             torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0
         )
-    # unmerged adapters take the model's own forward; only the base's group runs lean
+    # unmerged adapters run lean too, and sample what the model's own forward samples, bit for bit
     calls["lean"] = 0
-    HFEngine(model, tokenizer, merge=False, stop_ids=stops).generate(reqs[:2], params)
-    assert calls["lean"] == 0
+    unmerged = HFEngine(model, tokenizer, merge=False, stop_ids=stops).generate(reqs, params)
+    assert calls["lean"] > 0
+    own = HFEngine(model, tokenizer, merge=False, lean=False, stop_ids=stops).generate(reqs, params)
+    for a, b in zip(unmerged, own, strict=True):
+        assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+
+
+def lora_model(qwen3, dtype=torch.float32):
+    """The tiny Qwen3 with two LoRA adapters whose B factors are moved off zero."""
+    model = attach_adapters(qwen3(dtype), ["gen", "agg"], LoraSpec(rank=4, alpha=8), seed=0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.3)
+    return model
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lean_computes_an_unmerged_lora_adapter_as_peft_does(qwen3, dtype):
+    """Each active adapter through the lean forward: the model's (PEFT's) logits, bit for bit,
+    float32 LoRA factors over a float32 or bfloat16 base, padded rows leaving the batch."""
+    model = lora_model(qwen3, dtype)
+    ids, mask, positions = padded_batch([5, 9, 3, 9, 1])
+    logits = {}
+    with torch.inference_mode():
+        for adapter in ("gen", "agg", BASE):
+            activate(model, adapter)
+            assert LeanQwen3.supports(model)
+            theirs = run(_Transformers(model), ids, mask, positions, 5, drop_at=2)
+            ours = run(LeanQwen3(model, 5, ids.shape[1] + 5), ids, mask, positions, 5, drop_at=2)
+            for t, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+                torch.testing.assert_close(a, b, atol=0, rtol=0, msg=f"{adapter} step {t}")
+            logits[adapter] = ours[0]
+    assert not torch.allclose(logits["gen"], logits["agg"], atol=1e-3)  # not vacuous
+    assert not torch.allclose(logits["gen"], logits[BASE], atol=1e-3)
+
+
+def test_an_adapter_the_lean_forward_does_not_compute_takes_the_models_forward(qwen3):
+    model = lora_model(qwen3)
+    activate(model, "gen")
+    q_proj = model.get_base_model().model.layers[0].self_attn.q_proj
+    q_proj.use_dora["gen"] = True  # DoRA: a magnitude the lean forward does not apply
+    assert not LeanQwen3.supports(model)
+    activate(model, "agg")  # another adapter's layers are plain LoRA
+    assert LeanQwen3.supports(model)
 
 
 def test_the_kv_cache_grows_with_the_columns_written_not_the_call_length(qwen3):

@@ -69,9 +69,10 @@ class HFEngine:
     restored bit for bit afterwards). It costs one copy of the adapted weights while a group
     samples, and rounds the sum in the base's dtype, so the trainer turns it on for float32
     bases on the CPU only (``rollout.merge_lora``). Scoring never merges.
-    ``lean``: where a group samples from plain weights (the base, or a merged adapter) of a Qwen3
-    model, run marlow's own forward (:mod:`marlow.rollout.lean`: the same arithmetic without the
-    per-module Python, equal logits) instead of the model's; False: always the model's forward.
+    ``lean``: where a group samples a Qwen3 model (the base, a merged adapter, or an unmerged
+    plain LoRA adapter), run marlow's own forward (:mod:`marlow.rollout.lean`: the same
+    arithmetic without the per-module Python, equal logits) instead of the model's; False:
+    always the model's forward.
     """
 
     @classmethod

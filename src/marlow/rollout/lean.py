@@ -18,7 +18,7 @@ rows; tiny-l (3.2M parameters) 20,985 instead of 16,894 at 256 rows (``bench/rol
   That last case is what a GPU samples (``rollout.merge_lora`` is off there): with LoRA rank 64
   on every linear of a 28-layer Qwen3 of width 64 (bf16, 16 rows), whose forward is all Python
   and kernel launches as a real model's is on a GPU, a sampled position took 13.7 instead of
-  20.4 ms through PEFT's modules (one thread of this 2-core EPYC).
+  20.4 ms through PEFT's modules (``bench/lean_lora.py``, one thread of this 2-core EPYC).
 
 It follows transformers' operations in the same order with the same kernels (RMSNorm in float32,
 rotary angles as ``position * inv_freq``, scaled-dot-product attention: causal with the padding

@@ -1,6 +1,7 @@
 """Every setting of a run config, described from the schema itself: its dotted key, type, default,
 valid values and description. ``marlow settings [SECTION]`` prints them, and the settings
-reference page is written from the same rows, so neither can drift from what a run accepts."""
+reference page (:mod:`marlow.reference`) is written from the same rows, so neither can drift
+from what a run accepts."""
 
 from __future__ import annotations
 
@@ -133,26 +134,3 @@ def sections() -> list[str]:
     for row in settings():
         seen.setdefault(row.section)
     return list(seen)
-
-
-def settings_markdown() -> str:
-    """The settings reference page: a table per section."""
-    out = [
-        "# Settings",
-        "",
-        "Every field of a run config, generated from marlow's schema (`marlow settings "
-        "[SECTION]` prints the same). Set one in a config file (nested YAML) or on the command "
-        "line as `section.field=value`; a preset (`preset:`) gives the defaults a run starts "
-        "from, so the defaults below are the fields' own, before any preset.",
-    ]
-    for section in sections():
-        out += ["", f"## {'Top level' if section == TOP else section}", ""]
-        out += ["| setting | type | default | valid | description |", "|---|---|---|---|---|"]
-        for row in settings(section):
-            cells = [f"`{row.key}`", row.type, f"`{row.default}`", row.valid, row.description]
-            out.append("| " + " | ".join(_cell(c) for c in cells) + " |")
-    return "\n".join(out) + "\n"
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")

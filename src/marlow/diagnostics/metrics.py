@@ -132,6 +132,10 @@ def _same(a: str, b: str) -> bool:
     return " ".join(a.split()) == " ".join(b.split())
 
 
+TOOL_METRICS = ("calls", "errors", "seconds", "wall_s", "ok_rate", "revision_rate")
+"""The metrics :func:`tool_metrics` logs per tool, in the order tables show them."""
+
+
 def tool_metrics(meter: Meter, episodes: Sequence[Episode]) -> None:
     """Per tool (its name in the role's place): ``calls`` per episode, ``errors`` (the fraction
     of calls that raised, timed out or returned no text), ``seconds`` per call (calls run

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from marlow.config import load_config
 from marlow.diagnostics.detectors import describe, run_detectors
+from marlow.diagnostics.metrics import TOOL_METRICS
 from marlow.diagnostics.runstats import run_statistics
 from marlow.diagnostics.signatures import latest_signatures, read_signatures
 from marlow.diagnostics.sinks import read_jsonl
@@ -54,8 +55,6 @@ ROLE_METRICS = (
 """Per-role training metrics shown in the table, in this order (absent ones are left out)."""
 
 ADAPTER_METRICS = ("grad_norm", "grad_norm_max", "lr", "updates", "loss")
-TOOL_METRICS = ("calls", "errors", "seconds", "wall_s", "ok_rate", "revision_rate")
-"""A tool stage's metrics (``marlow.diagnostics.metrics.tool_metrics``), in the tools table."""
 
 
 def _latest(records: list[dict], prefix: str) -> dict:

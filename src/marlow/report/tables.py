@@ -30,6 +30,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from marlow.diagnostics.metrics import TOOL_METRICS
 from marlow.report.results import CellId, CellRun, GridRuns
 from marlow.report.significance import paired_test, summarize
 
@@ -280,10 +281,6 @@ def instability_table(res: GridRuns) -> Table:
     return Table("table-instability", "Instability amplitude (IP vs SP)", cols, rows, note)
 
 
-TOOL_COLUMNS = ("calls", "errors", "seconds", "wall_s", "ok_rate", "revision_rate")
-"""A tool stage's metrics (``marlow.diagnostics.metrics.tool_metrics``) in the tools table."""
-
-
 def tools_table(res: GridRuns) -> Table | None:
     """Each cell's tool stages, their metrics averaged over the training steps (None when no
     cell has one): how often each was called, its failures and time, how often the role after
@@ -293,7 +290,7 @@ def tools_table(res: GridRuns) -> Table | None:
         tools = sorted({k.split("/")[1] for r in run.records for k in r if _is_tool_key(k)})
         for tool in tools:
             row: dict = {**ident(run.id), "tool": tool}
-            for m in TOOL_COLUMNS:
+            for m in TOOL_METRICS:
                 values = [r[f"train/{tool}/{m}"] for r in run.records if f"train/{tool}/{m}" in r]
                 row[m] = sum(values) / len(values) if values else None
             rows.append(row)
@@ -307,7 +304,7 @@ def tools_table(res: GridRuns) -> Table | None:
         "calls that reported a failure, the fraction after which the next role changed the "
         "answer the tool examined."
     )
-    cols = [*IDENT, "tool", *TOOL_COLUMNS]
+    cols = [*IDENT, "tool", *TOOL_METRICS]
     return Table("table-tools", "Tool stages", cols, rows, note)
 
 

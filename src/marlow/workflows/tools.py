@@ -39,7 +39,7 @@ from functools import cache
 from typing import Any
 
 from marlow.types import Episode, Problem, ToolCall
-from marlow.usercode import CallFailed, CallTimedOut, call_guarded, load_callable
+from marlow.usercode import CallFailed, CallTimedOut, UserCodeError, call_guarded, load_callable
 
 TOOL_SOURCES = ("last", "own", "outputs", "others")
 """The read sources that may name a tool (a tool has no plan)."""
@@ -58,7 +58,10 @@ def check_tools(tools: Mapping[str, str], workflow: str) -> None:
     """Import every tool's function (``tools``: name -> call) before a run starts; one line
     naming the workflow and the tool when one cannot be imported or is not a function."""
     for name, call in tools.items():
-        load_callable(call, f"workflow {workflow}: tool {name}'s call")
+        try:
+            tool_function(call)  # imported once: the run's calls reuse it
+        except UserCodeError as err:
+            raise UserCodeError(f"workflow {workflow}: tool {name}'s {err}") from None
 
 
 def _as_output(tool: str, value: Any) -> tuple[str, dict[str, Any], str]:

@@ -43,7 +43,7 @@ the same tokens.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 import transformers
@@ -58,6 +58,13 @@ from marlow.types import BASE, Completion, FinishReason, GenRequest, SamplingPar
 # transformers 5.24 renamed the model forward's ``past_key_values`` to ``cache`` (the old name
 # works until 5.40, with a FutureWarning); marlow takes any transformers 5.
 CACHE_KWARG = "cache" if Version(transformers.__version__) >= Version("5.24") else "past_key_values"
+
+READ_EVERY = 8
+"""Off the CPU, the host reads whether rows have stopped once every this many tokens (a read
+waits for the device); rows that stop in between are fed pads until then."""
+CAPACITY_STEP = 64
+"""A compiled call's KV cache holds its columns rounded up to a multiple of this, so that calls
+of nearby lengths share a compiled step."""
 
 
 class HFEngine:
@@ -95,6 +102,8 @@ class HFEngine:
         stop_ids: Sequence[int] | None = None,
         merge: bool = False,
         lean: bool = True,
+        compile: bool | None = None,
+        read_every: int | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -109,6 +118,10 @@ class HFEngine:
         self.max_batch = max_batch
         self.merge = merge
         self.lean = lean
+        self.compile = compile
+        if read_every is not None and read_every < 1:
+            raise ValueError(f"read_every must be >= 1, got {read_every}")
+        self.read_every = read_every
         self.stop_ids = [int(i) for i in stop_ids]
         # The pad id only fills masked positions and finished rows; any valid id works.
         pad = tokenizer.pad_token_id
@@ -121,10 +134,6 @@ class HFEngine:
     def generate(self, requests: Sequence[GenRequest], params: SamplingParams) -> list[Completion]:
         """One completion per request, in request order."""
         self._validate(requests, params)
-        groups: dict[str, list[int]] = {}
-        for i, req in enumerate(requests):
-            groups.setdefault(req.adapter, []).append(i)
-
         out: list[Completion | None] = [None] * len(requests)
         generator = torch.Generator(device=self.device).manual_seed(params.seed)
         seeded = bool(requests) and requests[0].seed is not None
@@ -132,20 +141,35 @@ class HFEngine:
         self.model.eval()
         try:
             with torch.inference_mode():
-                for adapter, rows in groups.items():
-                    with self._adapted(adapter):
+                for adapters, rows in self._groups(requests):
+                    # one adapter: switched to (or merged); several: each row's own, in one batch
+                    with self._adapted(adapters[0]) if len(adapters) == 1 else nullcontext():
                         for start in range(0, len(rows), self.max_batch):
                             chunk = rows[start : start + self.max_batch]
-                            prompts = [requests[i].prompt_ids for i in chunk]
-                            seeds = [requests[i].seed for i in chunk] if seeded else None
+                            batch = [requests[i] for i in chunk]
                             for i, comp in zip(
-                                chunk, self._sample(prompts, params, generator, seeds), strict=True
+                                chunk,
+                                self._sample(batch, adapters, params, generator, seeded),
+                                strict=True,
                             ):
                                 out[i] = comp
         finally:
             activate(self.model, previous)
             self.model.train(was_training)
         return out  # type: ignore[return-value]  # every slot was filled above
+
+    def _groups(self, requests: Sequence[GenRequest]) -> list[tuple[tuple[str, ...], list[int]]]:
+        """The call's requests as sampling passes: (adapters, request indices). Every adapter in
+        one pass where the lean forward computes them together and none is to be merged; else
+        one pass per adapter, in order of first appearance."""
+        by_adapter: dict[str, list[int]] = {}
+        for i, req in enumerate(requests):
+            by_adapter.setdefault(req.adapter, []).append(i)
+        names = tuple(by_adapter)
+        merging = self.merge and any(n != BASE and can_merge(self.model, n) for n in names)
+        if len(names) > 1 and self.lean and not merging and LeanQwen3.supports(self.model, names):
+            return [(names, list(range(len(requests))))]
+        return [((name,), rows) for name, rows in by_adapter.items()]
 
     def score(
         self,
@@ -206,96 +230,147 @@ class HFEngine:
 
     def _sample(
         self,
-        prompts: list[list[int]],
+        batch: list[GenRequest],
+        adapters: tuple[str, ...],
         params: SamplingParams,
         generator: torch.Generator,
-        seeds: list[int] | None = None,
+        seeded: bool,
     ) -> list[Completion]:
         device, n_new = self.device, params.max_new_tokens
-        uniforms = None  # (B, n_new): each row's own draws when the requests carry seeds
-        if seeds is not None:
-            uniforms = torch.stack(
-                [
-                    torch.rand(
-                        n_new, generator=torch.Generator(device).manual_seed(s), device=device
-                    )
-                    for s in seeds
-                ]
+        prompts = [req.prompt_ids for req in batch]
+        B, P = len(prompts), max(len(p) for p in prompts)
+        # Rows with the same prompt and adapter (a GRPO group) share its prefill: each distinct
+        # pair is forwarded once, then its KV cache and logits are repeated for its rows.
+        own = [adapters.index(req.adapter) for req in batch] if len(adapters) > 1 else [0] * B
+        distinct: dict[tuple, int] = {}  # each pair's index among the distinct
+        which = [distinct.setdefault((tuple(p), a), len(distinct)) for p, a in zip(prompts, own, strict=True)]
+        firsts = [which.index(u) for u in range(len(distinct))]  # each pair's first row
+
+        compiled = self._compiled()
+        length = P + n_new
+        if compiled:  # few shapes: a compiled step is made (and captured) once per shape
+            length = -(-length // CAPACITY_STEP) * CAPACITY_STEP
+        forward = None
+        if self.lean:
+            forward = LeanQwen3.for_model(
+                self.model,
+                len(firsts),
+                length,
+                adapters=adapters if len(adapters) > 1 else None,
+                row_adapters=[own[r] for r in firsts],
+                compiled=compiled,
             )
-        lens = [len(p) for p in prompts]
-        B, P = len(prompts), max(lens)
+        if forward is None:
+            if len(adapters) > 1:  # _groups mixes adapters only where the lean forward runs
+                raise RuntimeError(f"adapters {adapters} mixed without the lean forward")
+            forward, compiled = _Transformers(self.model), False
+        bucket = _bucket if compiled else int
+        # The working batch: ``rows`` (indices into the outputs) of the rows still sampling, the
+        # rows that have stopped until they are dropped, and fillers up to the batch's bucket
+        # (compiled: few shapes), which write to the spare output row B and are always done.
+        b = bucket(B)
+        rows = torch.cat([torch.arange(B), torch.full((b - B,), B)]).to(device)
+        done = (rows == B).to(device)
+        expand = torch.tensor(which + [0] * (b - B), device=device)  # each working row's pair
 
         # Left padding: the last prompt token of every row sits at column P - 1.
         input_ids = torch.full((B, P), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((B, P + n_new), dtype=torch.long)  # grows one column per step
+        attn = torch.zeros((B, length), dtype=torch.long)  # grows one column per step
         for r, p in enumerate(prompts):
             input_ids[r, P - len(p) :] = torch.tensor(p, dtype=torch.long)
             attn[r, P - len(p) : P] = 1
         input_ids, attn = input_ids.to(device), attn.to(device)
-        position_ids = (attn[:, :P].cumsum(-1) - 1).clamp(
-            min=0
-        )  # (B, P); pads get 0, masked anyway
+        position_ids = (attn[:, :P].cumsum(-1) - 1).clamp(min=0)  # (B, P); pads 0, masked
+        f = torch.tensor(firsts, device=device)
+        logits = forward(input_ids[f], attn[f], position_ids[f], 0)
+        if len(firsts) < b:
+            forward.select(expand)
+            logits = logits[expand]
+        seen = torch.cat([torch.arange(B), torch.zeros(b - B, dtype=torch.long)]).to(device)
+        attn, next_pos = attn[seen], position_ids[seen, -1:] + 1  # (b, length), (b, 1)
+
+        # outputs, one spare row (B) for the fillers
+        tokens = torch.full((B + 1, n_new), self.pad_id, dtype=torch.long, device=device)
+        logps = torch.zeros((B + 1, n_new), dtype=torch.float32, device=device)
+        lengths = torch.zeros(B + 1, dtype=torch.long, device=device)
+        stopped = torch.zeros(B + 1, dtype=torch.bool, device=device)
         stop = torch.tensor(self.stop_ids, device=device)
-
-        tokens = torch.full((B, n_new), self.pad_id, dtype=torch.long, device=device)
-        logps = torch.zeros((B, n_new), dtype=torch.float32, device=device)
-        length = torch.zeros(B, dtype=torch.long, device=device)
-        stopped = torch.zeros(B, dtype=torch.bool, device=device)
-
-        # The working batch: the rows still sampling (``rows``, indices into the outputs). Rows
-        # that stop are dropped from it, with their KV cache, once they are an eighth of it
-        # (until then they are fed pads), so a few long completions do not carry the whole batch.
-        rows = torch.arange(B, device=device)
-        # Rows with the same prompt (a GRPO group) share its prefill: each distinct prompt is
-        # forwarded once, then its KV cache and logits are repeated for its rows.
-        distinct: dict[tuple[int, ...], int] = {}  # each prompt's index among the distinct
-        which = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]  # per row
-        firsts: list[int] = []  # each distinct prompt's first row (they come in that order)
-        for r, u in enumerate(which):
-            if u == len(firsts):
-                firsts.append(r)
-        lean = LeanQwen3.for_model(self.model, len(firsts), P + n_new) if self.lean else None
-        forward = lean or _Transformers(self.model)
-        if len(firsts) < B:
-            f = torch.tensor(firsts, device=device)
-            logits = forward(input_ids[f], attn[f], position_ids[f], 0)
-            back = torch.tensor(which, device=device)
-            forward.select(back)
-            logits = logits[back]
-        else:
-            logits = forward(input_ids, attn, position_ids, 0)
-        next_pos = position_ids[:, -1:] + 1  # (b, 1)
-        done = torch.zeros(B, dtype=torch.bool, device=device)  # per working row
+        uniforms = None  # (B + 1, n_new): each row's own draws when the requests carry seeds
+        if seeded:
+            uniforms = torch.stack(
+                [
+                    torch.rand(
+                        n_new, generator=torch.Generator(device).manual_seed(seed), device=device
+                    )
+                    for seed in [req.seed for req in batch]
+                ]
+                + [torch.zeros(n_new, device=device)]
+            )
+        read_every = self.read_every or (1 if device.type == "cpu" else READ_EVERY)
         for t in range(n_new):
             u = None if uniforms is None else uniforms[rows, t]
             tok, lp = _pick(logits, params.temperature, generator, u)
             tok = torch.where(done, self.pad_id, tok)  # finished rows keep being padded
-            live = rows[~done]
-            tokens[live, t], logps[live, t] = tok[~done], lp[~done]
-            length[live] += 1
+            tokens[rows, t] = tok  # no host read: every row written, finished ones as pads
+            logps[rows, t] = lp.masked_fill(done, 0.0)
+            lengths.index_add_(0, rows, (~done).long())
             hit = torch.isin(tok, stop) & ~done
-            stopped[rows[hit]] = True
-            done |= hit
-            n_done = int(done.sum())
-            if t == n_new - 1 or n_done == len(rows):
+            stopped[rows] |= hit
+            done = done | hit
+            if t == n_new - 1:
                 break
-            if 8 * n_done >= len(rows):
-                keep = (~done).nonzero().squeeze(-1)
-                forward.select(keep)
-                rows, tok, attn, next_pos = rows[keep], tok[keep], attn[keep], next_pos[keep]
-                done = done[keep]
+            if (t + 1) % read_every == 0:  # the host reads the device only here
+                live = int((~done).sum())
+                if live == 0:
+                    break
+                # drop stopped rows, KV cache included, once they are an eighth of the batch
+                # (until then they are fed pads), so a few long completions do not carry it
+                if 8 * (len(rows) - live) >= len(rows) and bucket(live) < len(rows):
+                    keep = _compaction(done, bucket(live))
+                    forward.select(keep)
+                    rows, tok, attn, next_pos = rows[keep], tok[keep], attn[keep], next_pos[keep]
+                    done = done[keep]
+                    rows[live:] = B
+                    done[live:] = True
             attn[:, P + t] = 1
             logits = forward(tok[:, None], attn, next_pos, P + t)
             next_pos = next_pos + 1
 
-        token_rows = [row[:n] for row, n in zip(tokens.tolist(), length.tolist(), strict=True)]
-        logp_rows = [row[:n] for row, n in zip(logps.tolist(), length.tolist(), strict=True)]
+        counts = lengths[:B].tolist()
+        token_rows = [row[:n] for row, n in zip(tokens[:B].tolist(), counts, strict=True)]
+        logp_rows = [row[:n] for row, n in zip(logps[:B].tolist(), counts, strict=True)]
         texts = self.tokenizer.batch_decode(token_rows, skip_special_tokens=True)
-        reasons: list[FinishReason] = ["stop" if s else "length" for s in stopped.tolist()]
+        reasons: list[FinishReason] = ["stop" if s else "length" for s in stopped[:B].tolist()]
         return [
             Completion(token_ids=t, logprobs=lp, finish_reason=r, text=x)
             for t, lp, r, x in zip(token_rows, logp_rows, reasons, texts, strict=True)
         ]
+
+    def _compiled(self) -> bool:
+        """Whether decode steps run compiled: ``compile``, or where it is None (auto) on CUDA."""
+        return self.device.type == "cuda" if self.compile is None else self.compile
+
+
+def _bucket(rows: int) -> int:
+    """The batch size a compiled step runs ``rows`` rows at: the next of 1, 2, 4, 8, 16, 24, 32,
+    48, 64, 96, ... (powers of two, and above 16 their halfway points too: at most a third of a
+    batch is filler), so a call and its compactions make few shapes."""
+    size = 1
+    while size < rows:
+        if size < 16:
+            size *= 2
+        elif size & (size - 1) == 0:  # a power of two: on to the halfway point above it
+            size += size // 2
+        else:  # a halfway point 3 * 2^k: on to 4 * 2^k
+            size = size // 3 * 4
+    return size
+
+
+def _compaction(done: torch.Tensor, size: int) -> torch.Tensor:
+    """Working-batch indices to keep: every live row first, then finished ones up to ``size``
+    (they become fillers)."""
+    order = torch.argsort(done.int(), stable=True)  # live rows first, in their order
+    return order[:size]
 
 
 class _Transformers:

@@ -1,4 +1,6 @@
-"""A lean forward for sampling from Qwen3 bases, on plain weights or under a LoRA adapter.
+"""A lean forward for sampling from Qwen3 bases: on plain weights, under one LoRA adapter, or
+under several at once (each row its own), with a KV cache allocated once per call and a decode
+step that can be compiled.
 
 Why: the sampling loop runs one forward per new token, and for a small model much of a forward
 through the transformers modules is Python: ~60 module calls, a causal mask rebuilt, the rotary
@@ -11,31 +13,40 @@ rows; tiny-l (3.2M parameters) 20,985 instead of 16,894 at 256 rows (``bench/rol
 - the model is a transformers ``Qwen3ForCausalLM`` with the default RoPE, a SiLU MLP and full
   attention in every layer, whose linear layers and embedding are plain torch ones (not
   quantised, not replaced);
-- the base itself; an adapter folded into it by :func:`marlow.policy.adapters.merged` (each
-  LoRA layer then returns its base layer's output); or one active adapter that is plain LoRA on
+- each adapter the call names is the base itself (:data:`marlow.types.BASE`, which is also what
+  an adapter folded in by :func:`marlow.policy.adapters.merged` looks like), or plain LoRA on
   linear layers (no DoRA, no LoRA bias, none on the embedding), whose update it adds as PEFT
   does: the input cast to the factors' dtype, ``B(A(x)) * scaling`` added, the sum cast back.
-  That last case is what a GPU samples (``rollout.merge_lora`` is off there): with LoRA rank 64
-  on every linear of a 28-layer Qwen3 of width 64 (bf16, 16 rows), whose forward is all Python
-  and kernel launches as a real model's is on a GPU, a sampled position took 13.7 instead of
-  20.4 ms through PEFT's modules (``bench/lean_lora.py``, one thread of this 2-core EPYC).
+
+Several adapters in one call (an IP stage's roles): each linear's LoRA factors are stacked, A as
+(sum of ranks, in) and B as (out, sum of ranks), one GEMM each for every row of the batch, and a
+per-row 0/1 mask over the stacked rank keeps only the row's own adapter's columns before B
+(Punica's and vLLM's idea, in plain torch); the row's scaling multiplies B's output, as PEFT
+multiplies it. A row of one adapter then gets its own update plus exact zeros from the others',
+summed in another blocking order by the GEMM: equal to PEFT's within float round-off (tests).
+A call of one adapter, or of the base, takes PEFT's arithmetic as it is (no mask) and its logits
+equal transformers' (and PEFT's) bit for bit, in float32 and bf16, padded or not, after rows
+leave the batch (``tests/unit/test_rollout_lean.py``, torch 2.13, transformers 5.24).
 
 It follows transformers' operations in the same order with the same kernels (RMSNorm in float32,
 rotary angles as ``position * inv_freq``, scaled-dot-product attention: causal with the padding
 mask over the prompt, the query heads grouped onto their key/value head for one new token, the
-SDPA call transformers makes, the head on the last position kept as a (rows, 1, width) batch)
-and its logits equal transformers' (and PEFT's) bit for bit, in float32 and bf16, padded or not,
-after rows leave the batch (``tests/unit/test_rollout_lean.py``, torch 2.13,
-transformers 5.24). Should a later transformers change its order, the two would differ by float
-round-off, like merged and unmerged adapters, and that test says so.
+SDPA call transformers makes, the head on the last position kept as a (rows, 1, width) batch).
 
-The KV cache is one buffer per layer of (rows, kv heads, columns, head dim), grown by doubling as
-the call goes (at most twice the columns written); the rotary angles are one table for every
-position of the call.
+The KV cache is one buffer per layer of (rows, kv heads, ``length``, head dim), allocated once
+when the call starts (static shapes: what a compiled step and a CUDA graph need). A decode step
+(one new token per row) is :func:`_forward` at fixed shapes; ``compiled`` runs it through
+``torch.compile`` (on CUDA with ``mode="reduce-overhead"``, which captures it as CUDA graphs, one
+per shape, in one memory pool, the cache and weights marked as static addresses), attending over
+all ``length`` columns with the mask (columns not yet written are masked), so every step of a
+call has the same shapes. Eager, a step attends over the columns written so far, as transformers
+does. Both write the new key and value at a column given as a tensor, so no step reads the
+device.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -53,29 +64,53 @@ def _plain(module: torch.nn.Module) -> torch.nn.Module:
 
 @dataclass(frozen=True)
 class _Linear:
-    """A linear layer as the lean forward computes it: the base layer, and the active adapter's
-    LoRA factors and scaling where it has them (``a`` None: the base alone)."""
+    """A linear layer as the lean forward computes it: the base weight and bias, and the call's
+    adapters' LoRA factors stacked (``a`` (rank sum, in), ``b`` (out, rank sum); None: no adapter
+    of the call has this layer) with the index of their layout (:class:`_Layout`)."""
 
-    base: torch.nn.Linear
+    weight: torch.Tensor
+    bias: torch.Tensor | None
     a: torch.Tensor | None = None
     b: torch.Tensor | None = None
-    scaling: float = 1.0
+    layout: int = -1
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """How a layer's stacked factors divide among the call's adapters: ``ranks[i]`` columns for
+    adapter i (0: it has no LoRA on the layer), in order, and each adapter's scaling."""
+
+    ranks: tuple[int, ...]
+    scalings: tuple[float, ...]
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class _Norm:
+    weight: torch.Tensor
+    eps: float
+
+
+@dataclass(frozen=True)
+class _Weights:
+    """Everything a forward reads but the cache: the layers, the head and the shapes."""
+
+    embed: torch.Tensor
+    layers: tuple[dict, ...]
+    norm: _Norm
+    head: _Linear
+    heads: int
+    kv_heads: int
+    head_dim: int
 
 
 class _Unsupported(Exception):  # noqa: N818 - a layer the lean forward does not compute
     pass
 
 
-def _lora(module: torch.nn.Module, adapter: str) -> _Linear:
-    """``module`` as :class:`_Linear` under ``adapter`` (BASE: its base layer): a plain LoRA
-    linear (no DoRA, no LoRA bias, no transposed weight, no variant, not merged) gives its
-    factors; a LoRA layer of another kind raises :class:`_Unsupported`."""
-    base = _plain(module)
-    if type(base) is not torch.nn.Linear:
-        raise _Unsupported
-    lora_a = getattr(module, "lora_A", None)
-    if adapter == BASE or lora_a is None or adapter not in lora_a:
-        return _Linear(base)
+def _check_plain_lora(module: torch.nn.Module, adapter: str) -> None:
+    """Raise :class:`_Unsupported` unless ``module`` is a plain LoRA linear for ``adapter``
+    (no DoRA, no LoRA bias, no transposed weight, no variant, not merged by PEFT)."""
     if (
         getattr(module, "merged", False)
         or module.use_dora.get(adapter, False)
@@ -88,20 +123,46 @@ def _lora(module: torch.nn.Module, adapter: str) -> _Linear:
     a, b = module.lora_A[adapter], module.lora_B[adapter]
     if type(a) is not torch.nn.Linear or type(b) is not torch.nn.Linear or b.bias is not None:
         raise _Unsupported
-    return _Linear(base, a.weight, b.weight, module.scaling[adapter])
 
 
-def _parts(model: torch.nn.Module) -> dict | None:
-    """The modules the lean forward reads, or None where it would not compute the model's
-    forward: not a transformers Qwen3 causal LM, a RoPE other than the default, sliding-window
-    layers, a layer that is not a plain linear / embedding (a quantised or replaced one), an
-    adapter on the embedding, or an active adapter that is not plain LoRA on linear layers
-    (DoRA, a LoRA bias, several adapters at once)."""
+def _lora(module: torch.nn.Module, adapters: Sequence[str], layouts: list[_Layout]) -> _Linear:
+    """``module`` as :class:`_Linear` under the call's ``adapters`` (a new layout is appended to
+    ``layouts``); a LoRA layer of another kind than plain raises :class:`_Unsupported`."""
+    base = _plain(module)
+    if type(base) is not torch.nn.Linear:
+        raise _Unsupported
+    lora_a = getattr(module, "lora_A", None) or {}
+    present = [n for n in adapters if n != BASE and n in lora_a]
+    if not present:
+        return _Linear(base.weight, base.bias)
+    for name in present:
+        _check_plain_lora(module, name)
+    a = [module.lora_A[n].weight for n in present]
+    b = [module.lora_B[n].weight for n in present]
+    if len({t.dtype for t in a + b}) > 1:
+        raise _Unsupported
+    layout = _Layout(
+        tuple(module.lora_A[n].weight.shape[0] if n in present else 0 for n in adapters),
+        tuple(float(module.scaling[n]) if n in present else 0.0 for n in adapters),
+        a[0].dtype,
+    )
+    if layout not in layouts:
+        layouts.append(layout)
+    a_all = a[0] if len(a) == 1 else torch.cat(a, dim=0)
+    b_all = b[0] if len(b) == 1 else torch.cat(b, dim=1)
+    return _Linear(base.weight, base.bias, a_all, b_all, layouts.index(layout))
+
+
+def _parts(model: torch.nn.Module, adapters: Sequence[str]) -> tuple[_Weights, list] | None:
+    """The weights the lean forward reads under ``adapters`` and the layouts of their stacked
+    LoRA factors, or None where it would not compute the model's forward: not a transformers
+    Qwen3 causal LM, a RoPE other than the default, sliding-window layers, a layer that is not a
+    plain linear / embedding (a quantised or replaced one), an adapter on the embedding, or an
+    adapter that is not plain LoRA on linear layers (DoRA, a LoRA bias, several names at once)."""
     causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
     if not isinstance(causal_lm, Qwen3ForCausalLM):
         return None
-    adapter = active_adapter(model)
-    if "," in adapter:  # several adapters active at once
+    if any("," in name for name in adapters):  # several adapters active at once
         return None
     cfg = causal_lm.config
     rope = getattr(cfg, "rope_parameters", None) or {}
@@ -111,54 +172,68 @@ def _parts(model: torch.nn.Module) -> dict | None:
         return None
     body = causal_lm.model
     embed = body.embed_tokens
-    if type(_plain(embed)) is not torch.nn.Embedding or (
-        adapter != BASE and adapter in getattr(embed, "lora_embedding_A", {})
+    if type(_plain(embed)) is not torch.nn.Embedding or any(
+        name in getattr(embed, "lora_embedding_A", {}) for name in adapters if name != BASE
     ):
         return None
+    layouts: list[_Layout] = []
     try:
-        layers = [
+        layers = tuple(
             {
-                "ln1": layer.input_layernorm,
-                "q": _lora(layer.self_attn.q_proj, adapter),
-                "k": _lora(layer.self_attn.k_proj, adapter),
-                "v": _lora(layer.self_attn.v_proj, adapter),
-                "qn": layer.self_attn.q_norm,
-                "kn": layer.self_attn.k_norm,
-                "o": _lora(layer.self_attn.o_proj, adapter),
-                "ln2": layer.post_attention_layernorm,
-                "gate": _lora(layer.mlp.gate_proj, adapter),
-                "up": _lora(layer.mlp.up_proj, adapter),
-                "down": _lora(layer.mlp.down_proj, adapter),
+                "ln1": _norm(layer.input_layernorm),
+                "q": _lora(layer.self_attn.q_proj, adapters, layouts),
+                "k": _lora(layer.self_attn.k_proj, adapters, layouts),
+                "v": _lora(layer.self_attn.v_proj, adapters, layouts),
+                "qn": _norm(layer.self_attn.q_norm),
+                "kn": _norm(layer.self_attn.k_norm),
+                "o": _lora(layer.self_attn.o_proj, adapters, layouts),
+                "ln2": _norm(layer.post_attention_layernorm),
+                "gate": _lora(layer.mlp.gate_proj, adapters, layouts),
+                "up": _lora(layer.mlp.up_proj, adapters, layouts),
+                "down": _lora(layer.mlp.down_proj, adapters, layouts),
             }
             for layer in body.layers
-        ]
-        head = _lora(causal_lm.get_output_embeddings(), adapter)
+        )
+        head = _lora(causal_lm.get_output_embeddings(), adapters, layouts)
     except _Unsupported:
         return None
-    return {
-        "embed": _plain(embed),
-        "norm": body.norm,
-        "head": head,
-        "layers": layers,
-        "inv_freq": body.rotary_emb.inv_freq,
-    }
+    weights = _Weights(
+        embed=_plain(embed).weight,
+        layers=layers,
+        norm=_norm(body.norm),
+        head=head,
+        heads=cfg.num_attention_heads,
+        kv_heads=cfg.num_key_value_heads,
+        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+    )
+    return weights, [layouts, body.rotary_emb.inv_freq]
 
 
-def _rms(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
+def _norm(module: torch.nn.Module) -> _Norm:
+    return _Norm(module.weight, float(module.variance_epsilon))
+
+
+def _rms(x: torch.Tensor, norm: _Norm) -> torch.Tensor:
     """Qwen3's RMSNorm: in float32, scaled in the input's dtype."""
     h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.eps)
     return norm.weight * h.to(x.dtype)
 
 
-def _linear(x: torch.Tensor, layer: _Linear) -> torch.Tensor:
+def _linear(x: torch.Tensor, layer: _Linear, lora: Sequence[tuple]) -> torch.Tensor:
     """The base layer's output, plus the LoRA update as PEFT computes it: the input cast to the
-    factors' dtype, ``B(A(x)) * scaling`` added, the sum cast back to the base output's dtype."""
-    out = F.linear(x, layer.base.weight, layer.base.bias)
+    factors' dtype, ``B(A(x)) * scaling`` added, the sum cast back to the base output's dtype.
+    ``lora[layer.layout]`` is (mask, scaling): the rows' 0/1 mask over the stacked rank (rows,
+    1, rank sum) or None when every row has the one adapter, and the scaling (a float, or per
+    row (rows, 1, 1))."""
+    out = F.linear(x, layer.weight, layer.bias)
     if layer.a is None:
         return out
-    update = F.linear(F.linear(x.to(layer.a.dtype), layer.a), layer.b) * layer.scaling
-    return (out + update).to(out.dtype)
+    mask, scaling = lora[layer.layout]
+    low = F.linear(x.to(layer.a.dtype), layer.a)
+    if mask is not None:
+        low = low * mask
+    return (out + F.linear(low, layer.b) * scaling).to(out.dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -166,72 +241,199 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
+def _forward(
+    w: _Weights,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    lora: Sequence[tuple],
+    rope: tuple[torch.Tensor, torch.Tensor],
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    columns: torch.Tensor,
+    valid: torch.Tensor | None,
+    span: int,
+) -> torch.Tensor:
+    """The next ``q`` tokens of every row (``ids`` (b, q), at ``positions`` (b, q)) written into
+    the cache at ``columns`` (q,), attending over the cache's first ``span`` columns (``valid``
+    (b, span): False masks a column; None: every column is real); the last token's logits (b, V)
+    in float32. A pure function of its arguments but for the cache it writes: what
+    ``torch.compile`` compiles."""
+    b, q = ids.shape
+    hd = w.head_dim
+    cos, sin = rope[0][positions][:, None], rope[1][positions][:, None]  # (b, 1, q, hd)
+    x = F.embedding(ids, w.embed)
+    for i, layer in enumerate(w.layers):
+        h = _rms(x, layer["ln1"])
+        query = _rms(_linear(h, layer["q"], lora).view(b, q, -1, hd), layer["qn"]).transpose(1, 2)
+        key = _rms(_linear(h, layer["k"], lora).view(b, q, -1, hd), layer["kn"]).transpose(1, 2)
+        value = _linear(h, layer["v"], lora).view(b, q, -1, hd).transpose(1, 2)
+        query, key = _rotate(query, cos, sin), _rotate(key, cos, sin)
+        keys[i].index_copy_(2, columns, key)
+        values[i].index_copy_(2, columns, value)
+        out = _attend(w, query, keys[i][:, :, :span], values[i][:, :, :span], valid)
+        x = x + _linear(out.transpose(1, 2).reshape(b, q, -1), layer["o"], lora)
+        h = _rms(x, layer["ln2"])
+        x = x + _linear(
+            F.silu(_linear(h, layer["gate"], lora)) * _linear(h, layer["up"], lora),
+            layer["down"],
+            lora,
+        )
+    # as transformers: the norm over every position, then the head on the last one kept
+    # (b, 1, hidden): the same kernels, so the same bits
+    return _linear(_rms(x, w.norm)[:, -1:], w.head, lora)[:, -1].float()
+
+
+def _attend(
+    w: _Weights,
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    valid: torch.Tensor | None,
+) -> torch.Tensor:
+    """Attention of ``query`` (b, heads, q, hd) over the columns (b, kv heads, span, hd), causal,
+    masking the columns ``valid`` (b, span) marks False (None: every column is real)."""
+    b, _, q, hd = query.shape
+    group, scale = w.heads // w.kv_heads, hd**-0.5
+    if valid is None:
+        return F.scaled_dot_product_attention(
+            query, keys, values, is_causal=q > 1, scale=scale, enable_gqa=group > 1
+        )
+    if q == 1:  # each key/value head with its group of query heads, one mask for all
+        grouped = query.reshape(b, w.kv_heads, group, hd)
+        out = F.scaled_dot_product_attention(
+            grouped, keys, values, attn_mask=valid[:, None, None, :], scale=scale
+        )
+        return out.reshape(b, w.heads, 1, hd)
+    # the prompt: causal and not padding; a padding position sees only itself
+    seen = torch.ones(q, q, dtype=torch.bool, device=query.device).tril()
+    seen = valid[:, None, None, :] & seen
+    seen |= torch.eye(q, dtype=torch.bool, device=query.device)
+    return F.scaled_dot_product_attention(
+        query,
+        keys.repeat_interleave(group, dim=1),
+        values.repeat_interleave(group, dim=1),
+        attn_mask=seen,
+        scale=scale,
+    )
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def _compiled_forward(device: torch.device):
+    """:func:`_forward` through ``torch.compile``, one per device type (CUDA: CUDA graphs)."""
+    kind = device.type
+    if kind not in _COMPILED:
+        mode = "reduce-overhead" if kind == "cuda" else None
+        _COMPILED[kind] = torch.compile(_forward, mode=mode, fullgraph=True)
+    return _COMPILED[kind]
+
+
+def _static(tensors) -> None:
+    """Mark tensors as static addresses for CUDA graphs (no copy into the graph per replay)."""
+    for t in tensors:
+        if t is not None:
+            torch._dynamo.mark_static_address(t, guard=False)
+
+
 class LeanQwen3:
     """The forward of a Qwen3 causal LM (:meth:`supports`) for one sampling call of ``rows`` rows
     and at most ``length`` positions (prompt + new tokens), with its own KV cache.
 
+    ``adapters``: the adapters the call samples (default: the model's active one);
+    ``row_adapters``: each row's index into them (default: all the first). ``compiled``: decode
+    steps through ``torch.compile`` at fixed shapes (see the module's docstring).
+
     Called with the next ``q`` tokens of every row (``ids`` (b, q)), their positions
-    (b, q), the attention mask of every column so far (b, >= at + q; 1 = a real token) and ``at``,
-    the column of the first of them; it returns the last token's logits (b, V) in float32.
-    :meth:`select` keeps only some rows (cache included)."""
+    (b, q), the attention mask of every column (b, >= at + q, or ``length`` when compiled; 1 = a
+    real token) and ``at``, the column of the first of them; it returns the last token's logits
+    (b, V) in float32. :meth:`select` keeps only some rows (cache included)."""
 
     @staticmethod
-    def supports(model: torch.nn.Module) -> bool:
-        """Whether :class:`LeanQwen3` computes this model's forward as it stands, its active
-        adapter included (:func:`_parts`)."""
-        return _parts(model) is not None
+    def supports(model: torch.nn.Module, adapters: Sequence[str] | None = None) -> bool:
+        """Whether :class:`LeanQwen3` computes this model's forward under ``adapters`` (default:
+        the active adapter) (:func:`_parts`)."""
+        return _parts(model, adapters or (active_adapter(model),)) is not None
 
     @classmethod
-    def for_model(cls, model: torch.nn.Module, rows: int, length: int) -> LeanQwen3 | None:
-        """The lean forward of ``model`` as it stands, or None where it is not supported."""
-        parts = _parts(model)
-        return None if parts is None else cls(model, rows, length, parts)
+    def for_model(cls, model: torch.nn.Module, rows: int, length: int, **kw) -> LeanQwen3 | None:
+        """The lean forward of ``model``, or None where it is not supported."""
+        adapters = tuple(kw.pop("adapters", None) or (active_adapter(model),))
+        parts = _parts(model, adapters)
+        if parts is None:
+            return None
+        return cls(model, rows, length, adapters=adapters, parts=parts, **kw)
 
     def __init__(
-        self, model: torch.nn.Module, rows: int, length: int, parts: dict | None = None
+        self,
+        model: torch.nn.Module,
+        rows: int,
+        length: int,
+        *,
+        adapters: Sequence[str] | None = None,
+        row_adapters: Sequence[int] | torch.Tensor | None = None,
+        compiled: bool = False,
+        parts: tuple | None = None,
     ) -> None:
-        parts = parts or _parts(model)
+        adapters = tuple(adapters or (active_adapter(model),))
+        parts = parts or _parts(model, adapters)
         if parts is None:
             raise ValueError("LeanQwen3 needs a Qwen3 model on plain weights (LeanQwen3.supports)")
-        cfg = model.config
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.embed, self.norm, self.head = parts["embed"], parts["norm"], parts["head"]
-        self.layers = parts["layers"]
-        dtype, device = self.embed.weight.dtype, self.embed.weight.device
-        self.length = length
-        # The KV cache: one buffer per layer, (rows, kv heads, capacity, head dim), grown by
-        # doubling up to ``length`` as columns are written, so a call whose rows stop early never
-        # holds the cache of ``length`` columns. Every column a forward reads was written by it or
-        # an earlier one: the buffers need no zeroing.
-        shape = (rows, self.kv_heads, 0, self.head_dim)
-        self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in self.layers]
-        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in self.layers]
+        self.w, (layouts, inv_freq) = parts
+        dtype, device = self.w.embed.dtype, self.w.embed.device
+        self.length, self.compiled = length, compiled
+        # Every column a forward reads was written by it or an earlier one (or is masked): the
+        # buffers need no zeroing.
+        shape = (rows, self.w.kv_heads, length, self.w.head_dim)
+        self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in self.w.layers]
+        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in self.w.layers]
+        if row_adapters is None:
+            row_adapters = torch.zeros(rows, dtype=torch.long)
+        self.row_adapters = torch.as_tensor(row_adapters, dtype=torch.long).to(device)
+        self.lora = [self._rows_of(layout) for layout in layouts]
         # Whether some prompt column is padding (transformers then passes a mask): fixed until
         # rows leave, since every column after the prompt is real; read from the device only then.
         self.padded: bool | None = None
-        angles = torch.arange(length, device=device).float()[:, None] * parts["inv_freq"]
+        angles = torch.arange(length, device=device).float()[:, None] * inv_freq
         angles = torch.cat((angles, angles), dim=-1)  # (length, head_dim)
-        self.cos, self.sin = angles.cos().to(dtype), angles.sin().to(dtype)
+        self.rope = (angles.cos().to(dtype), angles.sin().to(dtype))
+        self.step = _forward
+        if compiled:
+            self.step = _compiled_forward(device)
+            if device.type == "cuda":
+                self._mark_static()
+
+    def _rows_of(self, layout: _Layout) -> tuple:
+        """(mask, scaling) of :func:`_linear` for this call's rows under ``layout``: no mask and
+        the one scaling when the call has one adapter, else per row."""
+        if len(layout.ranks) == 1:
+            return None, layout.scalings[0]
+        owner = torch.cat(
+            [torch.full((r,), i, dtype=torch.long) for i, r in enumerate(layout.ranks)]
+        ).to(self.row_adapters.device)  # (rank sum,): the adapter of each stacked column
+        mask = (self.row_adapters[:, None] == owner[None, :]).to(layout.dtype)[:, None, :]
+        scaling = torch.tensor(layout.scalings, dtype=layout.dtype, device=mask.device)
+        return mask, scaling[self.row_adapters][:, None, None]
+
+    def _mark_static(self) -> None:
+        linears = [lin for layer in self.w.layers for lin in layer.values()]
+        linears.append(self.w.head)
+        _static(self.keys + self.values + list(self.rope))
+        _static(t for lin in linears if isinstance(lin, _Linear) for t in (lin.a, lin.b))
+        _static(t for pair in self.lora for t in pair if isinstance(t, torch.Tensor))
 
     def select(self, keep: torch.Tensor) -> None:
         self.keys = [k[keep] for k in self.keys]
         self.values = [v[keep] for v in self.values]
+        self.row_adapters = self.row_adapters[keep]
+        self.lora = [
+            (None if m is None else m[keep], s[keep] if isinstance(s, torch.Tensor) else s)
+            for m, s in self.lora
+        ]
         self.padded = None  # the rows left may all be unpadded
-
-    def _reserve(self, end: int) -> None:
-        """Room for columns up to ``end`` in every layer's buffers."""
-        capacity = self.keys[0].shape[2]
-        if end <= capacity:
-            return
-        if end > self.length:
-            raise ValueError(f"column {end} past the {self.length} this call was made for")
-        grown = min(self.length, max(end, 2 * capacity))
-        for cache in (self.keys, self.values):
-            for i, old in enumerate(cache):
-                new = old.new_empty((*old.shape[:2], grown, old.shape[3]))
-                new[:, :, :capacity] = old
-                cache[i] = new
+        if self.compiled and self.keys[0].device.type == "cuda":
+            _static(self.keys + self.values)
+            _static(t for pair in self.lora for t in pair if isinstance(t, torch.Tensor))
 
     def __call__(
         self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, at: int
@@ -240,62 +442,40 @@ class LeanQwen3:
         if q > 1 and at != 0:
             raise ValueError("several tokens at once only from column 0 (the prompt)")
         end = at + q
-        self._reserve(end)
+        if end > self.length:
+            raise ValueError(f"column {end} past the {self.length} this call was made for")
+        device = ids.device
+        if q == 1 and self.compiled:  # fixed shapes: every column, the unwritten ones masked
+            if device.type == "cuda":  # the last replay's outputs were read: overwrite them
+                torch.compiler.cudagraph_mark_step_begin()
+            columns = torch.full((1,), at, dtype=torch.long, device=device)
+            valid = mask[:, : self.length].bool()
+            return self.step(
+                self.w,
+                self.keys,
+                self.values,
+                self.lora,
+                self.rope,
+                ids,
+                positions,
+                columns,
+                valid,
+                self.length,
+            )
         valid = mask[:, :end].bool()  # (b, end)
         if self.padded is None:
             self.padded = not bool(valid.all())
         # transformers' choice of attention call: no mask where no column is padding
-        valid = valid if self.padded else None
-        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # (b, 1, q, hd)
-        hd = self.head_dim
-        x = self.embed(ids)
-        for i, layer in enumerate(self.layers):
-            h = _rms(x, layer["ln1"])
-            query = _rms(_linear(h, layer["q"]).view(b, q, -1, hd), layer["qn"]).transpose(1, 2)
-            key = _rms(_linear(h, layer["k"]).view(b, q, -1, hd), layer["kn"]).transpose(1, 2)
-            value = _linear(h, layer["v"]).view(b, q, -1, hd).transpose(1, 2)
-            query, key = _rotate(query, cos, sin), _rotate(key, cos, sin)
-            self.keys[i][:, :, at:end] = key
-            self.values[i][:, :, at:end] = value
-            out = self._attend(query, self.keys[i][:, :, :end], self.values[i][:, :, :end], valid)
-            x = x + _linear(out.transpose(1, 2).reshape(b, q, -1), layer["o"])
-            h = _rms(x, layer["ln2"])
-            x = x + _linear(
-                F.silu(_linear(h, layer["gate"])) * _linear(h, layer["up"]), layer["down"]
-            )
-        # as transformers: the norm over every position, then the head on the last one kept
-        # (b, 1, hidden): the same kernels, so the same bits
-        return _linear(_rms(x, self.norm)[:, -1:], self.head)[:, -1].float()
-
-    def _attend(
-        self,
-        query: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        valid: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """Attention of ``query`` (b, heads, q, hd) over the columns so far (b, kv heads, end, hd),
-        causal, masking the columns ``valid`` (b, end) marks False (None: every column is real)."""
-        b, _, q, hd = query.shape
-        group, scale = self.heads // self.kv_heads, hd**-0.5
-        if valid is None:
-            return F.scaled_dot_product_attention(
-                query, keys, values, is_causal=q > 1, scale=scale, enable_gqa=group > 1
-            )
-        if q == 1:  # each key/value head with its group of query heads, one mask for all
-            grouped = query.reshape(b, self.kv_heads, group, hd)
-            out = F.scaled_dot_product_attention(
-                grouped, keys, values, attn_mask=valid[:, None, None, :], scale=scale
-            )
-            return out.reshape(b, self.heads, 1, hd)
-        # the prompt: causal and not padding; a padding position sees only itself
-        seen = torch.ones(q, q, dtype=torch.bool, device=query.device).tril()
-        seen = valid[:, None, None, :] & seen
-        seen |= torch.eye(q, dtype=torch.bool, device=query.device)
-        return F.scaled_dot_product_attention(
-            query,
-            keys.repeat_interleave(group, dim=1),
-            values.repeat_interleave(group, dim=1),
-            attn_mask=seen,
-            scale=scale,
+        columns = torch.arange(at, end, device=device)
+        return _forward(
+            self.w,
+            self.keys,
+            self.values,
+            self.lora,
+            self.rope,
+            ids,
+            positions,
+            columns,
+            valid if self.padded else None,
+            end,
         )

@@ -243,7 +243,10 @@ class HFEngine:
         # pair is forwarded once, then its KV cache and logits are repeated for its rows.
         own = [adapters.index(req.adapter) for req in batch] if len(adapters) > 1 else [0] * B
         distinct: dict[tuple, int] = {}  # each pair's index among the distinct
-        which = [distinct.setdefault((tuple(p), a), len(distinct)) for p, a in zip(prompts, own, strict=True)]
+        which = [
+            distinct.setdefault((tuple(p), a), len(distinct))
+            for p, a in zip(prompts, own, strict=True)
+        ]
         firsts = [which.index(u) for u in range(len(distinct))]  # each pair's first row
 
         compiled = self._compiled()

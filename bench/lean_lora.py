@@ -1,11 +1,16 @@
 """The HF rollout loop's per-position cost where a forward is bound by Python, as on a GPU: a
 Qwen3 with the 0.6B's 28 layers but width 64 (so the arithmetic is negligible), bfloat16, three
-rank-64 LoRA adapters on every linear, one unmerged adapter sampling 16 rows of 64 new tokens,
-through PEFT's modules (``lean=False``) and through marlow's lean forward, side by side.
+rank-64 LoRA adapters on every linear, 64 new tokens a row, side by side in one run:
+
+- one adapter, 16 rows: through PEFT's modules (``lean=False``), the lean forward eager, and the
+  lean forward compiled (``compile=True``; its first call's seconds, the compilation, apart);
+- three adapters, 16 rows each (an IP stage): one pass per adapter (three calls, as the loop
+  sampled them before adapters were batched together) and one mixed pass of the 48 rows, eager.
 
     .venv/bin/python bench/lean_lora.py [--repeats R]
 
-Prints milliseconds per sampled position (the best of R timed calls) for each, and their ratio.
+Prints milliseconds per sampled position (the best of R timed calls: one forward of the whole
+batch per position) for each, and the ratios.
 """
 
 from __future__ import annotations
@@ -22,6 +27,17 @@ from marlow.tiny.tokenizer import build_tokenizer
 from marlow.types import GenRequest, SamplingParams
 
 ROWS, NEW = 16, 64
+ADAPTERS = ("gen", "agg", "crit")
+
+
+def best_ms(call, repeats: int) -> float:
+    """The best of ``repeats`` timed calls, in milliseconds per sampled position."""
+    best = float("inf")
+    for r in range(repeats):
+        t0 = time.perf_counter()
+        call(r)
+        best = min(best, time.perf_counter() - t0)
+    return best / NEW * 1000
 
 
 def main() -> None:
@@ -43,24 +59,47 @@ def main() -> None:
     )
     torch.manual_seed(0)
     base = Qwen3ForCausalLM(config).to(torch.bfloat16).eval()
-    model = attach_adapters(base, ["gen", "agg", "crit"], LoraSpec(rank=64, alpha=32), seed=0)
-    never = [config.vocab_size]  # no row stops: every call samples ROWS x NEW positions
-    reqs = [
-        GenRequest(tok.encode(f"{i}+{i}=", add_special_tokens=False), "gen") for i in range(ROWS)
-    ]
+    model = attach_adapters(base, list(ADAPTERS), LoraSpec(rank=64, alpha=32), seed=0)
+    never = [config.vocab_size]  # no row stops: every call samples every row's NEW positions
+    reqs = {
+        a: [GenRequest(tok.encode(f"{i}+{i}=", add_special_tokens=False), a) for i in range(ROWS)]
+        for a in ADAPTERS
+    }
+
+    def sample(engine: HFEngine, requests: list[GenRequest], seed: int) -> None:
+        engine.generate(requests, SamplingParams(1.0, NEW, seed=seed))
+
     ms = {}
-    for label, use_lean in (("PEFT's modules", False), ("lean forward", True)):
-        engine = HFEngine(model, tok, stop_ids=never, lean=use_lean)
-        engine.generate(reqs[:2], SamplingParams(1.0, 8, seed=0))  # warm-up
-        best = float("inf")
-        for r in range(args.repeats):
-            t0 = time.perf_counter()
-            engine.generate(reqs, SamplingParams(1.0, NEW, seed=r))
-            best = min(best, time.perf_counter() - t0)
-        ms[label] = best / NEW * 1000
-        print(f"{label:>15}: {ms[label]:.1f} ms per sampled position ({ROWS} rows)")
-    peft, lean = ms["PEFT's modules"], ms["lean forward"]
-    print(f"ratio: {peft / lean:.2f}x")
+    one = reqs["gen"]
+    for label, kw in (
+        ("PEFT's modules", {"lean": False}),
+        ("lean, eager", {}),
+        ("lean, compiled", {"compile": True}),
+    ):
+        engine = HFEngine(model, tok, stop_ids=never, **kw)
+        t0 = time.perf_counter()
+        sample(engine, one, 0)  # warm-up (compiled: the compilation)
+        warm = time.perf_counter() - t0
+        ms[label] = best_ms(lambda r, e=engine: sample(e, one, r), args.repeats)
+        print(
+            f"1 adapter, {ROWS} rows, {label:>15}: {ms[label]:6.1f} ms per position"
+            f" (first call {warm:.1f} s)"
+        )
+    peft, eager, compiled = ms.values()
+    print(f"  PEFT / lean eager {peft / eager:.2f}x; lean eager / compiled {eager / compiled:.2f}x")
+    engine = HFEngine(model, tok, stop_ids=never)
+    mixed = [r for a in ADAPTERS for r in reqs[a]]
+    passes = best_ms(lambda r: [sample(engine, reqs[a], r) for a in ADAPTERS], args.repeats)
+    together = best_ms(lambda r: sample(engine, mixed, r), args.repeats)
+    print(
+        f"{len(ADAPTERS)} adapters, {ROWS} rows each, one pass per adapter: {passes:6.1f} ms"
+        " per position"
+    )
+    print(
+        f"{len(ADAPTERS)} adapters, {ROWS} rows each, one mixed pass:      {together:6.1f} ms"
+        " per position"
+    )
+    print(f"  per adapter / mixed {passes / together:.2f}x")
 
 
 if __name__ == "__main__":

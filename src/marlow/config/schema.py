@@ -458,6 +458,13 @@ class RolloutConfig(_Section):
         "bases (marlow.rollout.lean: the same logits with less Python); auto: on for a float32 "
         "base on the CPU, off elsewhere (the copy costs GPU memory; bfloat16 rounds the sum)",
     )
+    compile: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="the sampler's decode step through torch.compile at fixed shapes (a static "
+        "KV cache, batches padded to a few sizes; on CUDA captured as CUDA graphs), on Qwen3 "
+        "bases (marlow.rollout.lean); auto: on for CUDA, off on the CPU (bench/lean_lora.py: "
+        "there the compilation costs more than it saves in a run's calls)",
+    )
     seeding: Literal["auto", "call", "request"] = Field(
         "auto",
         description="call: a stage's samples come from one generator in request order; request: "

@@ -84,14 +84,21 @@ class HFEngine:
 
     @classmethod
     def from_run(cls, model, tokenizer, *, config, device) -> HFEngine:
-        """The engine of a run: ``rollout.max_batch``, and ``rollout.merge_lora`` (auto: on for a
+        """The engine of a run: ``rollout.max_batch``, ``rollout.merge_lora`` (auto: on for a
         float32 run on the CPU, where sampling from the merged weights is exact enough and
-        faster)."""
+        faster) and ``rollout.compile`` (auto: compiled decode steps on CUDA)."""
         merge = config.rollout.merge_lora
         if merge == "auto":
             cpu_float32 = getattr(device, "type", device) == "cpu" and config.dtype == "float32"
             merge = "on" if cpu_float32 else "off"
-        return cls(model, tokenizer, max_batch=config.rollout.max_batch, merge=merge == "on")
+        compile = {"auto": None, "on": True, "off": False}[config.rollout.compile]
+        return cls(
+            model,
+            tokenizer,
+            max_batch=config.rollout.max_batch,
+            merge=merge == "on",
+            compile=compile,
+        )
 
     def __init__(
         self,

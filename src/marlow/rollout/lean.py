@@ -382,11 +382,11 @@ class LeanQwen3:
         self.w, (layouts, inv_freq) = parts
         dtype, device = self.w.embed.dtype, self.w.embed.device
         self.length, self.compiled = length, compiled
-        # Every column a forward reads was written by it or an earlier one (or is masked): the
-        # buffers need no zeroing.
+        # Zeroed: a compiled step reads the columns not yet written too (masked, with weight 0,
+        # and 0 times a NaN left in memory would still be NaN).
         shape = (rows, self.w.kv_heads, length, self.w.head_dim)
-        self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in self.w.layers]
-        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in self.w.layers]
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.w.layers]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.w.layers]
         if row_adapters is None:
             row_adapters = torch.zeros(rows, dtype=torch.long)
         self.row_adapters = torch.as_tensor(row_adapters, dtype=torch.long).to(device)

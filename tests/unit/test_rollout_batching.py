@@ -1,0 +1,232 @@
+"""One sampling pass for every adapter of a call, and the static, compiled decode step: the
+same tokens as a pass per adapter through the model's own forward, the same distribution, and
+rows that do not depend on their batch-mates."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from peft import LoraConfig
+
+from marlow.chat import chat_prompt_ids
+from marlow.policy.adapters import LoraSpec, activate, attach_adapters
+from marlow.prompts import render
+from marlow.rollout.hf import HFEngine, _bucket, _Transformers
+from marlow.rollout.lean import LeanQwen3
+from marlow.tiny.pretrain import load_tiny
+from marlow.tiny.shipped import ROOT, shipped_worlds
+from marlow.types import BASE, GenRequest, SamplingParams
+
+ADAPTERS = ("gen", "agg", "crit")
+QUESTIONS = ("12+30", "7*8", "100-45", "3+4+5")
+
+
+def perturbed(model, std: float = 0.3, seed: int = 0):
+    """Every LoRA B factor off zero, so that the adapters differ from the base and each other."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * std)
+    return model
+
+
+@pytest.fixture
+def mixed_ranks(make_model):
+    """A random tiny Qwen3 with three adapters of ranks 4, 2 and 8 (scalings 2, 4 and 0.5),
+    the third on the attention projections only."""
+    model = attach_adapters(make_model(seed=0), ["gen"], LoraSpec(rank=4, alpha=8), seed=0)
+    model.add_adapter("agg", LoraConfig(r=2, lora_alpha=8, target_modules="all-linear"))
+    attn = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    model.add_adapter("crit", LoraConfig(r=8, lora_alpha=4, target_modules=attn))
+    return perturbed(model.eval())
+
+
+def prompts(n: int, seed: int = 3) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 12, (n,), generator=gen)
+    return [torch.randint(1, 50, (int(k),), generator=gen).tolist() for k in lengths]
+
+
+def test_mixed_forward_gives_each_row_its_adapters_logits(mixed_ranks):
+    """The lean forward over rows of three adapters and the base at once (different ranks and
+    scalings, one adapter on some layers only; padded prompts; rows leaving the batch): each
+    row's logits are its adapter's through PEFT's modules, within float32 round-off."""
+    model = mixed_ranks
+    names = (*ADAPTERS, BASE)
+    own = [0, 1, 2, 3, 1, 0, 2]
+    ids = torch.zeros(len(own), 9, dtype=torch.long)
+    mask = torch.zeros(len(own), 9 + 4, dtype=torch.long)
+    for r, p in enumerate(prompts(len(own))):
+        p = p[:9]
+        ids[r, 9 - len(p) :], mask[r, 9 - len(p) : 9] = torch.tensor(p), 1
+    positions = (mask[:, :9].cumsum(-1) - 1).clamp(min=0)
+    keep = torch.tensor([1, 2, 3, 5, 6])
+    with torch.inference_mode():
+        lean = LeanQwen3(model, len(own), 13, adapters=names, row_adapters=own)
+        ours = [lean(ids, mask, positions, 0)]
+        theirs = {}
+        for i, name in enumerate(names):
+            activate(model, name)
+            forward = _Transformers(model)
+            theirs[i] = [forward(ids, mask, positions, 0)]
+            nxt, m = positions[:, -1:] + 1, mask.clone()
+            for t in range(4):
+                if t == 2:
+                    forward.select(keep)
+                    nxt, m = nxt[keep], m[keep]
+                m[:, 9 + t] = 1
+                theirs[i].append(forward(torch.full((len(nxt), 1), 5), m, nxt, 9 + t))
+                nxt = nxt + 1
+        nxt, m = positions[:, -1:] + 1, mask.clone()
+        rows = torch.arange(len(own))
+        for t in range(4):
+            if t == 2:
+                lean.select(keep)
+                nxt, m, rows = nxt[keep], m[keep], rows[keep]
+            m[:, 9 + t] = 1
+            ours.append(lean(torch.full((len(rows), 1), 5), m, nxt, 9 + t))
+            nxt = nxt + 1
+    for step, logits in enumerate(ours):
+        rows = torch.arange(len(own)) if step < 3 else keep
+        for j, r in enumerate(rows.tolist()):
+            expect = theirs[own[r]][step][j]
+            torch.testing.assert_close(logits[j], expect, atol=2e-5, rtol=0, msg=f"{r}, {step}")
+    gen, agg = ours[0][0], ours[0][1]  # not vacuous: the adapters change the logits
+    assert not torch.allclose(theirs[0][0][1], theirs[1][0][1], atol=1e-3)
+    assert not torch.allclose(gen, theirs[3][0][0], atol=1e-3) and agg.isfinite().all()
+
+
+def requests(adapters, n: int = 24, seeded: bool = False) -> list[GenRequest]:
+    return [
+        GenRequest(p, adapters[i % len(adapters)], seed=1000 + i if seeded else None)
+        for i, p in enumerate(prompts(n))
+    ]
+
+
+def same(a, b, atol: float = 1e-5) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert x.token_ids == y.token_ids and x.finish_reason == y.finish_reason
+        torch.testing.assert_close(
+            torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=atol, rtol=0
+        )
+
+
+def test_greedy_mixed_pass_samples_what_a_pass_per_adapter_samples(mixed_ranks, tokenizer):
+    """Temperature 0, float32: one mixed pass gives the tokens of one pass per adapter through
+    the model's own forward (the loop before adapters were batched together), rows stopping at
+    different steps."""
+    reqs = requests((*ADAPTERS, BASE), n=28)
+    params = SamplingParams(0.0, 24, seed=0)
+    stops = [7, 11, 23]
+    ours = HFEngine(mixed_ranks, tokenizer, stop_ids=stops).generate(reqs, params)
+    theirs = HFEngine(mixed_ranks, tokenizer, stop_ids=stops, lean=False).generate(reqs, params)
+    same(ours, theirs)
+    reasons = {c.finish_reason for c in ours}
+    assert reasons == {"stop", "length"}
+    assert len({tuple(c.token_ids) for c in ours}) > len(ours) // 2
+
+
+def test_greedy_mixed_pass_on_the_tiny_world(tokenizer):
+    """The same on the shipped tiny-m world, IP Voting's shape: three adapters of rank 8 whose
+    rows share prompts (a group), float32."""
+    (world,) = [w for w in shipped_worlds() if w.scale == "tiny-m" and w.task == "math"]
+    base, tok = load_tiny(ROOT / world.folder)
+    model = perturbed(
+        attach_adapters(base, list(ADAPTERS), LoraSpec(rank=8, alpha=16), seed=0), std=0.05
+    )
+    questions = [render("tiny", "math", "generator", "answer", {"problem": q}) for q in QUESTIONS]
+    reqs = [
+        GenRequest(chat_prompt_ids(tok, q), a)
+        for q in questions
+        for a in ADAPTERS
+        for _ in range(2)
+    ]
+    params = SamplingParams(0.0, 32, seed=0)
+    ours = HFEngine(model, tok).generate(reqs, params)
+    same(ours, HFEngine(model, tok, lean=False).generate(reqs, params))
+    assert any(c.finish_reason == "stop" for c in ours)
+
+
+def test_mixed_pass_draws_each_adapters_distribution(mixed_ranks, tokenizer):
+    """Temperature 0.9: the first token of 3,000 rows of one prompt (1,500 under 'gen', 1,500
+    under 'agg', in one pass) against each adapter's softmax, by a chi-square test; the same
+    test tells the two adapters' distributions apart (it can fail)."""
+    model = mixed_ranks
+    prompt = prompts(1, seed=9)[0]
+    n = 1500
+    reqs = [GenRequest(prompt, a) for _ in range(n) for a in ("gen", "agg")]
+    out = HFEngine(model, tokenizer, max_batch=4096, stop_ids=[0]).generate(
+        reqs, SamplingParams(0.9, 1, seed=1)
+    )
+    probs = {}
+    with torch.inference_mode():
+        for a in ("gen", "agg"):
+            activate(model, a)
+            logits = model(input_ids=torch.tensor([prompt])).logits[0, -1].float()
+            probs[a] = torch.softmax(logits / 0.9, -1)
+
+    def chi2(tokens: list[int], p: torch.Tensor) -> tuple[float, int]:
+        counts = torch.bincount(torch.tensor(tokens), minlength=p.numel()).double()
+        big = p * len(tokens) >= 5  # cells expected at least 5 times; the rest pooled
+        expect = torch.cat([p[big] * len(tokens), (p[~big].sum() * len(tokens))[None]])
+        seen = torch.cat([counts[big], counts[~big].sum()[None]])
+        return float(((seen - expect) ** 2 / expect).sum()), int(big.sum())
+
+    for a in ("gen", "agg"):
+        tokens = [c.token_ids[0] for c, r in zip(out, reqs, strict=True) if r.adapter == a]
+        stat, cells = chi2(tokens, probs[a])
+        other = chi2(tokens, probs["agg" if a == "gen" else "gen"])[0]
+        # critical value of chi-square at p = 0.001 is below 2 * dof + 20 for these dof
+        assert stat < 2 * cells + 20, (a, stat, cells)
+        assert other > 2 * cells + 20, (a, other, cells)
+
+
+def test_seeded_rows_do_not_depend_on_their_batch_mates_in_a_mixed_pass(mixed_ranks, tokenizer):
+    """rollout.seeding=request in a mixed pass: each row samples what it samples alone."""
+    reqs = requests(ADAPTERS, n=12, seeded=True)
+    params = SamplingParams(1.0, 16, seed=3)
+    engine = HFEngine(mixed_ranks, tokenizer)
+    together = engine.generate(reqs, params)
+    alone = [engine.generate([r], SamplingParams(1.0, 16, seed=99))[0] for r in reqs]
+    same(together, alone)
+
+
+def test_the_host_reading_stops_every_k_tokens_changes_no_sample(mixed_ranks, tokenizer):
+    """Rows that stop between two reads are fed pads until the next: the samples, log-probs,
+    lengths and finish reasons are those of a read after every token."""
+    reqs = requests((*ADAPTERS, BASE), n=20, seeded=True)
+    params = SamplingParams(1.0, 30, seed=0)
+    stops = [7, 11, 23]
+    every = HFEngine(mixed_ranks, tokenizer, stop_ids=stops, read_every=1).generate(reqs, params)
+    fifth = HFEngine(mixed_ranks, tokenizer, stop_ids=stops, read_every=5).generate(reqs, params)
+    same(every, fifth, atol=0)
+    assert {c.finish_reason for c in every} == {"stop", "length"}
+    with pytest.raises(ValueError, match="read_every"):
+        HFEngine(mixed_ranks, tokenizer, read_every=0)
+
+
+def test_batch_sizes_of_the_compiled_step():
+    sizes = sorted({_bucket(n) for n in range(1, 300)})
+    assert sizes == [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384]
+    assert all(n <= _bucket(n) <= max(n * 3 // 2, n + 1) or n <= 16 for n in range(1, 300))
+    assert all(_bucket(n) < 2 * n for n in range(1, 300))
+
+
+def test_the_compiled_step_samples_what_the_eager_step_samples(mixed_ranks, tokenizer):
+    """torch.compile'd decode steps at fixed shapes (the cache's full length attended with a
+    mask, 21 rows padded to 24 with fillers, compactions into smaller batch sizes, stop flags
+    read every 4 tokens): the eager loop's tokens, greedy and seeded, log-probs within round-off;
+    a second call of other lengths compiles nothing new that fails."""
+    reqs = requests((*ADAPTERS, BASE), n=21, seeded=True)
+    stops = [7, 11, 23]
+    eager = HFEngine(mixed_ranks, tokenizer, stop_ids=stops)
+    compiled = HFEngine(mixed_ranks, tokenizer, stop_ids=stops, compile=True, read_every=4)
+    for params in (SamplingParams(0.0, 40, seed=0), SamplingParams(1.0, 40, seed=0)):
+        out = compiled.generate(reqs, params)
+        same(out, eager.generate(reqs, params))
+        assert {c.finish_reason for c in out} == {"stop", "length"}
+    shorter = [GenRequest(r.prompt_ids[:3], r.adapter, r.seed) for r in reqs[:9]]
+    params = SamplingParams(0.0, 10, seed=0)
+    same(compiled.generate(shorter, params), eager.generate(shorter, params))

@@ -227,17 +227,19 @@ def test_an_adapter_the_lean_forward_does_not_compute_takes_the_models_forward(q
     assert LeanQwen3.supports(model)
 
 
-def test_the_kv_cache_is_allocated_once_for_the_call_length(qwen3):
-    """The cache is static: every layer's buffers hold the call's columns from the start and keep
-    their storage through the steps (what a compiled step and a CUDA graph need); a column past
-    the call's length is refused."""
+def test_the_kv_cache_grows_with_the_columns_written_unless_compiled(qwen3):
+    """Eager, a call made for 1,000 columns whose rows stop after a few tokens holds a few
+    columns; compiled, the cache holds the call's columns from the start, zeroed (its steps read
+    the unwritten columns, masked). A column past the call's length is refused."""
     model = qwen3()
     ids, mask, positions = padded_batch([5, 3])
-    lean = LeanQwen3(model, 2, 40)
-    storage = [b.data_ptr() for b in lean.keys + lean.values]
+    lean = LeanQwen3(model, 2, 1000)
     with torch.inference_mode():
         run(lean, ids, mask, positions, steps=6)
-    assert all(b.shape[2] == 40 for b in lean.keys + lean.values)
-    assert [b.data_ptr() for b in lean.keys + lean.values] == storage
+    written = ids.shape[1] + 6
+    for buffers in (lean.keys, lean.values):
+        assert all(written <= b.shape[2] <= 2 * written for b in buffers)
+    static = LeanQwen3(model, 2, 40, compiled=True)
+    assert all(b.shape[2] == 40 and not b.any() for b in static.keys + static.values)
     with pytest.raises(ValueError, match="past the 12"):
         run(LeanQwen3(model, 2, 12), ids, mask, positions, steps=8)

@@ -1,4 +1,5 @@
-"""Rollout with plain Hugging Face transformers: one batched sampling loop per adapter.
+"""Rollout with plain Hugging Face transformers: one batched sampling loop for every adapter a call
+names.
 
 The loop is written out instead of calling ``model.generate`` so that what is sampled, and the
 log-prob recorded for it, is exactly the textbook definition the trainer re-computes:
@@ -8,36 +9,44 @@ log-prob recorded for it, is exactly the textbook definition the trainer re-comp
     T == 0   -> greedy argmax, logprob = log_softmax(logits)[tok]
 
 Batches are left-padded with an explicit attention mask and position ids (cumsum(mask) - 1), so a
-row's tokens do not depend on what it is batched with (up to float round-off). Requests are grouped
-by adapter, one pass per adapter (faster than PEFT's mixed-adapter batches, which are also
-inference-only). Sampling draws from one ``torch.Generator`` seeded with ``params.seed`` per
-call, consumed group by group in order of first appearance, chunk by chunk: the same requests,
-params and ``max_batch`` give the same samples. Rows that have stopped leave the working batch,
-KV cache included, whenever they make up an eighth of it (a few long completions then no longer
-carry every finished row through the remaining steps); until then they are fed pads.
+row's tokens do not depend on what it is batched with (up to float round-off).
 
-Rows whose prompts are the same (a GRPO group's samples) share one prefill: each distinct prompt
-of a chunk is forwarded once and its KV cache and last logits are repeated for its rows (on this
-CPU the samples are bit-equal to a prefill per row; the prefill of ``bench/vs_trl.py``'s 256 rows
-over 32 prompts took 6 ms instead of 50 ms a step).
+Adapters: where the lean forward (:class:`marlow.rollout.lean.LeanQwen3`) computes every adapter
+of the call, their rows share one pass, each row applying its own LoRA inside the same forward
+(an IP stage's roles sample together; SP and the base are the same loop with one adapter or
+none). Otherwise, or where ``merge`` folds adapters into the base (one adapter at a time), the
+requests are grouped by adapter, one pass per adapter in order of first appearance; the model's
+own forward (any causal LM, any adapter, a ``DynamicCache``) runs where the lean one does not.
 
-The forward: where a group samples from plain weights of a Qwen3 model (the base, or an adapter
-folded in by ``merge``), :class:`marlow.rollout.lean.LeanQwen3` (the same arithmetic without the
-per-module Python of transformers, equal logits, its own KV cache); otherwise the model's own
-forward with a ``DynamicCache``.
+Sampling draws from one ``torch.Generator`` seeded with ``params.seed`` per call, consumed pass
+by pass, chunk by chunk (``max_batch`` rows): the same requests, params and ``max_batch`` give
+the same samples. Requests that carry their own ``seed`` (all of a call, or none) are sampled by
+inversion instead: row r draws its ``max_new_tokens`` uniforms u from a generator seeded with its
+seed, and token t is the first id whose cumulative probability exceeds u_t times the total. That
+is the same categorical distribution, and a row's sample no longer depends on which rows share
+its batch (up to the float round-off of its logits), so a problem sharded to another
+data-parallel rank draws the same tokens.
+
+Rows whose prompts and adapters are the same (a GRPO group's samples) share one prefill: each
+distinct pair of a chunk is forwarded once and its KV cache and last logits are repeated for its
+rows (on this CPU the samples are bit-equal to a prefill per row; the prefill of
+``bench/vs_trl.py``'s 256 rows over 32 prompts took 6 ms instead of 50 ms a step).
+
+The decode loop keeps sampled ids, log-probs, lengths and stop flags on the device; the host reads
+whether rows have stopped once every ``read_every`` tokens (default: every token on the CPU,
+where the read costs nothing, every :data:`READ_EVERY` elsewhere, where it waits for the device)
+and at the end of a chunk, to hand the sampled ids and log-probs over as Python lists. Rows that
+have stopped are fed pads; they leave the working batch, KV cache included, whenever they make up
+an eighth of it at a read, so a few long completions do not carry every finished row through the
+remaining steps. With ``compile`` (on CUDA by default) the lean decode step runs compiled at
+fixed shapes: its KV cache holds the call's columns rounded up to :data:`CAPACITY_STEP`, and the
+working batch is padded with filler rows (always stopped, writing to a spare output row) up to
+one of a few sizes (:func:`_bucket`), so that a call and its compactions need few compiled steps
+and CUDA graphs.
 
 Device and precision: every tensor of the loop (ids, masks, KV cache, the generator) is on the
 model's device; the logits come in the base's dtype and are cast to float32 before the
 temperature and the log-softmax, so sampling probabilities and recorded log-probs are float32.
-The host reads the device once per generated token (whether every row has stopped) and once per
-chunk at the end, to hand the sampled ids and log-probs over as Python lists.
-
-Requests that carry their own ``seed`` (all of a call, or none) are sampled by inversion instead:
-row r draws its ``max_new_tokens`` uniforms u from a generator seeded with its seed, and token t
-is the first id whose cumulative probability exceeds u_t times the total. That is the same
-categorical distribution, and a row's sample no longer depends on which rows share its batch (up
-to the float round-off of its logits), so a problem sharded to another data-parallel rank draws
-the same tokens.
 """
 
 from __future__ import annotations
@@ -76,10 +85,15 @@ class HFEngine:
     restored bit for bit afterwards). It costs one copy of the adapted weights while a group
     samples, and rounds the sum in the base's dtype, so the trainer turns it on for float32
     bases on the CPU only (``rollout.merge_lora``). Scoring never merges.
-    ``lean``: where a group samples a Qwen3 model (the base, a merged adapter, or an unmerged
-    plain LoRA adapter), run marlow's own forward (:mod:`marlow.rollout.lean`: the same
-    arithmetic without the per-module Python, equal logits) instead of the model's; False:
-    always the model's forward.
+    ``lean``: where a pass samples a Qwen3 model (the base, a merged adapter, or unmerged plain
+    LoRA adapters, several at once), run marlow's own forward (:mod:`marlow.rollout.lean`: the
+    same arithmetic without the per-module Python) instead of the model's; False: always the
+    model's forward, one pass per adapter.
+    ``compile``: the lean decode step through ``torch.compile`` (CUDA: CUDA graphs); None: on
+    CUDA only. On this CPU the compilation took 7.9 s for one shape and saved 5.5 of 21.4 ms per
+    sampled position of a Python-bound model (``bench/lean_lora.py``): it pays after about 1,400
+    positions of one shape, more than a tiny-world call samples, so auto leaves the CPU eager.
+    ``read_every``: how often the host reads whether rows have stopped (module docstring).
     """
 
     @classmethod

@@ -33,15 +33,15 @@ rotary angles as ``position * inv_freq``, scaled-dot-product attention: causal w
 mask over the prompt, the query heads grouped onto their key/value head for one new token, the
 SDPA call transformers makes, the head on the last position kept as a (rows, 1, width) batch).
 
-The KV cache is one buffer per layer of (rows, kv heads, ``length``, head dim), allocated once
-when the call starts (static shapes: what a compiled step and a CUDA graph need). A decode step
-(one new token per row) is :func:`_forward` at fixed shapes; ``compiled`` runs it through
+The KV cache is one buffer per layer of (rows, kv heads, columns, head dim). A decode step (one
+new token per row) is :func:`_forward`; ``compiled`` runs it at fixed shapes, its cache allocated
+once for the call's ``length`` columns (what a compiled step and a CUDA graph need), through
 ``torch.compile`` (on CUDA with ``mode="reduce-overhead"``, which captures it as CUDA graphs, one
 per shape, in one memory pool, the cache and weights marked as static addresses), attending over
 all ``length`` columns with the mask (columns not yet written are masked), so every step of a
-call has the same shapes. Eager, a step attends over the columns written so far, as transformers
-does. Both write the new key and value at a column given as a tensor, so no step reads the
-device.
+call has the same shapes. Eager, the cache grows by doubling as columns are written and a step
+attends over the columns written so far, as transformers does. Both write the new key and value
+at a column given as a tensor, so no step reads the device.
 """
 
 from __future__ import annotations
@@ -382,9 +382,13 @@ class LeanQwen3:
         self.w, (layouts, inv_freq) = parts
         dtype, device = self.w.embed.dtype, self.w.embed.device
         self.length, self.compiled = length, compiled
-        # Zeroed: a compiled step reads the columns not yet written too (masked, with weight 0,
-        # and 0 times a NaN left in memory would still be NaN).
-        shape = (rows, self.w.kv_heads, length, self.w.head_dim)
+        # Compiled: the call's columns allocated at once (fixed shapes) and zeroed (a step reads
+        # the columns not yet written too, masked with weight 0, and 0 times a NaN left in memory
+        # would still be NaN). Eager: grown by doubling up to ``length`` as columns are written
+        # (at most twice the columns written, so a call whose rows stop early never holds the
+        # cache of ``length`` columns, and a compaction copies what was written), never read
+        # past the columns written: no zeroing.
+        shape = (rows, self.w.kv_heads, length if compiled else 0, self.w.head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.w.layers]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.w.layers]
         if row_adapters is None:
@@ -435,6 +439,18 @@ class LeanQwen3:
             _static(self.keys + self.values)
             _static(t for pair in self.lora for t in pair if isinstance(t, torch.Tensor))
 
+    def _reserve(self, end: int) -> None:
+        """Room for columns up to ``end`` in every layer's buffers (eager: grown by doubling)."""
+        capacity = self.keys[0].shape[2]
+        if end <= capacity:
+            return
+        grown = min(self.length, max(end, 2 * capacity))
+        for cache in (self.keys, self.values):
+            for i, old in enumerate(cache):
+                new = old.new_empty((*old.shape[:2], grown, old.shape[3]))
+                new[:, :, :capacity] = old
+                cache[i] = new
+
     def __call__(
         self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, at: int
     ) -> torch.Tensor:
@@ -462,6 +478,7 @@ class LeanQwen3:
                 valid,
                 self.length,
             )
+        self._reserve(end)
         valid = mask[:, :end].bool()  # (b, end)
         if self.padded is None:
             self.padded = not bool(valid.all())

@@ -1,15 +1,16 @@
 """The GPU check on the CPU, so that it cannot rot while no GPU is at hand: its dry run
-(``bench/gpu_check.py --device cpu --dry-run``: the environment, the device tests, a shrunken
-Qwen3-0.6B stand-in trained for a step) writes every field the GPU run writes; a failing or
-overrunning child is recorded, not fatal; and docs/scaling.md's "Measured on a GPU" section is
-what ``bench/gpu_docs.py`` makes of the committed JSON (or "Not yet measured" while there is
-none)."""
+(``bench/gpu_check.py --device cpu --dry-run``: the environment, the device tests, the HF
+sampler alone on a shrunken Qwen3-0.6B stand-in beside its bandwidth bound, the stand-in trained
+for a step) writes every field the GPU run writes; a failing or overrunning child is recorded,
+not fatal; and docs/scaling.md's "Measured on a GPU" section is what ``bench/gpu_docs.py`` makes
+of the committed JSON (or "Not yet measured" while there is none)."""
 
 from __future__ import annotations
 
 import copy
 import importlib.util
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -86,6 +87,54 @@ def test_the_dry_run_records_every_part_and_plan_beside_each_step(dry_run):
             assert plan["peak_gib"] == pytest.approx(peak)
             for key in ("peak_allocated_gib", "peak_reserved_gib", "ratio", "learn_ratio"):
                 assert run[key] is None
+
+
+def test_the_dry_run_times_the_sampler_beside_its_bandwidth_bound(dry_run):
+    part = dry_run[1]["sampler"]
+    assert part["status"] == "ok", part
+    assert part["settings"]["arch"] == "qwen3-0.6b" and part["settings"]["adapters"] == 4
+    assert part["bandwidth_bytes_per_s"] > 0 and part["kv_bytes_per_token"] > 0
+    assert 0 < part["adapter_bytes"] < part["weight_bytes"] < 0.05 * 2**30  # shrunken
+    expected = gpu_check.configurations(gpu_check.DRY_SAMPLER)
+    assert [(c["rows"], c["adapters"]) for c in part["configurations"]] == [
+        (c["rows"], c["adapters"]) for c in expected
+    ]
+    for c in part["configurations"]:
+        assert c["status"] == "ok" and c["new_tokens"] == gpu_check.DRY_SAMPLER.new_tokens, c
+        assert c["tokens_per_s"] > 0 and c["seconds"] > 0 and c["warmup_s"] > 0
+        assert c["peak_allocated_gib"] is None  # the CPU has no figure
+        used = min(c["rows"], c["adapters"])  # rows dealt to the adapters in turn
+        step = part["weight_bytes"] + used * part["adapter_bytes"]
+        step += c["rows"] * c["context_tokens"] * part["kv_bytes_per_token"]
+        assert c["step_bytes"] == pytest.approx(step)
+        bound = c["rows"] * part["bandwidth_bytes_per_s"] / step
+        assert math.isfinite(c["bound_tokens_per_s"])
+        assert c["bound_tokens_per_s"] == pytest.approx(bound)
+        assert c["fraction_of_bound"] == pytest.approx(c["tokens_per_s"] / bound)
+
+
+def test_a_sampler_child_that_dies_is_recorded_and_what_it_measured_kept(tmp_path, monkeypatch):
+    """The configuration it was sampling takes its status and last line; those it never reached
+    are skipped; its figures so far stay."""
+    dies = """\
+import json, sys
+rows = [{"rows": 2, "adapters": 1, "new_tokens": 8, "status": "ok", "tokens_per_s": 9.0},
+        {"rows": 2, "adapters": 4, "new_tokens": 8, "status": "running"}]
+json.dump({"bandwidth_bytes_per_s": 1e9, "configurations": rows}, open(sys.argv[1], "w"))
+raise SystemExit("CUDA error: an illegal memory access was encountered")
+"""
+    monkeypatch.setattr(gpu_check, "SAMPLER_CHILD", dies)
+    check = gpu_check.Check(tmp_path, "cpu", dry_run=True, budget_s=300)
+    part = gpu_check.measure_sampler(check, "cpu", True, tmp_path)
+    assert part["status"] == "failed" and part["bandwidth_bytes_per_s"] == 1e9
+    assert [c["status"] for c in part["configurations"]] == ["ok", "failed", "skipped", "skipped"]
+    assert part["configurations"][1]["error"].startswith("CUDA error: an illegal memory")
+    assert part["configurations"][2]["error"] == gpu_check.NOT_REACHED
+
+    short = gpu_check.Check(tmp_path, "cpu", dry_run=True, budget_s=60)  # the sizes need 60 s
+    part = gpu_check.measure_sampler(short, "cpu", True, tmp_path)
+    assert part["status"] == "skipped" and len(part["configurations"]) == 4
+    assert {c["status"] for c in part["configurations"]} == {"skipped"}
 
 
 def test_measured_over_predicted_takes_each_phase_peak_over_the_steps():

@@ -223,6 +223,8 @@ def as_gpu_run(result: dict) -> dict:
                     "learn_peak_reserved_gib": 1.5,
                 }
             run |= gpu_check.ratios(run["steps"], run["plan"])
+    for c in gpu["sampler"]["configurations"]:
+        c["peak_allocated_gib"] = 2.5
     return gpu
 
 
@@ -240,12 +242,38 @@ def test_the_section_of_a_gpu_run_gives_the_date_the_card_and_each_figure(dry_ru
     peak = f"1.25 / {plan['peak_gib']:.2f} ({1.25 / plan['peak_gib']:.2f})"
     assert f"| {name} | ip | {plan['prompt_tokens']:,} |" in text and peak in text
     assert f"* {name} sp: skipped: not enough time" in text
+    part = result["sampler"]
+    bandwidth = f"({part['bandwidth_bytes_per_s'] / 1e9:,.0f} GB/s, measured in the same run)"
+    assert "| batch | adapters | tokens/s | bound tokens/s |" in text and bandwidth in text
+    for c in part["configurations"]:
+        assert (
+            f"| {c['rows']} | {c['adapters']} | {c['tokens_per_s']:,.0f} "
+            f"| {c['bound_tokens_per_s']:,.0f} | {c['fraction_of_bound']:.3f} "
+            f"| {c['warmup_s']:,.1f} |"
+        ) in text
+    assert text.index("| batch |") < text.index("| model | routing | step |")
     old = gpu_docs.PAGE.read_text()
     page = gpu_docs.render_page(old, result)
     assert text in page and gpu_docs.NOT_YET not in page and page.count(gpu_docs.BEGIN) == 1
     # the page's other text is left as it was
     assert page.split(gpu_docs.BEGIN)[0] == old.split(gpu_docs.BEGIN)[0]
     assert page.split(gpu_docs.END)[1] == old.split(gpu_docs.END)[1]
+
+
+def test_the_section_lists_sampler_configurations_that_did_not_complete(dry_run):
+    result = as_gpu_run(dry_run[1])
+    last = result["sampler"]["configurations"][-1]
+    last.update(status="skipped", error="estimated 90 s, 40 s left")
+    text = gpu_docs.section(result)
+    assert f"| {last['rows']} | {last['adapters']} | skipped | - | - | - |" in text
+    assert f"* batch {last['rows']}, 4 adapters: skipped: estimated 90 s, 40 s left" in text
+    result["sampler"] = {"status": "failed", "error": "CUDA error: out of memory"}
+    assert "The sampler part measured nothing: CUDA error: out of memory." in (
+        gpu_docs.section(result)
+    )
+    del result["sampler"]  # a check's JSON without the part: the section has no sampler lines
+    text = gpu_docs.section(result)
+    assert "sampler" not in text and "| batch |" not in text
 
 
 def test_the_section_refuses_a_cpu_run_and_a_page_without_its_markers(dry_run, tmp_path):

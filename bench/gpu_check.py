@@ -14,7 +14,47 @@ The parts, each recorded whatever became of the others:
 2. **tests**: the device tests (:data:`DEVICE_TESTS`; ``tests/conftest.py``'s
    ``MARLOW_TEST_DEVICE`` set to the device) in pytest: passed, failed, errors, skipped, and the
    failures' names, from pytest's JUnit XML.
-3. **sizes**: for each size of :data:`SIZES` (:data:`DRY_SIZES` with ``--dry-run``), a stand-in
+3. **sampler**: marlow's HF rollout engine alone (:class:`marlow.rollout.hf.HFEngine` with its
+   defaults: ``max_batch`` 256, the lean forward, unmerged adapters), in one child process: a
+   stand-in of the 0.6B (the 0.6B entry of the sizes below, its ``shrink`` and ``threads``
+   included), drawn on the device by :func:`marlow.archs.stand_in.save_stand_in` in that child
+   (which ends with its CUDA context, as a stand-in child of the sizes does) and loaded as a run
+   loads its base (:func:`marlow.models.load_base`, bfloat16), with :data:`SAMPLER`'s 4 LoRA
+   adapters of rank 64 (alpha 32, the paper's) on every linear. ``attach_adapters`` starts each B
+   factor at zero (every adapter would compute the base), so they are drawn from a normal of the
+   config's ``initializer_range`` (0.02) as standard deviation. For each batch of ``rows`` rows,
+   once with 1 adapter and once with 4 mixed (row i answered by adapter i mod 4): distinct short
+   prompts (``Problem i: what is i + i?``, 25-31 bytes, one token a byte), temperature 1.0,
+   ``new_tokens`` new tokens (the stop id is the vocabulary size, an id no row samples, so every
+   row runs to the limit); one untimed warm-up call (``warmup_s``: it may compile or capture on
+   first use), then the timed call (another seed): tokens/s = rows x new tokens / seconds (the
+   device synchronized around it), and on CUDA its peak allocated memory. Beside each, the bound
+   of the device's memory bandwidth, the tokens/s of one decode step that serves every row at
+   once and reads each byte it needs once::
+
+       bytes per step = W + k x A + rows x (prompt + new tokens / 2) x 2 x L x g x d x b
+       bound tokens/s = rows / (bytes per step / bandwidth)
+
+   W is the base's weights (its distinct parameters: a tied embedding once, the LM head
+   included; an untied input embedding would count whole, though a step reads only its rows), A
+   one adapter's LoRA factors (float32, as PEFT keeps them beside a bfloat16 base), k the
+   adapters the rows use; the last term is the KV cache read (keys and values of L layers, g
+   key-value heads of d dimensions, b = 2 bytes; :func:`marlow.plan.kv_cache_bytes`) at the
+   call's average context: the rows' mean prompt plus half the new tokens. The bandwidth is
+   measured in the same child: bytes read + written per second of :data:`COPY_REPEATS`
+   back-to-back device-to-device ``copy_`` calls of :data:`COPY_BYTES` (after an untimed one).
+   The engine samples one adapter's rows at a time, so with 4 adapters it reads the weights once
+   per adapter a step: the fraction of the bound shows it.
+
+   Time: the part takes at most :data:`SAMPLER_S` of the budget, and never the time the first
+   size's runs need to start (its ``min_s`` per routing); the child's start, the stand-in and the
+   loading count. Configurations run by rows (1 adapter, then 4), so the 256-row ones come last;
+   each starts only with its estimated seconds left: adapters x new tokens x the most seconds per
+   new token of one adapter's rows (warm-up and timed call together) of the configurations
+   measured so far (the first starts with any time left). The estimate takes a step's time not
+   to grow with the rows, as where a forward is bound by Python; where it grows (the KV cache
+   reads of 256 rows), a configuration the part's end cuts off is recorded as stopped.
+4. **sizes**: for each size of :data:`SIZES` (:data:`DRY_SIZES` with ``--dry-run``), a stand-in
    of its architecture with random bfloat16 weights (:func:`marlow.archs.stand_in.save_stand_in`)
    trained by ``marlow train`` in a child process, once per routing: Voting, the paper preset
    (LoRA rank 64 on every linear, ``rollout.max_batch`` 48, ``grpo.micro_tokens`` 6,144), the HF
@@ -39,8 +79,11 @@ have the same size.
 
 Failures are data: a run that fails (an out-of-memory error, a crash) is recorded with the steps
 it finished and the last line it printed; one that outlasts the time left is stopped and recorded
-likewise; a size whose minimum time is no longer left is recorded as skipped. The exit status is
-1 when anything failed, else 0; the JSON is written either way.
+likewise; a size whose minimum time is no longer left is recorded as skipped. A sampler
+configuration that raises (an out-of-memory error) is recorded as failed and the next one runs;
+one the sampler's child was running when it crashed or was stopped takes its status and last
+line, and those it never reached are recorded as skipped. The exit status is 1 when anything
+failed, else 0; the JSON is written either way.
 """
 
 from __future__ import annotations
@@ -57,7 +100,7 @@ import tempfile
 import time
 import tomllib
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -68,7 +111,13 @@ from marlow.fileio import write_json
 # marlow's other modules are imported where a part needs them, so that a package missing on the
 # GPU machine fails that part alone (recorded in the JSON) and not the check
 if TYPE_CHECKING:
+    import torch
+    from peft import PeftModel
+    from transformers import PreTrainedTokenizerBase
+
     from marlow.config import RunConfig
+    from marlow.rollout.hf import HFEngine
+    from marlow.types import GenRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30
@@ -137,6 +186,28 @@ DRY_SIZES = (
         },
     ),
 )
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """The sampler part's configurations (module docstring)."""
+
+    rows: tuple[int, ...]  # the batches, each sampled with 1 adapter and with ``adapters`` mixed
+    new_tokens: int  # SamplingParams.max_new_tokens
+    adapters: int = 4
+    rank: int = 64  # LoRA rank, alpha 32 (LoraSpec's defaults: the paper's)
+    temperature: float = 1.0
+
+
+SAMPLER_ARCH = "qwen3-0.6b"
+"""The architecture the sampler part samples: its entry of :data:`SIZES` (:data:`DRY_SIZES`)."""
+SAMPLER = Sampler((16, 64, 256), 512)
+DRY_SAMPLER = Sampler((2, 4), 8)
+SAMPLER_S = 150
+"""The most seconds the sampler part may take."""
+COPY_BYTES = {"cuda": GIB, "cpu": 64 * 2**20}
+"""The buffer whose device-to-device copy measures the bandwidth, by device type."""
+COPY_REPEATS = 5
 
 PROBE = """\
 import json, sys, torch
@@ -296,7 +367,222 @@ def junit_counts(xml: Path) -> dict[str, Any]:
     return counts
 
 
-# -- 3. sizes ---------------------------------------------------------------------------------
+# -- 3. sampler -------------------------------------------------------------------------------
+
+
+SAMPLER_CHILD = """\
+import json, sys
+sys.path.insert(0, "bench")
+from gpu_check import sample
+sample(sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), float(sys.argv[5]))
+"""
+"""Run in a child process from the repository root: :func:`sample`, given the dry run as JSON and
+the deadline as a number."""
+NOT_REACHED = "the sampler's child process ended before it"
+
+
+def sampler_size(sizes: tuple[Size, ...]) -> Size:
+    """The entry of ``sizes`` whose stand-in the sampler part samples (:data:`SAMPLER_ARCH`)."""
+    return next(s for s in sizes if s.arch == SAMPLER_ARCH)
+
+
+def configurations(sampler: Sampler) -> list[dict[str, Any]]:
+    """Each configuration of ``sampler``, in the order they run: by rows, 1 adapter then all."""
+    return [
+        {"rows": rows, "adapters": k, "new_tokens": sampler.new_tokens}
+        for rows in sampler.rows
+        for k in (1, sampler.adapters)
+    ]
+
+
+def measure_sampler(check: Check, device: str, dry_run: bool, work: Path) -> dict[str, Any]:
+    """The sampler part (module docstring) in one child process: its figures, and every
+    configuration's (one the child was sampling when it ended takes the child's status and
+    error; one it did not reach is skipped)."""
+    sampler, sizes = (DRY_SAMPLER, DRY_SIZES) if dry_run else (SAMPLER, SIZES)
+    out: dict[str, Any] = {"settings": {"arch": SAMPLER_ARCH, **asdict(sampler)}}
+    seconds = min(SAMPLER_S, check.left() - sizes[0].min_s * len(sizes[0].routings))
+    if seconds < MIN_RUN_S:
+        check.say(f"sampler: skipped, {check.left():.0f} s of the budget left")
+        skipped = {"status": "skipped", "error": "not enough of the budget left"}
+        out.update(skipped, configurations=[c | skipped for c in configurations(sampler)])
+        return out
+    check.say(f"sampler: at most {seconds:.0f} s")
+    path, folder = work / "sampler.json", work / "sampler"
+    deadline = time.monotonic() + seconds  # CLOCK_MONOTONIC: the child's clock too
+    args = [str(path), str(folder), device, json.dumps(dry_run), repr(deadline)]
+    out.update(check.child([sys.executable, "-c", SAMPLER_CHILD, *args], seconds))
+    shutil.rmtree(folder, ignore_errors=True)
+    measured = json.loads(path.read_text()) if path.exists() else {}
+    reached = measured.pop("configurations", [])
+    out.update(measured)
+    out["configurations"] = [  # "running": the one sampling when the child ended
+        c | {"status": out["status"], "error": out["error"]} if c["status"] == "running" else c
+        for c in reached
+    ]
+    out["configurations"] += [
+        {**c, "status": "skipped", "error": NOT_REACHED}
+        for c in configurations(sampler)[len(reached) :]
+    ]
+    return out
+
+
+def sample(out: str, folder: str, device: str, dry_run: bool, deadline: float) -> None:
+    """The sampler part's measurements (module docstring), in its child process, written to
+    ``out`` as JSON before and after every configuration so that what was measured outlives a
+    crash; a configuration that raises (an out-of-memory error) is recorded as failed and the
+    next one runs. ``deadline``: the :func:`time.monotonic` at which the part ends."""
+    import torch
+
+    from marlow.models import resolve_device
+    from marlow.policy.adapters import adapter_names
+    from marlow.rollout.hf import HFEngine
+    from marlow.types import GenRequest
+
+    sampler, sizes = (DRY_SAMPLER, DRY_SIZES) if dry_run else (SAMPLER, SIZES)
+    size = sampler_size(sizes)
+    if size.threads is not None:
+        torch.set_num_threads(size.threads)
+    dev = resolve_device(device)
+    model, tokenizer, result = adapted_stand_in(size, sampler, folder, dev)
+    bandwidth = result["bandwidth_bytes_per_s"] = copy_bandwidth(dev, COPY_BYTES[dev.type])
+    result["configurations"] = []
+    names = adapter_names(model)
+    engine = HFEngine(model, tokenizer, stop_ids=[model.config.vocab_size])
+    prompts = [
+        tokenizer.encode(f"Problem {i}: what is {i} + {i}?", add_special_tokens=False)
+        for i in range(max(sampler.rows))
+    ]
+    per_token = 0.0  # the most seconds per new token of one adapter's rows so far
+    for row in configurations(sampler):
+        result["configurations"].append(row)
+        n, k = row["new_tokens"], row["adapters"]
+        estimate, left = k * n * per_token, deadline - time.monotonic()
+        if estimate > left:
+            row.update(status="skipped", error=f"estimated {estimate:.0f} s, {left:.0f} s left")
+            write_json(out, result)
+            continue
+        row["status"] = "running"
+        write_json(out, result)
+        print(f"sampler: {row['rows']} rows, {k} adapters", flush=True)
+        requests = [GenRequest(prompts[i], names[i % k]) for i in range(row["rows"])]
+        try:
+            row.update(time_calls(engine, requests, sampler, dev))
+        except Exception as err:
+            row.update(status="failed", error=one_line(err))
+            print(f"sampler: {row['error']}", flush=True)
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()  # what the failed call held, for the next one
+            write_json(out, result)
+            continue
+        per_token = max(per_token, (row["warmup_s"] + row["seconds"]) / (k * n))
+        context = sum(len(r.prompt_ids) for r in requests) / len(requests) + n / 2
+        lora = len({r.adapter for r in requests}) * result["adapter_bytes"]
+        step = result["weight_bytes"] + lora + row["rows"] * context * result["kv_bytes_per_token"]
+        bound = row["rows"] / (step / bandwidth)
+        row.update(
+            status="ok",
+            context_tokens=context,
+            step_bytes=step,
+            bound_tokens_per_s=bound,
+            fraction_of_bound=row["tokens_per_s"] / bound,
+        )
+        write_json(out, result)
+        print(f"sampler: {row['tokens_per_s']:.0f} tokens/s, bound {bound:.0f}", flush=True)
+
+
+def adapted_stand_in(
+    size: Size, sampler: Sampler, folder: str, device: torch.device
+) -> tuple[PeftModel, PreTrainedTokenizerBase, dict[str, Any]]:
+    """The stand-in of ``size`` drawn on ``device`` into ``folder`` and loaded in bfloat16, with
+    the sampler's adapters, their B factors drawn (module docstring); and its figures: seconds to
+    draw and to load (adapters included), and the bytes of the base's weights, of one adapter's
+    factors and of one token's KV cache."""
+    import torch
+
+    from marlow.archs.stand_in import save_stand_in
+    from marlow.config import ModelConfig
+    from marlow.models import load_base
+    from marlow.plan import Shape, kv_cache_bytes
+    from marlow.policy.adapters import LoraSpec, adapter_parameters, attach_adapters
+
+    t0 = time.monotonic()
+    save_stand_in(size.arch, folder, overrides=size.shrink, device=device)
+    t1 = time.monotonic()
+    base, tokenizer = load_base(ModelConfig(name=folder), dtype="bfloat16", device=device)
+    figures: dict[str, Any] = {
+        "weight_bytes": distinct_bytes(base.parameters()),
+        "kv_bytes_per_token": kv_cache_bytes(Shape.of(base.config), base.dtype.itemsize, 1, 1),
+    }
+    names = [f"adapter{i}" for i in range(sampler.adapters)]
+    model = attach_adapters(base, names, LoraSpec(rank=sampler.rank), seed=0)
+    draws = torch.Generator(device).manual_seed(0)
+    with torch.no_grad():
+        for name in names:
+            for path, p in adapter_parameters(model, name).items():
+                if ".lora_B." in path:
+                    p.normal_(0, base.config.initializer_range, generator=draws)
+    figures["adapter_bytes"] = distinct_bytes(adapter_parameters(model, names[0]).values())
+    figures["stand_in_s"] = round(t1 - t0, 1)
+    figures["load_s"] = round(time.monotonic() - t1, 1)
+    return model, tokenizer, figures
+
+
+def time_calls(
+    engine: HFEngine, requests: list[GenRequest], sampler: Sampler, device: torch.device
+) -> dict[str, Any]:
+    """One untimed warm-up call of ``engine`` on ``requests`` and the timed one (seeds 0 and 1):
+    their seconds, the tokens/s of the timed one and, on CUDA, its peak allocated memory."""
+    import torch
+
+    from marlow.types import SamplingParams
+
+    cuda = device.type == "cuda"
+    seconds = []
+    for seed in (0, 1):
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        t0 = synchronized(device)
+        engine.generate(requests, SamplingParams(sampler.temperature, sampler.new_tokens, seed))
+        seconds.append(synchronized(device) - t0)
+    warmup, timed = seconds
+    return {
+        "warmup_s": warmup,
+        "seconds": timed,
+        "tokens_per_s": len(requests) * sampler.new_tokens / timed,
+        "peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB if cuda else None,
+    }
+
+
+def copy_bandwidth(device: torch.device, nbytes: int) -> float:
+    """Bytes read + written per second of :data:`COPY_REPEATS` back-to-back copies of an
+    ``nbytes`` buffer into another on ``device``, after an untimed one."""
+    import torch
+
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    t0 = synchronized(device)
+    for _ in range(COPY_REPEATS):
+        dst.copy_(src)
+    return 2 * nbytes * COPY_REPEATS / (synchronized(device) - t0)
+
+
+def synchronized(device: torch.device) -> float:
+    """:func:`time.perf_counter` once ``device`` has finished its queued work."""
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def distinct_bytes(params: Iterable[torch.Tensor]) -> int:
+    """The bytes of ``params``, each tensor once (a tied embedding is one)."""
+    return sum(p.numel() * p.element_size() for p in {id(p): p for p in params}.values())
+
+
+# -- 4. sizes ---------------------------------------------------------------------------------
 
 
 def run_config(size: Size, routing: str, model: Path, device: str) -> RunConfig:
@@ -482,9 +768,13 @@ def guarded(check: Check, label: str, work: Callable[[], dict[str, Any]]) -> dic
     try:
         return work()
     except Exception as err:
-        text = f"{type(err).__name__}: {err}".strip().splitlines()
-        check.say(f"{label}: {text[0]}")
-        return {"error": text[0]}
+        check.say(f"{label}: {one_line(err)}")
+        return {"error": one_line(err)}
+
+
+def one_line(err: Exception) -> str:
+    """``err``'s type and the first line of its message."""
+    return f"{type(err).__name__}: {err}".strip().splitlines()[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -514,6 +804,17 @@ def main(argv: list[str] | None = None) -> int:
         check.save()
         failed |= tests.get("status") != "ok"
         check.say(f"tests: {tests.get('status', 'error')}, {tests.get('passed')} passed")
+        sampler = check.result["sampler"] = guarded(
+            check, "sampler", lambda: measure_sampler(check, args.device, args.dry_run, work)
+        )
+        check.save()
+        statuses = [c["status"] for c in sampler.get("configurations", [])]
+        failed |= sampler.get("status") not in ("ok", "skipped")
+        failed |= bool(set(statuses) - {"ok", "skipped"})
+        check.say(
+            f"sampler: {sampler.get('status', 'error')}, "
+            f"{statuses.count('ok')} of {len(statuses)} configurations measured"
+        )
         sizes = check.result["sizes"] = {}
         for size in DRY_SIZES if args.dry_run else SIZES:
             entry = sizes[size.name] = {}

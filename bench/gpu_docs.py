@@ -5,8 +5,9 @@
 
 ``bench/gpu_check.sh OUT`` writes ``OUT/gpu_check.json`` on a GPU machine; committed as
 ``bench/results/gpu_check.json`` it becomes the section's figures, with the date and the card.
-While that file is absent the section says "Not yet measured on a GPU." The section lies between
-two marker comments (:data:`BEGIN`, :data:`END`); the page's other text is left alone.
+While that file is absent the section says "Not yet measured on a GPU."; from a JSON without
+the check's sampler part it has no sampler table. The section lies between two marker comments
+(:data:`BEGIN`, :data:`END`); the page's other text is left alone.
 ``tests/e2e/test_gpu_check.py`` fails when the committed section is stale.
 """
 
@@ -53,6 +54,7 @@ def section(result: dict[str, Any] | None) -> str:
         "",
         _tests(result.get("tests", {})),
         "",
+        *_sampler(result.get("sampler")),
         "Each step of each run (seconds from the trainer's `time/*` metrics; sampled tokens per "
         "second of the rollout; peak GPU memory of each phase from its `memory/*` metrics):",
         "",
@@ -98,6 +100,44 @@ def section(result: dict[str, Any] | None) -> str:
     if troubles:
         lines += ["", "Runs that did not complete:", "", *troubles]
     return "\n".join(lines) + "\n"
+
+
+def _sampler(part: dict[str, Any] | None) -> list[str]:
+    """The sampler part's paragraph, table and troubles (no lines for a JSON without the part)."""
+    if part is None:
+        return []
+    if "bandwidth_bytes_per_s" not in part:  # the part ended before it sampled
+        return [f"The sampler part measured nothing: {part.get('error', 'no result')}.", ""]
+    s = part["settings"]
+    lines = [
+        f"Marlow's HF rollout engine alone (`HFEngine`; a stand-in of {s['arch']} in bfloat16 "
+        f"with {s['adapters']} LoRA adapters of rank {s['rank']} on every linear, the rows of a "
+        f"batch dealt to them in turn; {s['new_tokens']:,} new tokens a row at temperature "
+        f"{s['temperature']}, no row stopping early; one untimed warm-up call, then the timed "
+        "one), beside the bound of the card's copy bandwidth "
+        f"({part['bandwidth_bytes_per_s'] / 1e9:,.0f} GB/s, measured in the same run): rows / "
+        "(bytes a decode step reads / bandwidth), the step reading every weight once, the LoRA "
+        "factors of the adapters used and the rows' KV cache at the call's average context "
+        "(`bench/gpu_check.py`):",
+        "",
+        "| batch | adapters | tokens/s | bound tokens/s | fraction of bound | warm-up s |",
+        "|---|---|---|---|---|---|",
+    ]
+    troubles = []
+    for c in part["configurations"]:
+        if c["status"] != "ok":
+            lines.append(f"| {c['rows']} | {c['adapters']} | {c['status']} | - | - | - |")
+            what = f"* batch {c['rows']}, {c['adapters']} adapters: {c['status']}"
+            troubles.append(f"{what}: {c['error']}" if c.get("error") else what)
+            continue
+        lines.append(
+            f"| {c['rows']} | {c['adapters']} | {_num(c['tokens_per_s'], 0)} "
+            f"| {_num(c['bound_tokens_per_s'], 0)} | {c['fraction_of_bound']:.3f} "
+            f"| {_num(c['warmup_s'], 1)} |"
+        )
+    if troubles:
+        lines += ["", "Sampler configurations that did not complete:", "", *troubles]
+    return [*lines, ""]
 
 
 def _tests(tests: dict[str, Any]) -> str:

@@ -1,15 +1,16 @@
 """The GPU check on the CPU, so that it cannot rot while no GPU is at hand: its dry run
-(``bench/gpu_check.py --device cpu --dry-run``: the environment, the device tests, a shrunken
-Qwen3-0.6B stand-in trained for a step) writes every field the GPU run writes; a failing or
-overrunning child is recorded, not fatal; and docs/scaling.md's "Measured on a GPU" section is
-what ``bench/gpu_docs.py`` makes of the committed JSON (or "Not yet measured" while there is
-none)."""
+(``bench/gpu_check.py --device cpu --dry-run``: the environment, the device tests, the HF
+sampler alone on a shrunken Qwen3-0.6B stand-in beside its bandwidth bound, the stand-in trained
+for a step) writes every field the GPU run writes; a failing or overrunning child is recorded,
+not fatal; and docs/scaling.md's "Measured on a GPU" section is what ``bench/gpu_docs.py`` makes
+of the committed JSON (or "Not yet measured" while there is none)."""
 
 from __future__ import annotations
 
 import copy
 import importlib.util
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -86,6 +87,54 @@ def test_the_dry_run_records_every_part_and_plan_beside_each_step(dry_run):
             assert plan["peak_gib"] == pytest.approx(peak)
             for key in ("peak_allocated_gib", "peak_reserved_gib", "ratio", "learn_ratio"):
                 assert run[key] is None
+
+
+def test_the_dry_run_times_the_sampler_beside_its_bandwidth_bound(dry_run):
+    part = dry_run[1]["sampler"]
+    assert part["status"] == "ok", part
+    assert part["settings"]["arch"] == "qwen3-0.6b" and part["settings"]["adapters"] == 4
+    assert part["bandwidth_bytes_per_s"] > 0 and part["kv_bytes_per_token"] > 0
+    assert 0 < part["adapter_bytes"] < part["weight_bytes"] < 0.05 * 2**30  # shrunken
+    expected = gpu_check.configurations(gpu_check.DRY_SAMPLER)
+    assert [(c["rows"], c["adapters"]) for c in part["configurations"]] == [
+        (c["rows"], c["adapters"]) for c in expected
+    ]
+    for c in part["configurations"]:
+        assert c["status"] == "ok" and c["new_tokens"] == gpu_check.DRY_SAMPLER.new_tokens, c
+        assert c["tokens_per_s"] > 0 and c["seconds"] > 0 and c["warmup_s"] > 0
+        assert c["peak_allocated_gib"] is None  # the CPU has no figure
+        used = min(c["rows"], c["adapters"])  # rows dealt to the adapters in turn
+        step = part["weight_bytes"] + used * part["adapter_bytes"]
+        step += c["rows"] * c["context_tokens"] * part["kv_bytes_per_token"]
+        assert c["step_bytes"] == pytest.approx(step)
+        bound = c["rows"] * part["bandwidth_bytes_per_s"] / step
+        assert math.isfinite(c["bound_tokens_per_s"])
+        assert c["bound_tokens_per_s"] == pytest.approx(bound)
+        assert c["fraction_of_bound"] == pytest.approx(c["tokens_per_s"] / bound)
+
+
+def test_a_sampler_child_that_dies_is_recorded_and_what_it_measured_kept(tmp_path, monkeypatch):
+    """The configuration it was sampling takes its status and last line; those it never reached
+    are skipped; its figures so far stay."""
+    dies = """\
+import json, sys
+rows = [{"rows": 2, "adapters": 1, "new_tokens": 8, "status": "ok", "tokens_per_s": 9.0},
+        {"rows": 2, "adapters": 4, "new_tokens": 8, "status": "running"}]
+json.dump({"bandwidth_bytes_per_s": 1e9, "configurations": rows}, open(sys.argv[1], "w"))
+raise SystemExit("CUDA error: an illegal memory access was encountered")
+"""
+    monkeypatch.setattr(gpu_check, "SAMPLER_CHILD", dies)
+    check = gpu_check.Check(tmp_path, "cpu", dry_run=True, budget_s=300)
+    part = gpu_check.measure_sampler(check, "cpu", True, tmp_path)
+    assert part["status"] == "failed" and part["bandwidth_bytes_per_s"] == 1e9
+    assert [c["status"] for c in part["configurations"]] == ["ok", "failed", "skipped", "skipped"]
+    assert part["configurations"][1]["error"].startswith("CUDA error: an illegal memory")
+    assert part["configurations"][2]["error"] == gpu_check.NOT_REACHED
+
+    short = gpu_check.Check(tmp_path, "cpu", dry_run=True, budget_s=60)  # the sizes need 60 s
+    part = gpu_check.measure_sampler(short, "cpu", True, tmp_path)
+    assert part["status"] == "skipped" and len(part["configurations"]) == 4
+    assert {c["status"] for c in part["configurations"]} == {"skipped"}
 
 
 def test_measured_over_predicted_takes_each_phase_peak_over_the_steps():
@@ -174,6 +223,8 @@ def as_gpu_run(result: dict) -> dict:
                     "learn_peak_reserved_gib": 1.5,
                 }
             run |= gpu_check.ratios(run["steps"], run["plan"])
+    for c in gpu["sampler"]["configurations"]:
+        c["peak_allocated_gib"] = 2.5
     return gpu
 
 
@@ -191,12 +242,38 @@ def test_the_section_of_a_gpu_run_gives_the_date_the_card_and_each_figure(dry_ru
     peak = f"1.25 / {plan['peak_gib']:.2f} ({1.25 / plan['peak_gib']:.2f})"
     assert f"| {name} | ip | {plan['prompt_tokens']:,} |" in text and peak in text
     assert f"* {name} sp: skipped: not enough time" in text
+    part = result["sampler"]
+    bandwidth = f"({part['bandwidth_bytes_per_s'] / 1e9:,.0f} GB/s, measured in the same run)"
+    assert "| batch | adapters | tokens/s | bound tokens/s |" in text and bandwidth in text
+    for c in part["configurations"]:
+        assert (
+            f"| {c['rows']} | {c['adapters']} | {c['tokens_per_s']:,.0f} "
+            f"| {c['bound_tokens_per_s']:,.0f} | {c['fraction_of_bound']:.3f} "
+            f"| {c['warmup_s']:,.1f} |"
+        ) in text
+    assert text.index("| batch |") < text.index("| model | routing | step |")
     old = gpu_docs.PAGE.read_text()
     page = gpu_docs.render_page(old, result)
     assert text in page and gpu_docs.NOT_YET not in page and page.count(gpu_docs.BEGIN) == 1
     # the page's other text is left as it was
     assert page.split(gpu_docs.BEGIN)[0] == old.split(gpu_docs.BEGIN)[0]
     assert page.split(gpu_docs.END)[1] == old.split(gpu_docs.END)[1]
+
+
+def test_the_section_lists_sampler_configurations_that_did_not_complete(dry_run):
+    result = as_gpu_run(dry_run[1])
+    last = result["sampler"]["configurations"][-1]
+    last.update(status="skipped", error="estimated 90 s, 40 s left")
+    text = gpu_docs.section(result)
+    assert f"| {last['rows']} | {last['adapters']} | skipped | - | - | - |" in text
+    assert f"* batch {last['rows']}, 4 adapters: skipped: estimated 90 s, 40 s left" in text
+    result["sampler"] = {"status": "failed", "error": "CUDA error: out of memory"}
+    assert "The sampler part measured nothing: CUDA error: out of memory." in (
+        gpu_docs.section(result)
+    )
+    del result["sampler"]  # a check's JSON without the part: the section has no sampler lines
+    text = gpu_docs.section(result)
+    assert "sampler" not in text and "| batch |" not in text
 
 
 def test_the_section_refuses_a_cpu_run_and_a_page_without_its_markers(dry_run, tmp_path):

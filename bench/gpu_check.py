@@ -15,7 +15,8 @@ The parts, each recorded whatever became of the others:
    ``MARLOW_TEST_DEVICE`` set to the device) in pytest: passed, failed, errors, skipped, and the
    failures' names, from pytest's JUnit XML.
 3. **sampler**: marlow's HF rollout engine alone (:class:`marlow.rollout.hf.HFEngine` with its
-   defaults: ``max_batch`` 256, the lean forward, unmerged adapters), in one child process: a
+   defaults: ``max_batch`` 256, the lean forward, unmerged adapters, every adapter's rows in one
+   pass, the decode step compiled on CUDA and eager on the CPU), in one child process: a
    stand-in of the 0.6B (the 0.6B entry of the sizes below, its ``shrink`` and ``threads``
    included), drawn on the device by :func:`marlow.archs.stand_in.save_stand_in` in that child
    (which ends with its CUDA context, as a stand-in child of the sizes does) and loaded as a run
@@ -26,8 +27,9 @@ The parts, each recorded whatever became of the others:
    once with 1 adapter and once with 4 mixed (row i answered by adapter i mod 4): distinct short
    prompts (``Problem i: what is i + i?``, 25-31 bytes, one token a byte), temperature 1.0,
    ``new_tokens`` new tokens (the stop id is the vocabulary size, an id no row samples, so every
-   row runs to the limit); one untimed warm-up call (``warmup_s``: it may compile or capture on
-   first use), then the timed call (another seed): tokens/s = rows x new tokens / seconds (the
+   row runs to the limit); the ``eager_rows`` batch once more with 4 adapters and the decode step
+   eager (``compile=False``: what compiling gives, side by side); one untimed warm-up call
+   (``warmup_s``: it compiles and captures CUDA graphs on first use), then the timed call (another seed): tokens/s = rows x new tokens / seconds (the
    device synchronized around it), and on CUDA its peak allocated memory. Beside each, the bound
    of the device's memory bandwidth, the tokens/s of one decode step that serves every row at
    once and reads each byte it needs once::
@@ -43,17 +45,15 @@ The parts, each recorded whatever became of the others:
    call's average context: the rows' mean prompt plus half the new tokens. The bandwidth is
    measured in the same child: bytes read + written per second of :data:`COPY_REPEATS`
    back-to-back device-to-device ``copy_`` calls of :data:`COPY_BYTES` (after an untimed one).
-   The engine samples one adapter's rows at a time, so with 4 adapters it reads the weights once
-   per adapter a step: the fraction of the bound shows it.
 
    Time: the part takes at most :data:`SAMPLER_S` of the budget, and never the time the first
    size's runs need to start (its ``min_s`` per routing); the child's start, the stand-in and the
-   loading count. Configurations run by rows (1 adapter, then 4), so the 256-row ones come last;
-   each starts only with its estimated seconds left: adapters x new tokens x the most seconds per
-   new token of one adapter's rows (warm-up and timed call together) of the configurations
-   measured so far (the first starts with any time left). The estimate takes a step's time not
-   to grow with the rows, as where a forward is bound by Python; where it grows (the KV cache
-   reads of 256 rows), a configuration the part's end cuts off is recorded as stopped.
+   loading count. Configurations run by rows, so the 256-row ones come last; each starts only
+   with its estimated seconds left: 2 x new tokens (warm-up and timed call) x the most seconds
+   per decode step of the timed calls so far (the first starts with any time left; a
+   compilation on the way is not in the estimate). The estimate takes a step's time not to grow
+   with the rows, as where a forward is bound by launches; where it grows (the KV cache reads of
+   256 rows), a configuration the part's end cuts off is recorded as stopped.
 4. **sizes**: for each size of :data:`SIZES` (:data:`DRY_SIZES` with ``--dry-run``), a stand-in
    of its architecture with random bfloat16 weights (:func:`marlow.archs.stand_in.save_stand_in`)
    trained by ``marlow train`` in a child process, once per routing: Voting, the paper preset
@@ -194,6 +194,7 @@ class Sampler:
 
     rows: tuple[int, ...]  # the batches, each sampled with 1 adapter and with ``adapters`` mixed
     new_tokens: int  # SamplingParams.max_new_tokens
+    eager_rows: int  # the batch sampled once more with ``adapters`` mixed, the step eager
     adapters: int = 4
     rank: int = 64  # LoRA rank, alpha 32 (LoraSpec's defaults: the paper's)
     temperature: float = 1.0
@@ -201,8 +202,8 @@ class Sampler:
 
 SAMPLER_ARCH = "qwen3-0.6b"
 """The architecture the sampler part samples: its entry of :data:`SIZES` (:data:`DRY_SIZES`)."""
-SAMPLER = Sampler((16, 64, 256), 512)
-DRY_SAMPLER = Sampler((2, 4), 8)
+SAMPLER = Sampler((16, 64, 256), 512, 64)
+DRY_SAMPLER = Sampler((2, 4), 8, 4)
 SAMPLER_S = 150
 """The most seconds the sampler part may take."""
 COPY_BYTES = {"cuda": GIB, "cpu": 64 * 2**20}
@@ -387,12 +388,17 @@ def sampler_size(sizes: tuple[Size, ...]) -> Size:
 
 
 def configurations(sampler: Sampler) -> list[dict[str, Any]]:
-    """Each configuration of ``sampler``, in the order they run: by rows, 1 adapter then all."""
-    return [
-        {"rows": rows, "adapters": k, "new_tokens": sampler.new_tokens}
-        for rows in sampler.rows
-        for k in (1, sampler.adapters)
-    ]
+    """Each configuration of ``sampler``, in the order they run: by rows, 1 adapter then all,
+    with the engine's own choice of a compiled step (``compile`` None), and after the
+    ``eager_rows`` ones the same rows eager (``compile`` False)."""
+    out = []
+    for rows in sampler.rows:
+        for k, flag in ((1, None), (sampler.adapters, None), (sampler.adapters, False)):
+            if flag is None or rows == sampler.eager_rows:
+                out.append(
+                    {"rows": rows, "adapters": k, "new_tokens": sampler.new_tokens, "compile": flag}
+                )
+    return out
 
 
 def measure_sampler(check: Check, device: str, dry_run: bool, work: Path) -> dict[str, Any]:
@@ -448,26 +454,31 @@ def sample(out: str, folder: str, device: str, dry_run: bool, deadline: float) -
     bandwidth = result["bandwidth_bytes_per_s"] = copy_bandwidth(dev, COPY_BYTES[dev.type])
     result["configurations"] = []
     names = adapter_names(model)
-    engine = HFEngine(model, tokenizer, stop_ids=[model.config.vocab_size])
+    engines = {
+        flag: HFEngine(model, tokenizer, stop_ids=[model.config.vocab_size], compile=flag)
+        for flag in (None, False)
+    }
     prompts = [
         tokenizer.encode(f"Problem {i}: what is {i} + {i}?", add_special_tokens=False)
         for i in range(max(sampler.rows))
     ]
-    per_token = 0.0  # the most seconds per new token of one adapter's rows so far
+    per_token = 0.0  # the most seconds per new token (one decode step) of a timed call so far
     for row in configurations(sampler):
         result["configurations"].append(row)
         n, k = row["new_tokens"], row["adapters"]
-        estimate, left = k * n * per_token, deadline - time.monotonic()
+        estimate, left = 2 * n * per_token, deadline - time.monotonic()
         if estimate > left:
             row.update(status="skipped", error=f"estimated {estimate:.0f} s, {left:.0f} s left")
             write_json(out, result)
             continue
         row["status"] = "running"
         write_json(out, result)
-        print(f"sampler: {row['rows']} rows, {k} adapters", flush=True)
+        step = "eager" if row["compile"] is False else "default"
+        print(f"sampler: {row['rows']} rows, {k} adapters, {step} step", flush=True)
         requests = [GenRequest(prompts[i], names[i % k]) for i in range(row["rows"])]
         try:
-            row.update(time_calls(engine, requests, sampler, dev))
+            engine = engines[row["compile"]]
+            row.update(time_calls(engine, requests, sampler, dev), compiled=engine.compiled)
         except Exception as err:
             row.update(status="failed", error=one_line(err))
             print(f"sampler: {row['error']}", flush=True)
@@ -475,7 +486,7 @@ def sample(out: str, folder: str, device: str, dry_run: bool, deadline: float) -
                 torch.cuda.empty_cache()  # what the failed call held, for the next one
             write_json(out, result)
             continue
-        per_token = max(per_token, (row["warmup_s"] + row["seconds"]) / (k * n))
+        per_token = max(per_token, row["seconds"] / n)
         context = sum(len(r.prompt_ids) for r in requests) / len(requests) + n / 2
         lora = len({r.adapter for r in requests}) * result["adapter_bytes"]
         step = result["weight_bytes"] + lora + row["rows"] * context * result["kv_bytes_per_token"]

@@ -120,18 +120,20 @@ def _sampler(part: dict[str, Any] | None) -> list[str]:
         "factors of the adapters used and the rows' KV cache at the call's average context "
         "(`bench/gpu_check.py`):",
         "",
-        "| batch | adapters | tokens/s | bound tokens/s | fraction of bound | warm-up s |",
-        "|---|---|---|---|---|---|",
+        "| batch | adapters | decode step | tokens/s | bound tokens/s | fraction of bound "
+        "| warm-up s |",
+        "|---|---|---|---|---|---|---|",
     ]
     troubles = []
     for c in part["configurations"]:
+        step = {None: "default", False: "eager", True: "compiled"}[c.get("compiled", c["compile"])]
         if c["status"] != "ok":
-            lines.append(f"| {c['rows']} | {c['adapters']} | {c['status']} | - | - | - |")
-            what = f"* batch {c['rows']}, {c['adapters']} adapters: {c['status']}"
+            lines.append(f"| {c['rows']} | {c['adapters']} | {step} | {c['status']} | - | - | - |")
+            what = f"* batch {c['rows']}, {c['adapters']} adapters, {step}: {c['status']}"
             troubles.append(f"{what}: {c['error']}" if c.get("error") else what)
             continue
         lines.append(
-            f"| {c['rows']} | {c['adapters']} | {_num(c['tokens_per_s'], 0)} "
+            f"| {c['rows']} | {c['adapters']} | {step} | {_num(c['tokens_per_s'], 0)} "
             f"| {_num(c['bound_tokens_per_s'], 0)} | {c['fraction_of_bound']:.3f} "
             f"| {_num(c['warmup_s'], 1)} |"
         )

@@ -96,9 +96,13 @@ def test_the_dry_run_times_the_sampler_beside_its_bandwidth_bound(dry_run):
     assert part["bandwidth_bytes_per_s"] > 0 and part["kv_bytes_per_token"] > 0
     assert 0 < part["adapter_bytes"] < part["weight_bytes"] < 0.05 * 2**30  # shrunken
     expected = gpu_check.configurations(gpu_check.DRY_SAMPLER)
-    assert [(c["rows"], c["adapters"]) for c in part["configurations"]] == [
-        (c["rows"], c["adapters"]) for c in expected
+    keys = ("rows", "adapters", "compile")
+    assert [tuple(c[k] for k in keys) for c in part["configurations"]] == [
+        tuple(c[k] for k in keys) for c in expected
     ]
+    eager = [c for c in part["configurations"] if c["compile"] is False]
+    assert len(eager) == 1 and eager[0]["rows"] == gpu_check.DRY_SAMPLER.eager_rows
+    assert not any(c["compiled"] for c in part["configurations"])  # auto: eager on the CPU
     for c in part["configurations"]:
         assert c["status"] == "ok" and c["new_tokens"] == gpu_check.DRY_SAMPLER.new_tokens, c
         assert c["tokens_per_s"] > 0 and c["seconds"] > 0 and c["warmup_s"] > 0
@@ -127,13 +131,13 @@ raise SystemExit("CUDA error: an illegal memory access was encountered")
     check = gpu_check.Check(tmp_path, "cpu", dry_run=True, budget_s=300)
     part = gpu_check.measure_sampler(check, "cpu", True, tmp_path)
     assert part["status"] == "failed" and part["bandwidth_bytes_per_s"] == 1e9
-    assert [c["status"] for c in part["configurations"]] == ["ok", "failed", "skipped", "skipped"]
+    assert [c["status"] for c in part["configurations"]] == ["ok", "failed"] + ["skipped"] * 3
     assert part["configurations"][1]["error"].startswith("CUDA error: an illegal memory")
     assert part["configurations"][2]["error"] == gpu_check.NOT_REACHED
 
     short = gpu_check.Check(tmp_path, "cpu", dry_run=True, budget_s=60)  # the sizes need 60 s
     part = gpu_check.measure_sampler(short, "cpu", True, tmp_path)
-    assert part["status"] == "skipped" and len(part["configurations"]) == 4
+    assert part["status"] == "skipped" and len(part["configurations"]) == 5
     assert {c["status"] for c in part["configurations"]} == {"skipped"}
 
 
@@ -225,6 +229,7 @@ def as_gpu_run(result: dict) -> dict:
             run |= gpu_check.ratios(run["steps"], run["plan"])
     for c in gpu["sampler"]["configurations"]:
         c["peak_allocated_gib"] = 2.5
+        c["compiled"] = c["compile"] is None  # CUDA's default: a compiled decode step
     return gpu
 
 
@@ -244,10 +249,12 @@ def test_the_section_of_a_gpu_run_gives_the_date_the_card_and_each_figure(dry_ru
     assert f"* {name} sp: skipped: not enough time" in text
     part = result["sampler"]
     bandwidth = f"({part['bandwidth_bytes_per_s'] / 1e9:,.0f} GB/s, measured in the same run)"
-    assert "| batch | adapters | tokens/s | bound tokens/s |" in text and bandwidth in text
+    assert "| batch | adapters | decode step | tokens/s | bound tokens/s |" in text
+    assert bandwidth in text
     for c in part["configurations"]:
+        step = "compiled" if c["compiled"] else "eager"
         assert (
-            f"| {c['rows']} | {c['adapters']} | {c['tokens_per_s']:,.0f} "
+            f"| {c['rows']} | {c['adapters']} | {step} | {c['tokens_per_s']:,.0f} "
             f"| {c['bound_tokens_per_s']:,.0f} | {c['fraction_of_bound']:.3f} "
             f"| {c['warmup_s']:,.1f} |"
         ) in text
@@ -265,8 +272,9 @@ def test_the_section_lists_sampler_configurations_that_did_not_complete(dry_run)
     last = result["sampler"]["configurations"][-1]
     last.update(status="skipped", error="estimated 90 s, 40 s left")
     text = gpu_docs.section(result)
-    assert f"| {last['rows']} | {last['adapters']} | skipped | - | - | - |" in text
-    assert f"* batch {last['rows']}, 4 adapters: skipped: estimated 90 s, 40 s left" in text
+    assert last["compile"] is False  # the eager batch runs last in the dry run
+    assert f"| {last['rows']} | {last['adapters']} | eager | skipped | - | - | - |" in text
+    assert f"* batch {last['rows']}, 4 adapters, eager: skipped: estimated 90 s, 40 s left" in text
     result["sampler"] = {"status": "failed", "error": "CUDA error: out of memory"}
     assert "The sampler part measured nothing: CUDA error: out of memory." in (
         gpu_docs.section(result)

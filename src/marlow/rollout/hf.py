@@ -270,7 +270,7 @@ class HFEngine:
         ]
         firsts = [which.index(u) for u in range(len(distinct))]  # each pair's first row
 
-        compiled = self._compiled()
+        compiled = self.compiled
         length = P + n_new
         if compiled:  # few shapes: a compiled step is made (and captured) once per shape
             length = -(-length // CAPACITY_STEP) * CAPACITY_STEP
@@ -370,7 +370,8 @@ class HFEngine:
             for t, lp, r, x in zip(token_rows, logp_rows, reasons, texts, strict=True)
         ]
 
-    def _compiled(self) -> bool:
+    @property
+    def compiled(self) -> bool:
         """Whether decode steps run compiled: ``compile``, or where it is None (auto) on CUDA."""
         return self.device.type == "cuda" if self.compile is None else self.compile
 

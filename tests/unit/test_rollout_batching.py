@@ -230,3 +230,34 @@ def test_the_compiled_step_samples_what_the_eager_step_samples(mixed_ranks, toke
     shorter = [GenRequest(r.prompt_ids[:3], r.adapter, r.seed) for r in reqs[:9]]
     params = SamplingParams(0.0, 10, seed=0)
     same(compiled.generate(shorter, params), eager.generate(shorter, params))
+
+
+def test_a_compiled_step_that_fails_leaves_the_call_to_the_eager_step(
+    mixed_ranks, tokenizer, monkeypatch
+):
+    """A compiler or CUDA-graph failure is not a run's end: one warning, the call finishes with
+    the eager step (the same tokens), and later calls do not try again; memory errors pass."""
+    from marlow.rollout import lean
+
+    def broken(*args):
+        broken.calls += 1
+        raise RuntimeError("inductor: no C++ compiler")
+
+    broken.calls = 0
+    monkeypatch.setitem(lean._COMPILED, "cpu", broken)
+    reqs = requests((*ADAPTERS, BASE), n=8)
+    params = SamplingParams(0.0, 12, seed=0)
+    engine = HFEngine(mixed_ranks, tokenizer, compile=True)
+    with pytest.warns(RuntimeWarning, match="compiled decode step failed on cpu .*no C"):
+        out = engine.generate(reqs, params)
+    same(out, HFEngine(mixed_ranks, tokenizer).generate(reqs, params))
+    assert broken.calls == 1 and lean._COMPILED["cpu"] is None
+    same(engine.generate(reqs, params), out)
+    assert broken.calls == 1
+
+    def short_of_memory(*args):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setitem(lean._COMPILED, "cpu", short_of_memory)
+    with pytest.raises(torch.OutOfMemoryError):
+        engine.generate(reqs, params)

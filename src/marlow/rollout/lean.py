@@ -46,6 +46,7 @@ at a column given as a tensor, so no step reads the device.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -318,15 +319,31 @@ def _attend(
 
 
 _COMPILED: dict[str, object] = {}
+"""The compiled :func:`_forward` of each device type; None where compiling it failed."""
 
 
 def _compiled_forward(device: torch.device):
-    """:func:`_forward` through ``torch.compile``, one per device type (CUDA: CUDA graphs)."""
+    """:func:`_forward` through ``torch.compile``, one per device type (CUDA: CUDA graphs), or
+    None where it failed before in this process. Shapes: the first call's are compiled as they
+    are, a second call's once more with the sizes that changed left symbolic (torch.compile's
+    automatic dynamic shapes: two compilations a process, then none)."""
     kind = device.type
     if kind not in _COMPILED:
         mode = "reduce-overhead" if kind == "cuda" else None
         _COMPILED[kind] = torch.compile(_forward, mode=mode, fullgraph=True)
     return _COMPILED[kind]
+
+
+def _give_up_compiling(device: torch.device, err: Exception) -> None:
+    """A compiled step failed (not for memory): say so once, and sample eager from now on."""
+    _COMPILED[device.type] = None
+    warnings.warn(
+        f"marlow: the compiled decode step failed on {device.type} ({type(err).__name__}: "
+        f"{str(err).splitlines()[0] if str(err) else ''}); sampling with the eager step from "
+        "now on (rollout.compile=off skips the attempt)",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def _static(tensors) -> None:
@@ -401,11 +418,9 @@ class LeanQwen3:
         angles = torch.arange(length, device=device).float()[:, None] * inv_freq
         angles = torch.cat((angles, angles), dim=-1)  # (length, head_dim)
         self.rope = (angles.cos().to(dtype), angles.sin().to(dtype))
-        self.step = _forward
-        if compiled:
-            self.step = _compiled_forward(device)
-            if device.type == "cuda":
-                self._mark_static()
+        self.step = _compiled_forward(device) if compiled else None
+        if self.step is not None and device.type == "cuda":
+            self._mark_static()
 
     def _rows_of(self, layout: _Layout) -> tuple:
         """(mask, scaling) of :func:`_linear` for this call's rows under ``layout``: no mask and
@@ -435,7 +450,7 @@ class LeanQwen3:
             for m, s in self.lora
         ]
         self.padded = None  # the rows left may all be unpadded
-        if self.compiled and self.keys[0].device.type == "cuda":
+        if self.step is not None and self.keys[0].device.type == "cuda":
             _static(self.keys + self.values)
             _static(t for pair in self.lora for t in pair if isinstance(t, torch.Tensor))
 
@@ -461,23 +476,29 @@ class LeanQwen3:
         if end > self.length:
             raise ValueError(f"column {end} past the {self.length} this call was made for")
         device = ids.device
-        if q == 1 and self.compiled:  # fixed shapes: every column, the unwritten ones masked
+        if q == 1 and self.step is not None:  # fixed shapes: every column, unwritten ones masked
             if device.type == "cuda":  # the last replay's outputs were read: overwrite them
                 torch.compiler.cudagraph_mark_step_begin()
             columns = torch.full((1,), at, dtype=torch.long, device=device)
             valid = mask[:, : self.length].bool()
-            return self.step(
-                self.w,
-                self.keys,
-                self.values,
-                self.lora,
-                self.rope,
-                ids,
-                positions,
-                columns,
-                valid,
-                self.length,
-            )
+            try:
+                return self.step(
+                    self.w,
+                    self.keys,
+                    self.values,
+                    self.lora,
+                    self.rope,
+                    ids,
+                    positions,
+                    columns,
+                    valid,
+                    self.length,
+                )
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as err:  # the compiler's or a graph's: the eager step computes it
+                _give_up_compiling(device, err)
+                self.step = None
         self._reserve(end)
         valid = mask[:, :end].bool()  # (b, end)
         if self.padded is None:

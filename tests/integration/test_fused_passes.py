@@ -119,3 +119,37 @@ def test_fold_lora_on_refuses_an_adapter_it_cannot_fold(small_config, tmp_path):
     assert not any(auto.fold.values())  # auto falls back to PEFT's forward
     plain = Trainer(small_config(), tmp_path / "plain")
     assert plain.fold and all(plain.fold.values())  # float32 on the CPU: folded
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_the_chunked_head_trains_like_the_whole_logits(
+    small_config, tmp_path, monkeypatch, temperature
+):
+    """Log-probs through the LM head chunk by chunk (the default for Qwen3) against the model's
+    whole logits, on the tiny world: one Voting-IP update's loss, gradients, updated weights and
+    every metric within float round-off (one update, as the test above, and its tolerances)."""
+    from marlow.training import scoring
+
+    cfg = small_config(
+        workflow={"name": "voting"},
+        policy={"routing": "ip"},
+        rollout={"temperature": temperature},
+        optim={"lr": 5e-2},
+        grpo={"batch_problems": 2, "group_size": 4, "minibatch_turns": 1000},
+        diagnostics={"every": 1},
+    )
+    chunked, grads, weights, _, _ = one_step(cfg, tmp_path / "a", monkeypatch, True)
+    with monkeypatch.context() as mp:
+        mp.setattr(scoring, "decoder_and_head", lambda model: None)
+        whole, whole_grads, whole_weights, _, _ = one_step(cfg, tmp_path / "b", monkeypatch, True)
+    keys = {k for k in whole if not k.startswith("time/")}
+    assert keys == {k for k in chunked if not k.startswith("time/")}
+    for k in sorted(keys):
+        assert chunked[k] == pytest.approx(whole[k], abs=1e-5, rel=1e-4), k  # chi2 amplifies
+    for adapter, expect in whole_grads.items():
+        assert any(float(g.abs().max()) > 1e-4 for g in expect.values())
+        for name, g in expect.items():
+            torch.testing.assert_close(grads[adapter][name], g, atol=1e-6, rtol=1e-5)
+            apart = (weights[adapter][name] - whole_weights[adapter][name]).abs() > 1e-6
+            assert int(apart.sum()) <= 0.002 * apart.numel(), name
+            assert bool((g[apart].abs() < 1e-6).all()), name

@@ -35,6 +35,7 @@ __all__ = [
     "kl_k3",
     "masked_mean",
     "max_ratio",
+    "head_logprobs_and_entropy",
     "perplexity",
     "token_logprobs_and_entropy",
 ]
@@ -102,6 +103,108 @@ def token_logprobs_and_entropy(
         torch.special.entr(neg_plogp, out=neg_plogp)  # (T, L, V) -p log p
         entropy = neg_plogp.sum(dim=-1)  # (T, L)
     return logp, entropy
+
+
+HEAD_CHUNK_BYTES = 256 * 2**20
+"""The float32 logits :func:`head_logprobs_and_entropy` holds at once, per chunk of tokens."""
+
+
+def head_logprobs_and_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    targets: Tensor,
+    temperature: float,
+    chunk_tokens: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`token_logprobs_and_entropy` of the logits ``hidden @ weight.T + bias`` (an LM head),
+    computed ``chunk_tokens`` tokens at a time, so that the (tokens, vocabulary) logits never
+    exist at once: not in the forward, and not kept for the backward, which computes each chunk's
+    logits again (the hidden state's gradient, and the head's where it requires one, taken chunk
+    by chunk: Liger-Kernel's fused linear cross-entropy, in plain torch).
+
+    Args:
+        hidden: (N, H) the last hidden state at each scored token's predicting position.
+        weight, bias: the head's (V, H) weight and (V,) bias or None.
+        targets: (N,) long token ids.
+        temperature, as :func:`token_logprobs_and_entropy`.
+        chunk_tokens: tokens a chunk; None: as many as :data:`HEAD_CHUNK_BYTES` of float32 logits
+            hold.
+
+    Returns:
+        logp (N,) with gradient, entropy (N,) detached; float32. Each chunk makes the operations
+        of :func:`token_logprobs_and_entropy` in its order (the head in its dtype, the upcast, the
+        temperature, the log-softmax), so the two agree to float round-off. Peak memory beyond
+        the inputs: a few (chunk, V) float32 tensors.
+    """
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
+    if hidden.dim() != 2 or targets.shape != hidden.shape[:1]:
+        raise ValueError(
+            f"hidden must be (N, H) and targets (N,); got {tuple(hidden.shape)} and "
+            f"{tuple(targets.shape)}"
+        )
+    if chunk_tokens is None:
+        chunk_tokens = max(1, HEAD_CHUNK_BYTES // (4 * weight.shape[0]))
+    return _HeadLogprobs.apply(hidden, weight, bias, targets.long(), temperature, chunk_tokens)
+
+
+def _chunk_log_softmax(
+    h: Tensor, weight: Tensor, bias: Tensor | None, temperature: float
+) -> Tensor:
+    """(c, V) float32 log-softmax of one chunk's temperature-scaled logits."""
+    z = torch.nn.functional.linear(h, weight, bias)
+    if z.dtype in (torch.float16, torch.bfloat16):
+        z = z.float()
+    if temperature > 0 and temperature != 1.0:
+        z = z / temperature
+    return torch.log_softmax(z, dim=-1)
+
+
+class _HeadLogprobs(torch.autograd.Function):
+    """:func:`head_logprobs_and_entropy`'s forward and its chunked backward."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk):  # noqa: D102
+        n = hidden.shape[0]
+        logp = hidden.new_empty(n, dtype=torch.float32)
+        entropy = hidden.new_empty(n, dtype=torch.float32)
+        for start in range(0, n, chunk):
+            end = min(n, start + chunk)
+            log_probs = _chunk_log_softmax(hidden[start:end], weight, bias, temperature)
+            logp[start:end] = log_probs.gather(-1, targets[start:end, None])[:, 0]
+            p = log_probs.exp_()  # (c, V), in place: the chunk's log-softmax is done with
+            entropy[start:end] = torch.special.entr(p, out=p).sum(-1)
+        ctx.save_for_backward(hidden, weight, bias, targets)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, _grad_entropy):  # noqa: D102
+        hidden, weight, bias, targets = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.zeros_like(hidden) if need_h else None
+        grad_w = torch.zeros_like(weight) if need_w else None
+        grad_b = torch.zeros_like(bias) if need_b else None
+        scale = ctx.temperature > 0 and ctx.temperature != 1.0
+        for start in range(0, hidden.shape[0], ctx.chunk):
+            end = min(hidden.shape[0], start + ctx.chunk)
+            h, g = hidden[start:end], grad_logp[start:end]
+            p = _chunk_log_softmax(h, weight, bias, ctx.temperature).exp_()  # (c, V) softmax
+            # d logp / d logits = onehot(target) - softmax, times the incoming gradient
+            dz = p.mul_(-g[:, None])
+            dz.scatter_add_(-1, targets[start:end, None], g[:, None].float())
+            if scale:
+                dz = dz / ctx.temperature
+            dz = dz.to(weight.dtype)  # the upcast's backward: back to the head's dtype
+            if need_h:
+                grad_h[start:end] = dz @ weight
+            if need_w:
+                grad_w += dz.T @ h
+            if need_b:
+                grad_b += dz.sum(0)
+        return grad_h, grad_w, grad_b, None, None, None
 
 
 def chi2_token(log_ratio: Tensor, mask: Tensor) -> Tensor:

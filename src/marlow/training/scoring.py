@@ -6,9 +6,17 @@ length P is predicted by the logits at position P + j - 1. Logits are divided by
 temperature, as verl does, so the ratio in the loss compares the same distribution the sampler
 drew from.
 
+The head: where the model's logits are its plain linear head on the decoder's last hidden state
+(:func:`decoder_and_head`: Qwen3, Qwen2, Llama, Mistral, the head not LoRA-wrapped), only the
+hidden states of the completion tokens go through the head, a chunk of tokens at a time
+(:func:`marlow.algo.estimators.head_logprobs_and_entropy`), so a micro-batch never holds its
+(tokens, vocabulary) logits, in the forward or for the backward: memory grows with the chunk,
+not with tokens x vocabulary. Any other model is scored from its whole logits
+(:func:`marlow.algo.estimators.token_logprobs_and_entropy`). The two agree to float round-off
+(tests).
+
 Precision: the logits come in the base's dtype (bfloat16 under ``dtype=bfloat16``); they are cast
-to float32 before the temperature and the log-softmax
-(:func:`marlow.algo.estimators.token_logprobs_and_entropy`), so log-probs and entropies are float32
+to float32 before the temperature and the log-softmax, so log-probs and entropies are float32
 whatever the base's dtype, on the model's device.
 
 Turns are sorted by length and cut into micro-batches of at most ``micro_tokens`` padded tokens
@@ -24,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from marlow.algo.estimators import token_logprobs_and_entropy
+from marlow.algo.estimators import head_logprobs_and_entropy, token_logprobs_and_entropy
 from marlow.training.batch import AdapterBatch, Chunk
 
 MAX_PAD_WASTE = 0.25  # at most this share of a micro-batch's padded tokens is padding
@@ -44,13 +52,45 @@ def score_chunk(model, chunk: Chunk, temperature: float) -> Scored:
     steps = torch.arange(width, device=chunk.ids.device)
     # position of the logits that predict completion token j: P + j - 1, clamped on padding
     pos = (chunk.prompt_len[:, None] - 1 + steps[None, :]).clamp(max=length - 1)  # (T, L)
-    logits = model(input_ids=chunk.ids, attention_mask=chunk.attention).logits  # (T, S, V)
-    picked = logits.gather(1, pos[:, :, None].expand(-1, -1, logits.shape[-1]))  # (T, L, V)
-    logp, ent = token_logprobs_and_entropy(picked, chunk.targets, temperature)
-    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
-    return Scored(
-        torch.where(chunk.mask, logp, zero), torch.where(chunk.mask, ent, zero), chunk.mask
+    split = decoder_and_head(model)
+    zero = torch.zeros((), dtype=torch.float32, device=chunk.ids.device)
+    if split is None:
+        logits = model(input_ids=chunk.ids, attention_mask=chunk.attention).logits  # (T, S, V)
+        picked = logits.gather(1, pos[:, :, None].expand(-1, -1, logits.shape[-1]))  # (T, L, V)
+        logp, ent = token_logprobs_and_entropy(picked, chunk.targets, temperature)
+        return Scored(
+            torch.where(chunk.mask, logp, zero), torch.where(chunk.mask, ent, zero), chunk.mask
+        )
+    decoder, head = split
+    hidden = decoder(input_ids=chunk.ids, attention_mask=chunk.attention).last_hidden_state
+    picked = hidden.gather(1, pos[:, :, None].expand(-1, -1, hidden.shape[-1]))  # (T, L, H)
+    real = chunk.mask  # only the real completion tokens go through the head
+    logp, ent = head_logprobs_and_entropy(
+        picked[real], head.weight, head.bias, chunk.targets[real], temperature
     )
+    full = torch.zeros(real.shape, dtype=torch.float32, device=real.device)
+    return Scored(full.masked_scatter(real, logp), full.masked_scatter(real, ent), real)
+
+
+HEAD_ONLY = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM")
+"""Causal LMs whose logits are their plain linear head on the decoder's last hidden state (no
+scaling, no soft-capping): the ones :func:`score_chunk` scores through the head chunk by
+chunk."""
+
+
+def decoder_and_head(model) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
+    """(decoder, head) where ``model``'s logits are ``head(decoder(...).last_hidden_state)`` with
+    a frozen or plain ``nn.Linear`` head (not LoRA-wrapped), so that :func:`score_chunk` can
+    compute log-probs through the head chunk by chunk
+    (:func:`marlow.algo.estimators.head_logprobs_and_entropy`: the (tokens, vocabulary) logits
+    never held at once); None for any other model, which is scored from its whole logits."""
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if type(causal_lm).__name__ not in HEAD_ONLY:
+        return None
+    head = causal_lm.get_output_embeddings()
+    if type(head) is not torch.nn.Linear:
+        return None
+    return causal_lm.get_decoder(), head
 
 
 def micro_batches(

@@ -1,0 +1,155 @@
+"""Log-probs through the LM head chunk by chunk: the whole log-softmax's values and gradients,
+without holding the (tokens, vocabulary) logits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from marlow.algo.estimators import head_logprobs_and_entropy, token_logprobs_and_entropy
+from marlow.algo.policy_loss import LossInputs, LossSettings, policy_loss, policy_loss_names
+from marlow.policy.adapters import LoraSpec, adapter_parameters, attach_adapters, use_adapter
+from marlow.training import scoring
+from marlow.training.batch import Chunk
+
+QWEN3_VOCAB = 151_936
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0, 1.3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_head_logprobs_equal_the_whole_log_softmax(temperature, dtype):
+    """Values, entropies and the gradients of the hidden state, the head's weight and its bias,
+    against token_logprobs_and_entropy on the whole logits; chunks of 5 over 37 tokens."""
+    gen = torch.Generator().manual_seed(0)
+    n, h, v = 37, 16, 1000
+    hidden = torch.randn(n, h, generator=gen).to(dtype).requires_grad_()
+    weight = (torch.randn(v, h, generator=gen) * 0.3).to(dtype).requires_grad_()
+    bias = torch.randn(v, generator=gen).to(dtype).requires_grad_()
+    targets = torch.randint(0, v, (n,), generator=gen)
+    upstream = torch.randn(n, generator=gen)
+    whole = torch.nn.functional.linear(hidden, weight, bias)[None]
+    logp, ent = token_logprobs_and_entropy(whole, targets[None], temperature)
+    (logp[0] * upstream).sum().backward()
+    expect = [t.grad.clone() for t in (hidden, weight, bias)]
+    for t in (hidden, weight, bias):
+        t.grad = None
+    ours, our_ent = head_logprobs_and_entropy(hidden, weight, bias, targets, temperature, 5)
+    (ours * upstream).sum().backward()
+    assert not our_ent.requires_grad and ours.dtype == our_ent.dtype == torch.float32
+    torch.testing.assert_close(ours, logp[0], atol=3e-6, rtol=0)
+    torch.testing.assert_close(our_ent, ent[0], atol=3e-6, rtol=0)
+    # bfloat16: the head's gradient sums the chunks' bfloat16 products in another order
+    tol = {"atol": 5e-6, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0.05, "rtol": 0.02}
+    for t, e in zip((hidden, weight, bias), expect, strict=True):
+        torch.testing.assert_close(t.grad, e, **tol)
+    assert float(expect[0].abs().max()) > 0.1  # a real gradient
+
+
+def saved_shapes(fn) -> list[tuple[int, ...]]:
+    """The shapes of every tensor autograd saves for the backward while ``fn`` runs."""
+    shapes = []
+
+    def pack(t):
+        shapes.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return shapes
+
+
+def test_no_tokens_by_vocabulary_tensor_is_kept_for_the_backward():
+    n, h, v = 300, 8, 5000
+    hidden = torch.randn(n, h, requires_grad=True)
+    weight = torch.randn(v, h)
+    targets = torch.randint(0, v, (n,))
+    whole = saved_shapes(
+        lambda: token_logprobs_and_entropy((hidden @ weight.T)[None], targets[None], 0.7)
+    )
+    assert any(s[-1] == v and len(s) == 3 and s[1] == n for s in whole)  # the check can fail
+    ours = saved_shapes(lambda: head_logprobs_and_entropy(hidden, weight, None, targets, 0.7, 64))
+    assert max(s[0] * s[-1] for s in ours if len(s) == 2) <= v * h  # the weight, nothing bigger
+
+
+@pytest.fixture(scope="module")
+def real_vocab():
+    """A random one-layer Qwen3 of width 32 with Qwen3's vocabulary, a LoRA adapter moved off
+    zero, and a micro-batch of 3 turns (prompts of 5-9 tokens, completions of 2-6)."""
+    config = Qwen3Config(
+        vocab_size=QWEN3_VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    model = attach_adapters(Qwen3ForCausalLM(config), ["policy"], LoraSpec(8, 16), seed=0)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+    prompts, completions = [5, 9, 7], [6, 2, 4]
+    width, longest = max(p + c for p, c in zip(prompts, completions, strict=True)), max(completions)
+    ids = torch.zeros(3, width, dtype=torch.long)
+    attention = torch.zeros(3, width, dtype=torch.long)
+    targets = torch.zeros(3, longest, dtype=torch.long)
+    mask = torch.zeros(3, longest, dtype=torch.bool)
+    for r, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+        row = torch.randint(0, QWEN3_VOCAB, (p + c,), generator=gen)
+        ids[r, : p + c], attention[r, : p + c] = row, 1
+        targets[r, :c], mask[r, :c] = row[p:], True
+    chunk = Chunk([0, 1, 2], ids, attention, torch.tensor(prompts), targets, mask)
+    return model, chunk
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.6, 1.0])
+@pytest.mark.parametrize("loss_name", policy_loss_names())
+def test_scoring_through_the_head_equals_the_whole_logits(
+    real_vocab, monkeypatch, temperature, loss_name
+):
+    """score_chunk on a Qwen3 of the real vocabulary: the chunked head (forced into chunks of 4
+    tokens) gives the log-probs, entropies, every registered policy loss and the adapter's
+    gradients of scoring the model's whole logits."""
+    model, chunk = real_vocab
+    assert scoring.decoder_and_head(model) is not None  # the chunked path applies
+    params = adapter_parameters(model, "policy")
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad(), use_adapter(model, "policy"):  # ratios near 1: inside and at the clip
+        now = scoring.score_chunk(model, chunk, temperature).logp
+    old = now + 0.2 * torch.randn(chunk.mask.shape, generator=gen)
+    advantages = torch.randn(3, generator=gen)
+
+    def run(chunked: bool):
+        with monkeypatch.context() as mp:
+            if chunked:
+                real = scoring.head_logprobs_and_entropy
+                mp.setattr(
+                    scoring,
+                    "head_logprobs_and_entropy",
+                    lambda *a: real(*a, chunk_tokens=4),
+                )
+            else:
+                mp.setattr(scoring, "decoder_and_head", lambda m: None)
+            for p in params.values():
+                p.grad = None
+            with use_adapter(model, "policy"):
+                s = scoring.score_chunk(model, chunk, temperature)
+            out = policy_loss(loss_name)(LossInputs(s.logp, old, advantages), LossSettings())
+            loss = (out.loss * chunk.mask).sum() / chunk.mask.sum()
+            loss.backward()
+            return s, loss.detach(), {k: p.grad.clone() for k, p in params.items()}
+
+    ours, our_loss, our_grads = run(True)
+    theirs, their_loss, their_grads = run(False)
+    torch.testing.assert_close(ours.logp, theirs.logp, atol=2e-5, rtol=0)
+    torch.testing.assert_close(ours.entropy, theirs.entropy, atol=2e-5, rtol=0)
+    assert (ours.logp[~chunk.mask] == 0).all() and (ours.entropy[~chunk.mask] == 0).all()
+    torch.testing.assert_close(our_loss, their_loss, atol=1e-6, rtol=1e-6)
+    assert any(float(g.abs().max()) > 1e-4 for g in their_grads.values())
+    for name, g in their_grads.items():
+        torch.testing.assert_close(our_grads[name], g, atol=1e-6, rtol=1e-5, msg=name)

@@ -435,10 +435,17 @@ class LeanQwen3:
         return mask, scaling[self.row_adapters][:, None, None]
 
     def _mark_static(self) -> None:
-        linears = [lin for layer in self.w.layers for lin in layer.values()]
-        linears.append(self.w.head)
+        """Everything a compiled step reads but its per-step inputs, as static addresses: the
+        weights, the stacked factors, the rotary tables, the cache and the rows' LoRA masks."""
+        parts = [*(p for layer in self.w.layers for p in layer.values()), self.w.head, self.w.norm]
+        weights = [self.w.embed]
+        for part in parts:
+            if isinstance(part, _Linear):
+                weights += [part.weight, part.bias, part.a, part.b]
+            else:
+                weights.append(part.weight)
+        _static(weights)
         _static(self.keys + self.values + list(self.rope))
-        _static(t for lin in linears if isinstance(lin, _Linear) for t in (lin.a, lin.b))
         _static(t for pair in self.lora for t in pair if isinstance(t, torch.Tensor))
 
     def select(self, keep: torch.Tensor) -> None:

@@ -142,6 +142,15 @@ def head_chunk_bytes(shape: Shape, tokens: int, chunked_head: bool) -> int:
     return 3 * min(HEAD_CHUNK_BYTES, tokens * 4 * shape.V) if chunked_head else 0
 
 
+def activation_bytes(
+    shape: Shape, b: int, lora: list[tuple[int, int]], tokens: int, chunked_head: bool = True
+) -> int:
+    """The activations of one forward of ``tokens`` tokens (module docstring): ``tokens`` x
+    :func:`activation_bytes_per_token`, and the chunked head's chunk (:func:`head_chunk_bytes`)."""
+    per_token = activation_bytes_per_token(shape, b, lora, chunked_head)
+    return tokens * per_token + head_chunk_bytes(shape, tokens, chunked_head)
+
+
 def tokens_that_fit(room: float, per_token: int, shape: Shape, chunked_head: bool) -> int:
     """The most tokens of one forward whose activations (``per_token`` each, and the chunked
     head's chunk) fit in ``room`` bytes. The total grows with the tokens, so it is the larger of
@@ -215,16 +224,15 @@ def plan_run(
     except ValueError as err:  # a config of no causal-LM class transformers knows
         raise ConfigError(f"config field 'model.name': {source} is no causal LM ({err})") from None
     parameters = _distinct_numel(base.parameters())
-    non_embedding = parameters - _distinct_numel(_embeddings(base))
+    non_embedding = non_embedding_parameters(base)
     adapters, lora = _attach(base, cfg, workflow.roles)
     turn = prompt_tokens + cfg.rollout.max_new_tokens
     tokens = max(cfg.grpo.micro_tokens, turn)
     chunked = decoder_and_head(base) is not None
     per_token = activation_bytes_per_token(shape, b, lora, chunked) if adapters else 0
-    head = head_chunk_bytes(shape, tokens, chunked) if adapters else 0
     base_bytes = parameters * b
     adapter_bytes = sum(a.bytes for a in adapters)
-    activations = tokens * per_token + head
+    activations = activation_bytes(shape, b, lora, tokens, chunked) if adapters else 0
     kv = kv_cache_bytes(shape, b, cfg.rollout.max_batch, turn)
     peak = base_bytes + adapter_bytes + max(activations, kv)
     fits = max_micro = None
@@ -326,12 +334,23 @@ def _attach(
     for name in names:
         n = sum(p.numel() for p in adapter_parameters(model, name).values())
         plans.append(AdapterPlan(name, routing.roles_of(name), n, OPTIMIZER_BYTES * n))
-    shapes = [
-        (layer.lora_A[names[0]].in_features, layer.r[names[0]])
+    return plans, lora_shapes(model, names[0])
+
+
+def lora_shapes(model: torch.nn.Module, name: str) -> list[tuple[int, int]]:
+    """(in features, rank) of every LoRA layer of adapter ``name`` in ``model``, as
+    :func:`activation_bytes_per_token` reads them."""
+    return [
+        (layer.lora_A[name].in_features, layer.r[name])
         for layer in model.modules()
-        if isinstance(layer, LoraLayer) and names[0] in layer.lora_A
+        if isinstance(layer, LoraLayer) and name in layer.lora_A
     ]
-    return plans, shapes
+
+
+def non_embedding_parameters(model: PreTrainedModel) -> int:
+    """The distinct parameters of ``model`` without its input embedding and, unless tied to it,
+    its output embedding (the Qwen3 cards' "non-embedding" count)."""
+    return _distinct_numel(model.parameters()) - _distinct_numel(_embeddings(model))
 
 
 def architecture(name: str) -> tuple[PretrainedConfig, str]:

@@ -55,8 +55,9 @@ The parts, each recorded whatever became of the others:
    with the rows, as where a forward is bound by launches; where it grows (the KV cache reads of
    256 rows), a configuration the part's end cuts off is recorded as stopped.
 4. **sizes**: for each size of :data:`SIZES` (:data:`DRY_SIZES` with ``--dry-run``), a stand-in
-   of its architecture with random bfloat16 weights (:func:`marlow.archs.stand_in.save_stand_in`)
-   trained by ``marlow train`` in a child process, once per routing: Voting, the paper preset
+   of its architecture with random bfloat16 weights (:func:`marlow.archs.stand_in.save_stand_in`),
+   its update measured alone (below), then trained by ``marlow train`` in a child process, once
+   per routing: Voting, the paper preset
    (LoRA rank 64 on every linear, ``rollout.max_batch`` 48, ``grpo.micro_tokens`` 6,144), the HF
    rollout loop. Per step: rollout and learn seconds, sampled tokens per second, and the peak
    device memory of each phase (the trainer's ``memory/*`` metrics; none off CUDA). Beside them,
@@ -64,6 +65,59 @@ The parts, each recorded whatever became of the others:
    own longest prompt, and the ratios measured / predicted of the peak allocated memory: the
    step's (both phases) against plan's peak, the rollout's against base + adapters + KV cache,
    the learn phase's against base + adapters + activations.
+
+   **The update alone**, in one child process per size, right after its stand-in is drawn and
+   before its runs: the stand-in loaded as a run loads its base (:func:`marlow.models.load_base`,
+   bfloat16, as the paper preset's runs have it on the CPU too), one LoRA adapter of rank 64
+   (alpha 32) on every linear (:func:`marlow.policy.adapters.attach_adapters`), active and in
+   ``train()`` mode, and for each micro-batch of :data:`UPDATE` (:data:`DRY_UPDATE`): rows of
+   ``row`` tokens, the first ``prompt`` of them prompt and the rest completion, every id drawn
+   uniformly below the vocabulary (seed 0); ``score_chunk(model, chunk, temperature=1.0)``
+   (:func:`marlow.training.scoring.score_chunk`: the chunked head where it applies), the loss
+   ``-(logp x mask).sum() / mask.sum()`` and its ``backward()``. One untimed warm-up pass, an
+   AdamW step (torch's defaults; so that the timed pass runs beside the adapter's two float32
+   moments, as a learn phase does and as plan counts), then the timed pass, which adds its
+   gradients to the warm-up's as a mini-batch's later micro-batch does (the device synchronized
+   around it; on CUDA its peak allocated memory, the peak reset before it). The figures::
+
+       tokens/s = tokens / seconds
+       FLOPs    = 4 x (N + n) x tokens + 4 x L x tokens x c x a x d x 2
+       fraction of bf16 peak = FLOPs / seconds / (measured bf16 matmul FLOP/s)
+
+   N is the base's non-embedding parameters (:func:`marlow.plan.non_embedding_parameters`: the
+   input embedding and the tied output embedding left out), n the adapter's; 4 = 2 for the
+   forward's multiply-adds and 2 for the backward's input gradients (the frozen base has no
+   weight gradients). The attention's two matmuls (scores, and their product with the values)
+   take 4 x tokens x c x a x d a layer (L layers, a query heads of d dimensions) at the rows'
+   mean causal context c = (row + 1) / 2, x 2 for its backward counted as one forward. Left
+   out: the LM head's matmuls (the completion tokens' forward, and the backward's recomputation
+   and gradient), the adapter's weight gradients, and the attention backward's work beyond one
+   forward; so the fraction is a lower bound of the card's use. The card's bf16 matmul
+   throughput is measured in the same child: :data:`MATMUL_REPEATS` products of two square
+   bfloat16 matrices of side :data:`MATMUL_N` (by device type) after an untimed one, 2 x n^3
+   FLOPs each.
+
+   Beside each micro-batch, ``marlow plan``'s prediction for the same, from the formulas
+   :func:`marlow.plan.plan_run` uses: base (the distinct parameters x 2 bytes) + the adapter
+   (:data:`marlow.plan.OPTIMIZER_BYTES` x its parameters) + activations
+   (:func:`marlow.plan.activation_bytes` at the micro-batch's tokens, from
+   :func:`marlow.plan.lora_shapes` of the adapter and the chunked head where
+   :func:`marlow.models.decoder_and_head` applies), and the ratio measured / predicted of the
+   peak allocated memory (None off CUDA).
+
+   Time: the child takes at most the size's ``update_s`` (45 s for the 0.6B, 60 for the 1.7B,
+   75 for the 4B: the child's start, the load and the matmuls count), and runs only with the
+   size's ``min_s`` per routing plus ``update_s`` left, so that its runs keep the time they need
+   to start; otherwise it is skipped. The first micro-batch runs with any time left; each next
+   one only after the one before succeeded and with its estimate left: 2 (warm-up and timed
+   pass) x the one before's timed seconds x the ratio of their tokens. Plan predicts more than
+   one H100's 79.2 GiB for every size's 32,768-token micro-batch (0.6B 79.4 GiB, 1.7B 134.5,
+   4B 260.0) and 72.7 GiB for the 4B's 8,192: a pass that does not fit fails with an
+   out-of-memory error, which is recorded. What the part costs the default budget comes
+   out of the runs after it: at most ``update_s`` a size, mostly the child's start and the
+   loading of the stand-in, the passes that fit being a fraction of a second each at an H100's
+   bf16 rate (by the formula above, 18 TFLOPs for the 0.6B's 8,192 tokens, 128 for the 4B's);
+   in the dry run the child took 11 s on a shared 2-core CPU.
 
 Lengths: the study's Voting math sampled up to 5,120 new tokens for 64 problems x 8 episodes a
 step; here one step of 4 problems x 4 episodes (48 generator turns: one rollout batch of 48) of
@@ -82,8 +136,9 @@ it finished and the last line it printed; one that outlasts the time left is sto
 likewise; a size whose minimum time is no longer left is recorded as skipped. A sampler
 configuration that raises (an out-of-memory error) is recorded as failed and the next one runs;
 one the sampler's child was running when it crashed or was stopped takes its status and last
-line, and those it never reached are recorded as skipped. The exit status is 1 when anything
-failed, else 0; the JSON is written either way.
+line, and those it never reached are recorded as skipped; the update's micro-batches likewise,
+and the size's runs go on. The exit status is 1 when anything failed, else 0; the JSON is
+written either way.
 """
 
 from __future__ import annotations
@@ -117,6 +172,7 @@ if TYPE_CHECKING:
 
     from marlow.config import RunConfig
     from marlow.rollout.hf import HFEngine
+    from marlow.training.batch import Chunk
     from marlow.types import GenRequest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -150,6 +206,7 @@ class Size:
     new_tokens: int  # rollout.max_new_tokens
     val_problems: int  # task.val_size
     min_s: float = MIN_RUN_S  # start each run only with this many seconds of the budget left
+    update_s: float = 45  # the most seconds of the update alone (module docstring)
     micro_tokens: int | None = None  # grpo.micro_tokens (None: the paper preset's 6,144)
     threads: int | None = None  # torch threads (None: every core)
     shrink: dict[str, int] = field(default_factory=dict)  # config fields over the arch's
@@ -157,8 +214,8 @@ class Size:
 
 SIZES = (
     Size("qwen3-0.6b", "qwen3-0.6b", ("ip", "sp"), 1, 4, 4, 64, 1, min_s=60),
-    Size("qwen3-1.7b", "qwen3-1.7b", ("ip",), 1, 4, 4, 64, 1, min_s=75),
-    Size("qwen3-4b", "qwen3-4b", ("ip",), 1, 4, 4, 64, 1, min_s=90),
+    Size("qwen3-1.7b", "qwen3-1.7b", ("ip",), 1, 4, 4, 64, 1, min_s=75, update_s=60),
+    Size("qwen3-4b", "qwen3-4b", ("ip",), 1, 4, 4, 64, 1, min_s=90, update_s=75),
 )
 DRY_SIZES = (
     # The 0.6B's vocabulary (which the stand-in's tokenizer needs) on 2 narrow layers; short
@@ -209,6 +266,26 @@ SAMPLER_S = 150
 COPY_BYTES = {"cuda": GIB, "cpu": 64 * 2**20}
 """The buffer whose device-to-device copy measures the bandwidth, by device type."""
 COPY_REPEATS = 5
+
+
+@dataclass(frozen=True)
+class Update:
+    """The update-alone measurement's micro-batches (module docstring)."""
+
+    tokens: tuple[int, ...]  # the micro-batches, each run after the one before succeeded
+    row: int  # tokens a row
+    prompt: int  # prompt tokens a row (the rest is completion)
+    rank: int = 64  # LoRA rank, alpha 32 (LoraSpec's defaults: the paper's)
+    temperature: float = 1.0
+
+
+UPDATE = Update((8192, 32768), 1024, 256)
+DRY_UPDATE = Update((64, 256), 32, 8)
+UPDATE_ADAPTER = "policy"
+"""The adapter's name ("update" is taken: PEFT keeps adapters in ``ModuleDict``s)."""
+MATMUL_N = {"cuda": 8192, "cpu": 256}
+"""The side of the square bfloat16 matrices whose products measure the matmul throughput."""
+MATMUL_REPEATS = 5
 
 PROBE = """\
 import json, sys, torch
@@ -379,7 +456,7 @@ sample(sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), float(sys
 """
 """Run in a child process from the repository root: :func:`sample`, given the dry run as JSON and
 the deadline as a number."""
-NOT_REACHED = "the sampler's child process ended before it"
+NOT_REACHED = "the part's child process ended before it"
 
 
 def sampler_size(sizes: tuple[Size, ...]) -> Size:
@@ -419,18 +496,22 @@ def measure_sampler(check: Check, device: str, dry_run: bool, work: Path) -> dic
     args = [str(path), str(folder), device, json.dumps(dry_run), repr(deadline)]
     out.update(check.child([sys.executable, "-c", SAMPLER_CHILD, *args], seconds))
     shutil.rmtree(folder, ignore_errors=True)
-    measured = json.loads(path.read_text()) if path.exists() else {}
-    reached = measured.pop("configurations", [])
-    out.update(measured)
-    out["configurations"] = [  # "running": the one sampling when the child ended
-        c | {"status": out["status"], "error": out["error"]} if c["status"] == "running" else c
-        for c in reached
-    ]
-    out["configurations"] += [
-        {**c, "status": "skipped", "error": NOT_REACHED}
-        for c in configurations(sampler)[len(reached) :]
-    ]
+    read_child(out, path, "configurations", configurations(sampler))
     return out
+
+
+def read_child(out: dict[str, Any], path: Path, key: str, planned: list[dict]) -> None:
+    """Into ``out`` (a part's entry, with its child's status and error): the figures the child
+    wrote to ``path``, and under ``key`` its rows: the one it was at when it ended ("running")
+    takes the child's status and error, and those of ``planned`` it never reached are skipped."""
+    measured = json.loads(path.read_text()) if path.exists() else {}
+    reached = measured.pop(key, [])
+    out.update(measured)
+    out[key] = [
+        r | {"status": out["status"], "error": out["error"]} if r["status"] == "running" else r
+        for r in reached
+    ]
+    out[key] += [{**r, "status": "skipped", "error": NOT_REACHED} for r in planned[len(reached) :]]
 
 
 def sample(out: str, folder: str, device: str, dry_run: bool, deadline: float) -> None:
@@ -623,9 +704,12 @@ def run_config(size: Size, routing: str, model: Path, device: str) -> RunConfig:
     )
 
 
-def measure_size(check: Check, size: Size, device: str, work: Path, out: dict[str, Any]) -> None:
-    """Every run of ``size`` into ``out`` (its entry in the JSON, saved after each run): the
-    stand-in, then one child ``marlow train`` per routing."""
+def measure_size(
+    check: Check, size: Size, device: str, dry_run: bool, work: Path, out: dict[str, Any]
+) -> None:
+    """Every measurement of ``size`` into ``out`` (its entry in the JSON, saved after each): the
+    stand-in, the update alone (:func:`measure_update`), then one child ``marlow train`` per
+    routing."""
     out.update(settings=asdict(size), runs=[])
     if check.left() < size.min_s:
         out["runs"] = [_skipped(r, size, check) for r in size.routings]
@@ -637,6 +721,12 @@ def measure_size(check: Check, size: Size, device: str, work: Path, out: dict[st
     if "error" in out:  # e.g. a full disk: this size fails, the next one runs
         shutil.rmtree(folder, ignore_errors=True)
         return
+    out["update"] = guarded(
+        check,
+        f"{size.name} update",
+        lambda: measure_update(check, size, folder, device, dry_run, work),
+    )
+    check.save()
     for routing in size.routings:
         if check.left() < size.min_s:
             out["runs"].append(_skipped(routing, size, check))
@@ -771,6 +861,234 @@ def ratios(steps: list[dict[str, Any]], plan: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# -- 4. sizes: the update alone --------------------------------------------------------------
+
+
+UPDATE_CHILD = """\
+import json, sys
+sys.path.insert(0, "bench")
+from gpu_check import time_update
+time_update(*sys.argv[1:4], json.loads(sys.argv[4]), sys.argv[5], float(sys.argv[6]))
+"""
+"""Run in a child process from the repository root: :func:`time_update`, given the dry run as
+JSON and the deadline as a number."""
+
+
+def update_rows(update: Update) -> list[dict[str, Any]]:
+    """Each micro-batch of ``update``, in the order they run."""
+    return [
+        {"tokens": t, "rows": t // update.row, "row_tokens": update.row, "prompt": update.prompt}
+        for t in update.tokens
+    ]
+
+
+def measure_update(
+    check: Check, size: Size, folder: Path, device: str, dry_run: bool, work: Path
+) -> dict[str, Any]:
+    """The update alone of ``size`` (module docstring) on its stand-in in ``folder``, in one child
+    process: its figures and every micro-batch's (one the child was at when it ended takes the
+    child's status and error; one it did not reach is skipped); skipped, every micro-batch with
+    it, without the size's ``min_s`` per routing plus ``update_s`` left."""
+    update = DRY_UPDATE if dry_run else UPDATE
+    out: dict[str, Any] = {"settings": {**asdict(update), "update_s": size.update_s}}
+    needed = size.min_s * len(size.routings) + size.update_s
+    if check.left() < needed:
+        check.say(f"{size.name} update: skipped, {check.left():.0f} s of the budget left")
+        why = f"{check.left():.0f} s of the budget left, {needed:.0f} s needed with the runs"
+        skipped = {"status": "skipped", "error": why}
+        out.update(skipped, micro_batches=[r | skipped for r in update_rows(update)])
+        return out
+    check.say(f"{size.name} update: at most {size.update_s:.0f} s")
+    path = work / f"{size.name}-update.json"
+    deadline = time.monotonic() + size.update_s  # CLOCK_MONOTONIC: the child's clock too
+    args = [str(path), str(folder), device, json.dumps(dry_run), size.name, repr(deadline)]
+    out.update(check.child([sys.executable, "-c", UPDATE_CHILD, *args], size.update_s))
+    read_child(out, path, "micro_batches", update_rows(update))
+    statuses = [r["status"] for r in out["micro_batches"]]
+    check.say(f"{size.name} update: {out['status']}, micro-batches {', '.join(statuses)}")
+    return out
+
+
+def time_update(
+    out: str, folder: str, device: str, dry_run: bool, size_name: str, deadline: float
+) -> None:
+    """The update alone's measurements (module docstring) on the stand-in in ``folder``, in its
+    child process, written to ``out`` as JSON before and after every micro-batch so that what
+    was measured outlives a crash; a micro-batch that raises (an out-of-memory error) is
+    recorded as failed. ``deadline``: the :func:`time.monotonic` at which the measurement ends."""
+    import torch
+
+    from marlow.config import ModelConfig
+    from marlow.models import load_base, resolve_device
+    from marlow.plan import non_embedding_parameters
+    from marlow.policy.adapters import LoraSpec, adapter_parameters, attach_adapters, use_adapter
+
+    update, sizes = (DRY_UPDATE, DRY_SIZES) if dry_run else (UPDATE, SIZES)
+    size = next(s for s in sizes if s.name == size_name)
+    if size.threads is not None:
+        torch.set_num_threads(size.threads)
+    dev = resolve_device(device)
+    t0 = time.monotonic()
+    base, _ = load_base(ModelConfig(name=folder), dtype="bfloat16", device=dev)
+    b = base.dtype.itemsize
+    result: dict[str, Any] = {
+        "weight_bytes": distinct_bytes(base.parameters()),
+        "non_embedding_parameters": non_embedding_parameters(base),
+    }
+    model = attach_adapters(base, [UPDATE_ADAPTER], LoraSpec(rank=update.rank), seed=0)
+    params = list(adapter_parameters(model, UPDATE_ADAPTER).values())
+    result["adapter_parameters"] = sum(p.numel() for p in params)
+    result["load_s"] = round(time.monotonic() - t0, 1)
+    result["matmul_flops_per_s"] = matmul_throughput(dev, MATMUL_N[dev.type])
+    optimizer = torch.optim.AdamW(params)
+    model.train()
+    draws = torch.Generator(dev).manual_seed(0)
+    result["micro_batches"] = []
+    before: dict[str, Any] | None = None  # the micro-batch before this one
+    with use_adapter(model, UPDATE_ADAPTER):
+        for row in update_rows(update):
+            result["micro_batches"].append(row)
+            row["plan"] = update_plan(model, b, result, row["tokens"])
+            why = not_yet(before, row, deadline - time.monotonic())
+            before = row
+            if why is not None:
+                row.update(status="skipped", error=why)
+                write_json(out, result)
+                continue
+            row["status"] = "running"
+            write_json(out, result)
+            print(f"update: {row['tokens']:,} tokens", flush=True)
+            try:
+                chunk = update_chunk(row, model.config.vocab_size, dev, draws)
+                row.update(time_passes(model, chunk, optimizer, update.temperature, dev))
+            except Exception as err:
+                row.update(status="failed", error=one_line(err))
+            if row["status"] == "failed":  # past the except block: its traceback's tensors freed
+                print(f"update: {row['error']}", flush=True)
+                optimizer.zero_grad()
+                if dev.type == "cuda":
+                    torch.cuda.empty_cache()  # what the failed pass held
+                write_json(out, result)
+                continue
+            flops = update_flops(model.config, result, row)
+            measured = row["peak_allocated_gib"]
+            row.update(
+                status="ok",
+                flops=flops,
+                fraction_of_peak=flops / row["seconds"] / result["matmul_flops_per_s"],
+                ratio=None if measured is None else measured / row["plan"]["peak_gib"],
+            )
+            write_json(out, result)
+            print(f"update: {row['tokens_per_s']:.0f} tokens/s", flush=True)
+
+
+def not_yet(before: dict[str, Any] | None, row: dict[str, Any], left: float) -> str | None:
+    """Why micro-batch ``row`` is skipped after ``before`` with ``left`` seconds left, or None:
+    the one before did not succeed, or the estimate (module docstring) passes the time left."""
+    if before is None:
+        return None
+    if before["status"] != "ok":
+        return f"the {before['tokens']:,}-token micro-batch did not succeed"
+    estimate = 2 * before["seconds"] * row["tokens"] / before["tokens"]
+    return f"estimated {estimate:.0f} s, {left:.0f} s left" if estimate > left else None
+
+
+def update_plan(model: PeftModel, b: int, figures: dict[str, Any], tokens: int) -> dict[str, float]:
+    """``marlow plan``'s figures in GiB for one micro-batch of ``tokens`` tokens of ``model``
+    (``b`` bytes a base weight): base (``figures``' weight bytes), the adapter
+    (:data:`marlow.plan.OPTIMIZER_BYTES` x its parameters) and activations
+    (:func:`marlow.plan.activation_bytes`), and their sum."""
+    from marlow.models import decoder_and_head
+    from marlow.plan import OPTIMIZER_BYTES, Shape, activation_bytes, lora_shapes
+
+    shape, lora = Shape.of(model.config), lora_shapes(model, UPDATE_ADAPTER)
+    activations = activation_bytes(shape, b, lora, tokens, decoder_and_head(model) is not None)
+    out = {
+        "base_gib": figures["weight_bytes"] / GIB,
+        "adapters_gib": OPTIMIZER_BYTES * figures["adapter_parameters"] / GIB,
+        "activations_gib": activations / GIB,
+    }
+    out["peak_gib"] = sum(out.values())
+    return out
+
+
+def update_flops(config: Any, figures: dict[str, Any], row: dict[str, Any]) -> float:
+    """The FLOPs of one update pass over micro-batch ``row`` (module docstring's formula), from
+    ``figures``' parameter counts and the attention's shape in ``config``."""
+    from marlow.plan import Shape
+
+    s, tokens = Shape.of(config), row["tokens"]
+    dense = 4 * (figures["non_embedding_parameters"] + figures["adapter_parameters"]) * tokens
+    context = (row["row_tokens"] + 1) / 2
+    return dense + 4 * s.L * tokens * context * s.a * s.d * 2
+
+
+def update_chunk(
+    row: dict[str, Any], vocab: int, device: torch.device, draws: torch.Generator
+) -> Chunk:
+    """A micro-batch of ``row["rows"]`` rows of ``row["row_tokens"]`` ids drawn below ``vocab``:
+    the first ``row["prompt"]`` of each its prompt, the rest its completion."""
+    import torch
+
+    from marlow.training.batch import Chunk
+
+    rows, width, prompt = row["rows"], row["row_tokens"], row["prompt"]
+    ids = torch.randint(0, vocab, (rows, width), generator=draws, device=device)
+    completion = torch.ones(rows, width - prompt, dtype=torch.bool, device=device)
+    prompt_len = torch.full((rows,), prompt, device=device)
+    return Chunk(
+        list(range(rows)), ids, torch.ones_like(ids), prompt_len, ids[:, prompt:], completion
+    )
+
+
+def time_passes(
+    model: PeftModel,
+    chunk: Chunk,
+    optimizer: torch.optim.Optimizer,
+    temperature: float,
+    device: torch.device,
+) -> dict[str, Any]:
+    """The untimed warm-up pass, an AdamW step, then the timed pass (module docstring): their
+    seconds, the tokens/s of the timed one and, on CUDA, its peak allocated memory."""
+    import torch
+
+    from marlow.training.scoring import score_chunk
+
+    cuda = device.type == "cuda"
+    seconds = []
+    for timed in (False, True):
+        if timed:
+            optimizer.step()
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(device)
+        t0 = synchronized(device)
+        scored = score_chunk(model, chunk, temperature=temperature)
+        (-(scored.logp * scored.mask).sum() / scored.mask.sum()).backward()
+        seconds.append(synchronized(device) - t0)
+    optimizer.zero_grad()
+    warmup, timed = seconds
+    return {
+        "warmup_s": warmup,
+        "seconds": timed,
+        "tokens_per_s": chunk.ids.numel() / timed,
+        "peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB if cuda else None,
+    }
+
+
+def matmul_throughput(device: torch.device, n: int) -> float:
+    """FLOPs per second of :data:`MATMUL_REPEATS` products of two ``n`` x ``n`` bfloat16 matrices
+    on ``device``, after an untimed one."""
+    import torch
+
+    gen = torch.Generator(device).manual_seed(0)
+    a, b = (torch.randn(n, n, generator=gen, device=device, dtype=torch.bfloat16) for _ in "ab")
+    a @ b
+    t0 = synchronized(device)
+    for _ in range(MATMUL_REPEATS):
+        a @ b
+    return 2 * n**3 * MATMUL_REPEATS / (synchronized(device) - t0)
+
+
 # -- the check --------------------------------------------------------------------------------
 
 
@@ -829,10 +1147,12 @@ def main(argv: list[str] | None = None) -> int:
         sizes = check.result["sizes"] = {}
         for size in DRY_SIZES if args.dry_run else SIZES:
             entry = sizes[size.name] = {}
-            measure_size(check, size, args.device, work, entry)
+            measure_size(check, size, args.device, args.dry_run, work, entry)
             check.save()
-            statuses = {r["status"] for r in entry["runs"]}
+            update = entry.get("update", {})
+            statuses = {r["status"] for r in entry["runs"] + update.get("micro_batches", [])}
             failed |= "error" in entry or bool(statuses - {"ok", "skipped"})
+            failed |= update.get("status", "ok") not in ("ok", "skipped")
     check.result["check"]["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
     check.save()
     check.say(f"done: {'something failed' if failed else 'all ok'} -> {check.path}")

@@ -6,7 +6,8 @@
 ``bench/gpu_check.sh OUT`` writes ``OUT/gpu_check.json`` on a GPU machine; committed as
 ``bench/results/gpu_check.json`` it becomes the section's figures, with the date and the card.
 While that file is absent the section says "Not yet measured on a GPU."; from a JSON without
-the check's sampler part it has no sampler table. The section lies between two marker comments
+the check's sampler part it has no sampler table, and without the sizes' update measurements no
+"update alone" table. The section lies between two marker comments
 (:data:`BEGIN`, :data:`END`); the page's other text is left alone.
 ``tests/e2e/test_gpu_check.py`` fails when the committed section is stale.
 """
@@ -55,6 +56,7 @@ def section(result: dict[str, Any] | None) -> str:
         _tests(result.get("tests", {})),
         "",
         *_sampler(result.get("sampler")),
+        *_update(result["sizes"]),
         "Each step of each run (seconds from the trainer's `time/*` metrics; sampled tokens per "
         "second of the rollout; peak GPU memory of each phase from its `memory/*` metrics):",
         "",
@@ -139,6 +141,58 @@ def _sampler(part: dict[str, Any] | None) -> list[str]:
         )
     if troubles:
         lines += ["", "Sampler configurations that did not complete:", "", *troubles]
+    return [*lines, ""]
+
+
+def _update(sizes: dict[str, Any]) -> list[str]:
+    """The update-alone paragraph, table and troubles (no lines when no size has the part)."""
+    parts = {name: size["update"] for name, size in sizes.items() if "update" in size}
+    if not parts:
+        return []
+    s = next((part["settings"] for part in parts.values() if "settings" in part), None)
+    if s is None:  # every size's part ended before it started
+        errors = "; ".join(
+            f"{name}: {part.get('error', 'no result')}" for name, part in parts.items()
+        )
+        return [f"The update alone measured nothing: {errors}.", ""]
+    matmul = ", ".join(
+        f"{name} {part['matmul_flops_per_s'] / 1e12:,.0f}"
+        for name, part in parts.items()
+        if "matmul_flops_per_s" in part
+    )
+    lines = [
+        "The update alone: `score_chunk` (the LM head chunk by chunk), the loss and its backward "
+        f"on one micro-batch of rows of {s['row']:,} tokens ({s['prompt']:,} of them prompt) of "
+        f"random ids, a stand-in in bfloat16 with one LoRA adapter of rank {s['rank']} on every "
+        "linear; one untimed warm-up pass and an AdamW step, then the timed pass. Beside it, "
+        "the fraction of the card's bf16 matmul throughput (measured in each size's run, "
+        f"TFLOP/s: {matmul or 'none'}) that its FLOPs take (4 x (non-embedding + adapter "
+        "parameters) x tokens, the LM head left out, + the attention's; the formula in "
+        "`bench/gpu_check.py`), and `marlow plan`'s base + adapter + activations for the same "
+        "micro-batch (GiB; ratio = peak allocated / plan):",
+        "",
+        "| model | tokens | tokens/s | fraction of bf16 peak | peak allocated GiB | plan GiB "
+        "| ratio |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    troubles = []
+    for name, part in parts.items():
+        if "micro_batches" not in part:
+            troubles.append(f"* {name}: {part.get('error', 'no result')}")
+        for m in part.get("micro_batches", []):
+            plan = _num(m["plan"]["peak_gib"], 2) if "plan" in m else "-"
+            if m["status"] != "ok":
+                lines.append(f"| {name} | {m['tokens']:,} | {m['status']} | - | - | {plan} | - |")
+                what = f"* {name} {m['tokens']:,} tokens: {m['status']}"
+                troubles.append(f"{what}: {m['error']}" if m.get("error") else what)
+                continue
+            lines.append(
+                f"| {name} | {m['tokens']:,} | {_num(m['tokens_per_s'], 0)} "
+                f"| {m['fraction_of_peak']:.3f} | {_num(m['peak_allocated_gib'], 2)} | {plan} "
+                f"| {_num(m['ratio'], 2)} |"
+            )
+    if troubles:
+        lines += ["", "Update micro-batches that did not complete:", "", *troubles]
     return [*lines, ""]
 
 

@@ -294,3 +294,24 @@ def load_base(
         p.requires_grad_(False)
     model.eval()  # dropout off in the base; LoRA dropout is set by the adapter config
     return model, tokenizer
+
+
+HEAD_ONLY = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM")
+"""Causal LMs whose logits are their plain linear head on the decoder's last hidden state (no
+scaling, no soft-capping): the ones scoring
+(:mod:`marlow.training.scoring`) and ``marlow plan`` take through the head chunk by chunk."""
+
+
+def decoder_and_head(model) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
+    """(decoder, head) where ``model``'s logits are ``head(decoder(...).last_hidden_state)`` with
+    a frozen or plain ``nn.Linear`` head (not LoRA-wrapped), so that scoring can
+    compute log-probs through the head chunk by chunk
+    (:func:`marlow.algo.estimators.head_logprobs_and_entropy`: the (tokens, vocabulary) logits
+    never held at once); None for any other model, which is scored from its whole logits."""
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if type(causal_lm).__name__ not in HEAD_ONLY:
+        return None
+    head = causal_lm.get_output_embeddings()
+    if type(head) is not torch.nn.Linear:
+        return None
+    return causal_lm.get_decoder(), head

@@ -25,12 +25,19 @@ are then read off the model; memory figures follow from them and the config by t
                                         rank-r A output (in a float32 run q/k/v and gate/up share
                                         one input, so this overcounts 3h per layer there)
     + b x h                             the final norm's input
-    + V x (2b + 3 x 4)                  logits: the model's (all positions) and their gathered
-                                        completion positions in the run dtype, and the three
-                                        float32 (N, V) tensors live at once in
-                                        ``token_logprobs_and_entropy`` (upcast/temperature-scaled
-                                        logits, the log-softmax autograd keeps, the entropy's
-                                        temporary)
+    + b x h                             the head's input at the completion positions, which the
+                                        head keeps for its backward (chunked head, below)
+    + one chunk of the head             3 x HEAD_CHUNK_BYTES once, not per token: a chunk's
+                                        float32 logits, their log-softmax and the head's output
+                                        in the run dtype, in the forward or the backward
+
+  The chunked head: where the model's logits are a plain linear head on its decoder
+  (:func:`marlow.models.decoder_and_head`: Qwen3, Qwen2, Llama, Mistral), scoring takes the
+  completion tokens through the head a chunk at a time
+  (:func:`marlow.algo.estimators.head_logprobs_and_entropy`), so no (N, V) tensor exists. For any
+  other model, per token instead of the head's two terms: V x (2b + 3 x 4), the model's logits
+  (all positions) and their gathered completion positions in the run dtype, and the three float32
+  (N, V) tensors live at once in ``token_logprobs_and_entropy``.
 
   Attention is taken to be a memory-efficient SDPA kernel (no N x N score matrix: true for
   flash/efficient attention on GPUs; PyTorch's math fallback on a CPU does keep one). Every token
@@ -63,8 +70,10 @@ import torch
 from peft.tuners.lora import LoraLayer
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
+from marlow.algo.estimators import HEAD_CHUNK_BYTES
 from marlow.archs import arch_config, arch_names, shipped_arch
 from marlow.config import ConfigError, RunConfig
+from marlow.models import decoder_and_head
 from marlow.policy.adapters import LoraSpec, adapter_parameters, attach_adapters
 from marlow.policy.routing import make_routing
 from marlow.tiny.model import SCALES, model_config
@@ -114,13 +123,45 @@ class Shape:
         )
 
 
-def activation_bytes_per_token(shape: Shape, b: int, lora: list[tuple[int, int]]) -> int:
+def activation_bytes_per_token(
+    shape: Shape, b: int, lora: list[tuple[int, int]], chunked_head: bool = True
+) -> int:
     """Bytes autograd keeps per token of a forward (module docstring); ``lora`` holds (in
-    features, rank) of every LoRA layer of one adapter."""
+    features, rank) of every LoRA layer of one adapter; ``chunked_head``: the logits go through
+    the head chunk by chunk (:func:`marlow.models.decoder_and_head`)."""
     s = shape
     layers = s.L * b * (2 * s.h + 3 * s.a * s.d + 3 * s.g * s.d + 4 * s.I)
     adapters = 4 * sum(inp + r for inp, r in lora)
-    return layers + adapters + b * s.h + s.V * (2 * b + 3 * 4)
+    head = b * s.h if chunked_head else s.V * (2 * b + 3 * 4)
+    return layers + adapters + b * s.h + head
+
+
+def head_chunk_bytes(shape: Shape, tokens: int, chunked_head: bool) -> int:
+    """The chunked head's one chunk (module docstring): 3 x the float32 logits of a chunk of at
+    most HEAD_CHUNK_BYTES (fewer where ``tokens`` do not fill one); 0 without the chunked head."""
+    return 3 * min(HEAD_CHUNK_BYTES, tokens * 4 * shape.V) if chunked_head else 0
+
+
+def activation_bytes(
+    shape: Shape, b: int, lora: list[tuple[int, int]], tokens: int, chunked_head: bool = True
+) -> int:
+    """The activations of one forward of ``tokens`` tokens (module docstring): ``tokens`` x
+    :func:`activation_bytes_per_token`, and the chunked head's chunk (:func:`head_chunk_bytes`)."""
+    per_token = activation_bytes_per_token(shape, b, lora, chunked_head)
+    return tokens * per_token + head_chunk_bytes(shape, tokens, chunked_head)
+
+
+def tokens_that_fit(room: float, per_token: int, shape: Shape, chunked_head: bool) -> int:
+    """The most tokens of one forward whose activations (``per_token`` each, and the chunked
+    head's chunk) fit in ``room`` bytes. The total grows with the tokens, so it is the larger of
+    the two closed forms that hold: a chunk not yet full (12 V more a token) or a full one."""
+    if not chunked_head:
+        return math.floor(room / per_token)
+    unfilled = math.floor(room / (per_token + 3 * 4 * shape.V))
+    filled = math.floor((room - 3 * HEAD_CHUNK_BYTES) / per_token)
+    fits = [unfilled] if unfilled * 4 * shape.V <= HEAD_CHUNK_BYTES else []
+    fits += [filled] if filled * 4 * shape.V >= HEAD_CHUNK_BYTES else []
+    return max(fits, default=unfilled)
 
 
 def kv_cache_bytes(shape: Shape, b: int, sequences: int, tokens: int) -> int:
@@ -183,14 +224,15 @@ def plan_run(
     except ValueError as err:  # a config of no causal-LM class transformers knows
         raise ConfigError(f"config field 'model.name': {source} is no causal LM ({err})") from None
     parameters = _distinct_numel(base.parameters())
-    non_embedding = parameters - _distinct_numel(_embeddings(base))
+    non_embedding = non_embedding_parameters(base)
     adapters, lora = _attach(base, cfg, workflow.roles)
     turn = prompt_tokens + cfg.rollout.max_new_tokens
     tokens = max(cfg.grpo.micro_tokens, turn)
-    per_token = activation_bytes_per_token(shape, b, lora) if adapters else 0
+    chunked = decoder_and_head(base) is not None
+    per_token = activation_bytes_per_token(shape, b, lora, chunked) if adapters else 0
     base_bytes = parameters * b
     adapter_bytes = sum(a.bytes for a in adapters)
-    activations = tokens * per_token
+    activations = activation_bytes(shape, b, lora, tokens, chunked) if adapters else 0
     kv = kv_cache_bytes(shape, b, cfg.rollout.max_batch, turn)
     peak = base_bytes + adapter_bytes + max(activations, kv)
     fits = max_micro = None
@@ -199,10 +241,11 @@ def plan_run(
         budget = gpu_mem_gib * GIB
         fits = peak <= budget
         room = budget - base_bytes - adapter_bytes
-        if adapters and room >= kv and room >= turn * per_token:
-            max_micro = math.floor(room / per_token)
+        most = tokens_that_fit(room, per_token, shape, chunked) if adapters else 0
+        if adapters and room >= kv and most >= turn:
+            max_micro = most
         if not fits:
-            suggestions = suggest(cfg, shape, b, per_token, room, prompt_tokens)
+            suggestions = suggest(cfg, shape, b, per_token, room, prompt_tokens, chunked)
     return Plan(
         model=cfg.model.name,
         source=source,
@@ -229,7 +272,13 @@ def plan_run(
 
 
 def suggest(
-    cfg: RunConfig, shape: Shape, b: int, per_token: int, room: float, prompt_tokens: int
+    cfg: RunConfig,
+    shape: Shape,
+    b: int,
+    per_token: int,
+    room: float,
+    prompt_tokens: int,
+    chunked_head: bool = True,
 ) -> dict[str, Any]:
     """The settings that, set together, make a run that does not fit do so: ``room`` is the
     memory left beside the base weights and the adapters, which both the rollout's KV cache and
@@ -242,6 +291,7 @@ def suggest(
       split) is already too long; then the two above are sized for the shorter turn;
     * ``dtype`` / ``policy.lora_rank`` / ``model.name``: when the weights alone leave no room.
 
+    ``chunked_head``: the activations include the chunked head's chunk (:func:`tokens_that_fit`).
     The ``--prompt-tokens`` assumption (:data:`PROMPT_TOKENS`) is part of every figure."""
     r = cfg.rollout
     if room <= 0:  # the weights and adapters alone pass the card
@@ -251,7 +301,8 @@ def suggest(
         return out
     new = r.max_new_tokens
     kv_token = kv_cache_bytes(shape, b, 1, 1)  # one token of one sequence
-    longest = math.floor(room / max(kv_token, per_token)) - prompt_tokens  # one sequence fits
+    forward = tokens_that_fit(room, per_token, shape, chunked_head) if per_token else math.inf
+    longest = min(math.floor(room / kv_token), forward) - prompt_tokens  # one sequence fits
     out = {}
     if new > longest:
         if longest < 1:  # one prompt of --prompt-tokens alone does not fit
@@ -260,8 +311,8 @@ def suggest(
     turn = prompt_tokens + new
     if kv_cache_bytes(shape, b, r.max_batch, turn) > room:
         out["rollout.max_batch"] = math.floor(room / kv_cache_bytes(shape, b, 1, turn))
-    if per_token and max(cfg.grpo.micro_tokens, turn) * per_token > room:
-        out["grpo.micro_tokens"] = math.floor(room / per_token)
+    if per_token and max(cfg.grpo.micro_tokens, turn) > forward:
+        out["grpo.micro_tokens"] = forward
     return out
 
 
@@ -283,12 +334,23 @@ def _attach(
     for name in names:
         n = sum(p.numel() for p in adapter_parameters(model, name).values())
         plans.append(AdapterPlan(name, routing.roles_of(name), n, OPTIMIZER_BYTES * n))
-    shapes = [
-        (layer.lora_A[names[0]].in_features, layer.r[names[0]])
+    return plans, lora_shapes(model, names[0])
+
+
+def lora_shapes(model: torch.nn.Module, name: str) -> list[tuple[int, int]]:
+    """(in features, rank) of every LoRA layer of adapter ``name`` in ``model``, as
+    :func:`activation_bytes_per_token` reads them."""
+    return [
+        (layer.lora_A[name].in_features, layer.r[name])
         for layer in model.modules()
-        if isinstance(layer, LoraLayer) and names[0] in layer.lora_A
+        if isinstance(layer, LoraLayer) and name in layer.lora_A
     ]
-    return plans, shapes
+
+
+def non_embedding_parameters(model: PreTrainedModel) -> int:
+    """The distinct parameters of ``model`` without its input embedding and, unless tied to it,
+    its output embedding (the Qwen3 cards' "non-embedding" count)."""
+    return _distinct_numel(model.parameters()) - _distinct_numel(_embeddings(model))
 
 
 def architecture(name: str) -> tuple[PretrainedConfig, str]:

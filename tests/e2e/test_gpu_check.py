@@ -1,13 +1,15 @@
 """The GPU check on the CPU, so that it cannot rot while no GPU is at hand: its dry run
 (``bench/gpu_check.py --device cpu --dry-run``: the environment, the device tests, the HF
-sampler alone on a shrunken Qwen3-0.6B stand-in beside its bandwidth bound, the stand-in trained
-for a step) writes every field the GPU run writes; a failing or overrunning child is recorded,
-not fatal; and docs/scaling.md's "Measured on a GPU" section is what ``bench/gpu_docs.py`` makes
-of the committed JSON (or "Not yet measured" while there is none)."""
+sampler alone on a shrunken Qwen3-0.6B stand-in beside its bandwidth bound, the stand-in's
+update alone beside plan's prediction, the stand-in trained for a step) writes every field the GPU
+run writes; a failing or overrunning child is recorded, not fatal; and docs/scaling.md's
+"Measured on a GPU" section is what ``bench/gpu_docs.py`` makes of the committed JSON (or "Not
+yet measured" while there is none)."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib.util
 import json
 import math
@@ -17,6 +19,18 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from marlow.archs import arch_config
+from marlow.plan import (
+    OPTIMIZER_BYTES,
+    Shape,
+    activation_bytes,
+    lora_shapes,
+    non_embedding_parameters,
+)
+from marlow.policy.adapters import LoraSpec, adapter_parameters, attach_adapters
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -141,6 +155,92 @@ raise SystemExit("CUDA error: an illegal memory access was encountered")
     assert {c["status"] for c in part["configurations"]} == {"skipped"}
 
 
+def test_the_dry_run_times_the_update_alone_beside_plans_prediction(dry_run):
+    """Every micro-batch measured, and plan's figures and the FLOPs equal to their formulas on
+    the same stand-in shape built on the meta device."""
+    result, log = dry_run[1], (dry_run[2] / "gpu_check.log").read_text()
+    update = gpu_check.DRY_UPDATE
+    for size in gpu_check.DRY_SIZES:
+        part = result["sizes"][size.name]["update"]
+        assert part["status"] == "ok", part
+        settings = {**dataclasses.asdict(update), "update_s": size.update_s}
+        assert part["settings"] == json.loads(json.dumps(settings))  # tuples as lists
+        assert log.index(f"{size.name} update: ok") < log.index(f"{size.name} ip: training")
+        assert part["matmul_flops_per_s"] > 0 and part["load_s"] >= 0
+        config = Qwen3Config(**{**arch_config(size.arch), **size.shrink})
+        with torch.device("meta"):
+            base = Qwen3ForCausalLM(config).to(torch.bfloat16)
+            base_bytes = sum(p.numel() * 2 for p in {id(p): p for p in base.parameters()}.values())
+            assert part["non_embedding_parameters"] == non_embedding_parameters(base)
+            model = attach_adapters(base, ["policy"], LoraSpec(rank=64), seed=0)
+        n = sum(p.numel() for p in adapter_parameters(model, "policy").values())
+        assert part["weight_bytes"] == base_bytes and part["adapter_parameters"] == n
+        lora = lora_shapes(model, "policy")
+        assert [m["tokens"] for m in part["micro_batches"]] == list(update.tokens)
+        for m in part["micro_batches"]:
+            assert m["status"] == "ok" and m["rows"] * update.row == m["tokens"], m
+            assert m["tokens_per_s"] == pytest.approx(m["tokens"] / m["seconds"])
+            assert m["tokens_per_s"] > 0 and m["warmup_s"] > 0
+            activations = activation_bytes(Shape.of(config), 2, lora, m["tokens"], True)
+            plan = [base_bytes, OPTIMIZER_BYTES * n, activations]
+            expect = dict(zip(("base_gib", "adapters_gib", "activations_gib"), plan, strict=True))
+            expect = {k: v / 2**30 for k, v in expect.items()} | {"peak_gib": sum(plan) / 2**30}
+            assert m["plan"] == pytest.approx(expect)
+            s = Shape.of(config)
+            flops = 4 * (part["non_embedding_parameters"] + n) * m["tokens"]
+            flops += 4 * s.L * m["tokens"] * (update.row + 1) / 2 * s.a * s.d * 2
+            assert m["flops"] == pytest.approx(flops)
+            fraction = flops / m["seconds"] / part["matmul_flops_per_s"]
+            assert math.isfinite(m["fraction_of_peak"]) and m["fraction_of_peak"] > 0
+            assert m["fraction_of_peak"] == pytest.approx(fraction)
+            assert m["peak_allocated_gib"] is None and m["ratio"] is None  # the CPU has no figure
+
+
+def test_an_update_child_that_dies_is_recorded_and_the_runs_go_on(tmp_path, monkeypatch):
+    """The micro-batch it was at takes its status and last line, the next is skipped; a budget
+    short of the runs' ``min_s`` and the update's cap skips the update, not the runs."""
+    dies = """\
+import json, sys
+rows = [{"tokens": 64, "rows": 2, "row_tokens": 32, "prompt": 8, "status": "running"}]
+json.dump({"matmul_flops_per_s": 1e12, "micro_batches": rows}, open(sys.argv[1], "w"))
+raise SystemExit("torch.OutOfMemoryError: CUDA out of memory")
+"""
+    monkeypatch.setattr(gpu_check, "UPDATE_CHILD", dies)
+    done = []
+    monkeypatch.setattr(gpu_check, "_stand_in", lambda *a: {"stand_in_s": 0.0})
+    monkeypatch.setattr(gpu_check, "measure_run", lambda c, s, r, *a: done.append(r) or {})
+    size = gpu_check.DRY_SIZES[0]
+    check = gpu_check.Check(tmp_path, "cpu", dry_run=True, budget_s=300)
+    entry = {}
+    gpu_check.measure_size(check, size, "cpu", True, tmp_path, entry)
+    part = entry["update"]
+    assert part["status"] == "failed" and part["matmul_flops_per_s"] == 1e12
+    assert [m["status"] for m in part["micro_batches"]] == ["failed", "skipped"]
+    assert part["micro_batches"][0]["error"].startswith("torch.OutOfMemoryError: CUDA out of")
+    assert part["micro_batches"][1]["error"] == gpu_check.NOT_REACHED
+    assert done == list(size.routings)  # the runs went on
+
+    short = size.min_s * len(size.routings) + size.update_s - 5
+    check = gpu_check.Check(tmp_path, "cpu", dry_run=True, budget_s=short)
+    entry, done[:] = {}, []
+    gpu_check.measure_size(check, size, "cpu", True, tmp_path, entry)
+    part = entry["update"]
+    assert part["status"] == "skipped" and "needed with the runs" in part["error"]
+    assert [m["status"] for m in part["micro_batches"]] == ["skipped", "skipped"]
+    assert done == list(size.routings)
+
+
+def test_a_micro_batch_waits_for_the_one_before_and_its_estimate():
+    ok = {"tokens": 64, "status": "ok", "seconds": 2.0}
+    assert gpu_check.not_yet(None, {"tokens": 64}, 0.0) is None  # the first: any time left
+    assert gpu_check.not_yet(ok, {"tokens": 256}, 17.0) is None  # 2 x 2 s x 4 = 16 s
+    assert gpu_check.not_yet(ok, {"tokens": 256}, 15.0) == "estimated 16 s, 15 s left"
+    failed = {"tokens": 8192, "status": "failed"}
+    assert gpu_check.not_yet(failed, {"tokens": 32768}, 99.0) == (
+        "the 8,192-token micro-batch did not succeed"
+    )
+
+
 def test_measured_over_predicted_takes_each_phase_peak_over_the_steps():
     plan = {"base_gib": 1.0, "adapters_gib": 1.0, "kv_cache_gib": 2.0, "activations_gib": 4.0}
     plan["peak_gib"] = 6.0
@@ -227,6 +327,9 @@ def as_gpu_run(result: dict) -> dict:
                     "learn_peak_reserved_gib": 1.5,
                 }
             run |= gpu_check.ratios(run["steps"], run["plan"])
+        for m in entry["update"]["micro_batches"]:
+            m["peak_allocated_gib"] = 3.0
+            m["ratio"] = 3.0 / m["plan"]["peak_gib"]
     for c in gpu["sampler"]["configurations"]:
         c["peak_allocated_gib"] = 2.5
         c["compiled"] = c["compile"] is None  # CUDA's default: a compiled decode step
@@ -282,6 +385,35 @@ def test_the_section_lists_sampler_configurations_that_did_not_complete(dry_run)
     del result["sampler"]  # a check's JSON without the part: the section has no sampler lines
     text = gpu_docs.section(result)
     assert "sampler" not in text and "| batch |" not in text
+
+
+def test_the_section_of_a_gpu_run_has_the_update_alone_table(dry_run):
+    result = as_gpu_run(dry_run[1])
+    name, entry = next(iter(result["sizes"].items()))
+    part = entry["update"]
+    text = gpu_docs.section(result)
+    assert "| model | tokens | tokens/s | fraction of bf16 peak | peak allocated GiB |" in text
+    assert f"(measured in each size's run, TFLOP/s: {name} " in text
+    for m in part["micro_batches"]:
+        assert (
+            f"| {name} | {m['tokens']:,} | {m['tokens_per_s']:,.0f} "
+            f"| {m['fraction_of_peak']:.3f} | 3.00 | {m['plan']['peak_gib']:.2f} "
+            f"| {3.0 / m['plan']['peak_gib']:.2f} |"
+        ) in text
+    assert text.index("| batch |") < text.index("| model | tokens |")
+    assert text.index("| model | tokens |") < text.index("| model | routing | step |")
+
+    last = part["micro_batches"][-1]
+    last.update(status="failed", error="torch.OutOfMemoryError: CUDA out of memory")
+    text = gpu_docs.section(result)
+    plan = f"{last['plan']['peak_gib']:.2f}"
+    assert f"| {name} | {last['tokens']:,} | failed | - | - | {plan} | - |" in text
+    assert f"* {name} {last['tokens']:,} tokens: failed: torch.OutOfMemoryError: CUDA" in text
+    entry["update"] = {"error": "RuntimeError: boom"}  # the part raised before it started
+    text = gpu_docs.section(result)
+    assert f"The update alone measured nothing: {name}: RuntimeError: boom." in text
+    del entry["update"]  # a check's JSON without the part: no update lines
+    assert "update alone" not in gpu_docs.section(result)
 
 
 def test_the_section_refuses_a_cpu_run_and_a_page_without_its_markers(dry_run, tmp_path):

@@ -138,13 +138,15 @@ def test_lora_on_named_modules_and_the_routings():
 
 
 def hand_activation_bytes(arch: str, b: int, r: int, tokens: int) -> int:
-    """The module docstring's formula for LoRA on all 7 linears, written out for Qwen3."""
+    """The module docstring's formula for LoRA on all 7 linears, written out for Qwen3: its
+    logits through the head a chunk of at most 256 MiB of float32 logits at a time."""
     f = fields(arch)
     h, ad, gd, inter, L, V = f["h"], f["a"] * f["d"], f["g"] * f["d"], f["I"], f["L"], f["V"]
     layer = b * (2 * h + 3 * ad + 3 * gd + 4 * inter)
     lora_inputs = 3 * h + ad + 2 * h + inter  # q, k, v | o | gate, up | down
     lora = 4 * (lora_inputs + 7 * r)
-    return tokens * (L * (layer + lora) + b * h + V * (2 * b + 3 * 4))
+    chunk = 3 * min(256 * 2**20, tokens * 4 * V)
+    return tokens * (L * (layer + lora) + b * h + b * h) + chunk
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,8 @@ temperature, as verl does, so the ratio in the loss compares the same distributi
 drew from.
 
 The head: where the model's logits are its plain linear head on the decoder's last hidden state
-(:func:`decoder_and_head`: Qwen3, Qwen2, Llama, Mistral, the head not LoRA-wrapped), only the
+(:func:`marlow.models.decoder_and_head`: Qwen3, Qwen2, Llama, Mistral, the head not
+LoRA-wrapped), only the
 hidden states of the completion tokens go through the head, a chunk of tokens at a time
 (:func:`marlow.algo.estimators.head_logprobs_and_entropy`), so a micro-batch never holds its
 (tokens, vocabulary) logits, in the forward or for the backward: memory grows with the chunk,
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from marlow.algo.estimators import head_logprobs_and_entropy, token_logprobs_and_entropy
+from marlow.models import decoder_and_head
 from marlow.training.batch import AdapterBatch, Chunk
 
 MAX_PAD_WASTE = 0.25  # at most this share of a micro-batch's padded tokens is padding
@@ -70,27 +72,6 @@ def score_chunk(model, chunk: Chunk, temperature: float) -> Scored:
     )
     full = torch.zeros(real.shape, dtype=torch.float32, device=real.device)
     return Scored(full.masked_scatter(real, logp), full.masked_scatter(real, ent), real)
-
-
-HEAD_ONLY = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM")
-"""Causal LMs whose logits are their plain linear head on the decoder's last hidden state (no
-scaling, no soft-capping): the ones :func:`score_chunk` scores through the head chunk by
-chunk."""
-
-
-def decoder_and_head(model) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
-    """(decoder, head) where ``model``'s logits are ``head(decoder(...).last_hidden_state)`` with
-    a frozen or plain ``nn.Linear`` head (not LoRA-wrapped), so that :func:`score_chunk` can
-    compute log-probs through the head chunk by chunk
-    (:func:`marlow.algo.estimators.head_logprobs_and_entropy`: the (tokens, vocabulary) logits
-    never held at once); None for any other model, which is scored from its whole logits."""
-    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if type(causal_lm).__name__ not in HEAD_ONLY:
-        return None
-    head = causal_lm.get_output_embeddings()
-    if type(head) is not torch.nn.Linear:
-        return None
-    return causal_lm.get_decoder(), head
 
 
 def micro_batches(

@@ -59,6 +59,8 @@ import transformers
 from packaging.version import Version
 from transformers import DynamicCache
 
+from marlow.algo.estimators import head_logprobs_and_entropy, token_logprobs_and_entropy
+from marlow.models import decoder_and_head
 from marlow.policy.adapters import activate, active_adapter, adapter_names, can_merge, merged
 from marlow.rollout.base import check_requests
 from marlow.rollout.lean import LeanQwen3
@@ -201,12 +203,16 @@ class HFEngine:
         """Teacher-forced log-probs of each completion after its prompt, under the request's
         adapter, as :meth:`generate` records them: log_softmax(logits / T) (raw logits at T == 0),
         in float32. One unpadded forward per request, with the attention mask and positions the
-        trainer's scoring uses for one row (``marlow.training.scoring``), so on the trainer's own
-        model the two agree bit for bit: the adapter-sync check (``marlow.training.sync``)."""
+        trainer's scoring uses for one row (``marlow.training.scoring``), and the same head: the
+        completion's hidden states through the LM head in chunks where
+        :func:`marlow.models.decoder_and_head` applies, else the model's whole logits; so on the
+        trainer's own model the two agree bit for bit: the adapter-sync check
+        (``marlow.training.sync``)."""
         if len(completions) != len(requests):
             raise ValueError(f"{len(requests)} requests but {len(completions)} completions")
         self._validate(requests, SamplingParams(temperature, 1, 0))
         out: list[list[float]] = [[] for _ in requests]
+        split = decoder_and_head(self.model)
         was_training, previous = self.model.training, active_adapter(self.model)
         self.model.eval()
         try:
@@ -215,14 +221,24 @@ class HFEngine:
                     if not completion:
                         continue
                     activate(self.model, req.adapter)
-                    p = len(req.prompt_ids)
+                    p, n = len(req.prompt_ids), len(completion)
                     ids = torch.tensor([[*req.prompt_ids, *completion]], device=self.device)
-                    logits = self.model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
-                    logits = logits[0, p - 1 : p - 1 + len(completion)].float()  # (L, V)
-                    if temperature > 0:
-                        logits = logits / temperature
-                    target = ids[0, p:, None]  # (L, 1)
-                    out[i] = torch.log_softmax(logits, -1).gather(-1, target)[:, 0].tolist()
+                    mask, target = torch.ones_like(ids), ids[0, p:]  # (1, S), (L,)
+                    if split is None:
+                        logits = self.model(input_ids=ids, attention_mask=mask).logits
+                        picked = logits[:, p - 1 : p - 1 + n]  # (1, L, V)
+                        logp = token_logprobs_and_entropy(picked, target[None], temperature)[0][0]
+                    else:
+                        decoder, head = split
+                        hidden = decoder(input_ids=ids, attention_mask=mask).last_hidden_state
+                        logp, _ = head_logprobs_and_entropy(
+                            hidden[0, p - 1 : p - 1 + n],
+                            head.weight,
+                            head.bias,
+                            target,
+                            temperature,
+                        )
+                    out[i] = logp.tolist()
         finally:
             activate(self.model, previous)
             self.model.train(was_training)

@@ -1,7 +1,7 @@
 """The GPU check: what marlow does on one CUDA GPU, measured in one go and written to one JSON.
 
     bench/gpu_check.sh OUT                        on the GPU machine (installs .whl/ first)
-    python bench/gpu_check.py --out OUT [--device cuda] [--budget-s 420]
+    python bench/gpu_check.py --out OUT [--device cuda] [--budget-s 510]
     python bench/gpu_check.py --out OUT --device cpu --dry-run     the smallest sizes, on the CPU
 
 It writes ``OUT/gpu_check.json``, rewritten after every part so that a check stopped half-way
@@ -1111,7 +1111,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="folder for the JSON and the log")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--dry-run", action="store_true", help="the smallest sizes and tests")
-    ap.add_argument("--budget-s", type=float, default=420.0, help="seconds for the whole check")
+    ap.add_argument("--budget-s", type=float, default=510.0, help="seconds for the whole check")
     args = ap.parse_args(argv)
     if args.budget_s <= 0:
         ap.error(f"--budget-s must be > 0, got {args.budget_s:g}")

@@ -25,7 +25,9 @@ Fewer passes, same numbers (choices of marlow):
 * **Sampled diagnostics.** ``chi2_update`` (the post-update rescoring) and ``kl_to_base`` (a
   forward with the adapters disabled) are exact but run only on diagnostics steps: steps 1,
   1 + k, 1 + 2k, ... with k = ``diagnostics.every``. On the other steps the finiteness of the
-  updated policy is checked on one turn per adapter (its shortest), not on all of them.
+  updated policy is checked on one turn per adapter (its shortest), not on all of them, at
+  temperature 1: the log-probs the adapter-sync check compares with the rollout engine's
+  (:mod:`marlow.training.sync`), so one short forward serves both.
 """
 
 from __future__ import annotations
@@ -485,12 +487,16 @@ def probe_row(batch: AdapterBatch) -> int:
     return min(range(len(batch)), key=batch.seq_len.__getitem__)
 
 
-def probe_logp(model, batch: AdapterBatch, temperature: float) -> torch.Tensor:
-    """Log-probs of the batch's probe turn (:func:`probe_row`) under its adapter: the cheap
-    finiteness check of an updated policy on steps without the post-update rescoring."""
+def probe_logp(model, batch: AdapterBatch) -> torch.Tensor:
+    """Log-probs of the batch's probe turn (:func:`probe_row`) under its adapter, at temperature 1:
+    the trainer's side of the adapter-sync check (:mod:`marlow.training.sync`) and, on steps
+    without the post-update rescoring, the cheap finiteness check of the updated policy. That
+    check is made at temperature 1 rather than the sampling temperature so that one forward serves
+    both: NaN or infinite logits, what a broken update gives, fail it at any temperature; the two
+    could differ only on logits near float32's largest value."""
     row = probe_row(batch)
     with torch.no_grad(), use_adapter(model, batch.adapter):
-        _, scored = next(score_rows(model, batch, [row], temperature=temperature, micro_tokens=1))
+        _, scored = next(score_rows(model, batch, [row], temperature=1.0, micro_tokens=1))
     return scored.logp[scored.mask]
 
 

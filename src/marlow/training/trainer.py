@@ -337,11 +337,11 @@ class Trainer:
                 t_kl += time.perf_counter() - tk
             if diagnose:
                 new = post_update_stats(meter, self.model, batch, temperature, g.micro_tokens)
-            else:
-                new = probe_logp(self.model, batch, temperature)
+            else:  # the probe turn at temperature 1: also the sync check's side
+                new = probe_logp(self.model, batch)
             finite[batch.adapter] = bool(torch.isfinite(new).all())  # one read
             if finite[batch.adapter]:  # the engine must serve the update (marlow.training.sync)
-                probe = new if not diagnose and temperature == 1.0 else None  # else: rescored
+                probe = None if diagnose else new  # a diagnostics step scores the probe there
                 drift[batch.adapter] = engine_drift(self.engine, self.model, batch, probe)
         for adapter in self.adapters:  # every rank undoes the same updates
             if trained[adapter]:

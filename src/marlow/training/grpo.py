@@ -28,6 +28,10 @@ Fewer passes, same numbers (choices of marlow):
   updated policy is checked on one turn per adapter (its shortest), not on all of them, at
   temperature 1: the log-probs the adapter-sync check compares with the rollout engine's
   (:mod:`marlow.training.sync`), so one short forward serves both.
+* **One base pass.** The base's log-probs are scored at most once a step: before the update
+  when ``mitigate.kl_coef`` anchors a role to them, and ``kl_to_base`` reads those; else, on a
+  diagnostics step, after the update for ``kl_to_base`` alone. An update changes only the
+  adapters, so both give the same log-probs (a test holds the metric within 1e-6).
 """
 
 from __future__ import annotations
@@ -127,23 +131,22 @@ def pre_update_stats(meter: Meter, batch: AdapterBatch) -> None:
         meter.mean(role, "rollout_abs_dlogp", gap, n)
 
 
-def kl_to_base_stats(
-    meter: Meter, model, batch: AdapterBatch, temperature: float, micro_tokens: int
-) -> None:
+def kl_to_base_stats(meter: Meter, batch: AdapterBatch) -> None:
     """kl_to_base per role: the k3 estimate of KL(pi_old || base) on the step's sampled tokens,
-    the base being the same model with every adapter disabled (one extra forward, no gradient).
-    Both sides are temperature-scaled, as the sampler's distribution is."""
-    base, _ = _score_all(model, batch, BASE, temperature, micro_tokens)
+    from ``batch.old_logp`` and ``batch.base_logp`` (:func:`score_base`, scored once a step: see
+    the module docstring). Both sides are temperature-scaled, as the sampler's distribution is."""
     for role, idx in batch.by_role().items():
         n = sum(batch.completion_len[i] for i in idx)
         if n:
-            kl = kl_k3(batch.old_logp[idx], base[idx].to(batch.old_logp.dtype), batch.mask[idx])
+            base = batch.base_logp[idx].to(batch.old_logp.dtype)
+            kl = kl_k3(batch.old_logp[idx], base, batch.mask[idx])
             meter.mean(role, "kl_to_base", float(kl) * n, n)
 
 
 def score_base(model, batch: AdapterBatch, temperature: float, micro_tokens: int) -> None:
     """Fill ``batch.base_logp``: the base model's log-probs of the step's tokens (every adapter
-    disabled, no gradient), for the per-role KL penalty (``mitigate.kl_coef``)."""
+    disabled, no gradient), for the per-role KL penalty (``mitigate.kl_coef``) and
+    ``kl_to_base``. The same before and after an update, which changes only the adapters."""
     batch.base_logp, _ = _score_all(model, batch, BASE, temperature, micro_tokens)
 
 

@@ -333,7 +333,9 @@ class Trainer:
             pre_update_stats(meter, batch)
             if diagnose and self.cfg.diagnostics.kl_to_base:
                 tk = time.perf_counter()
-                kl_to_base_stats(meter, self.model, batch, temperature, g.micro_tokens)
+                if batch.base_logp is None:  # else scored for mitigate.kl_coef: the same
+                    score_base(self.model, batch, temperature, g.micro_tokens)
+                kl_to_base_stats(meter, batch)
                 t_kl += time.perf_counter() - tk
             if diagnose:
                 new = post_update_stats(meter, self.model, batch, temperature, g.micro_tokens)

@@ -28,10 +28,13 @@ Fewer passes, same numbers (choices of marlow):
   updated policy is checked on one turn per adapter (its shortest), not on all of them, at
   temperature 1: the log-probs the adapter-sync check compares with the rollout engine's
   (:mod:`marlow.training.sync`), so one short forward serves both.
-* **One base pass.** The base's log-probs are scored at most once a step: before the update
-  when ``mitigate.kl_coef`` anchors a role to them, and ``kl_to_base`` reads those; else, on a
-  diagnostics step, after the update for ``kl_to_base`` alone. An update changes only the
-  adapters, so both give the same log-probs (a test holds the metric within 1e-6).
+* **One base pass, on the turns that need it.** The base's log-probs are scored at most once a
+  step: before the update when ``mitigate.kl_coef`` anchors a role to them, on the turns of
+  the roles with a KL weight (every turn of the adapter on a step whose ``kl_to_base`` reads
+  them too); else, on a diagnostics step, after the update for ``kl_to_base`` alone. An update
+  changes only the adapters, so both give the same log-probs, and scoring fewer turns changes
+  only how they are cut into micro-batches (tests hold the metric, and the update's loss and
+  gradients, within 1e-6).
 """
 
 from __future__ import annotations
@@ -74,15 +77,17 @@ def _score_all(
     temperature: float,
     micro_tokens: int,
     fold: bool = False,
+    rows: Sequence[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N, L) log-probs and entropies of every row of ``batch`` under ``adapter``, no gradient;
-    ``fold``: with the adapter merged into the base weights (the weights :func:`update_adapter`
-    folds, bit for bit)."""
+    """(N, L) log-probs and entropies of the rows of ``batch`` under ``adapter``, no gradient;
+    ``rows``: the rows scored (default every row), the others left 0; ``fold``: with the adapter
+    merged into the base weights (the weights :func:`update_adapter` folds, bit for bit)."""
+    rows = range(len(batch)) if rows is None else list(rows)
     logp = ent = None
     adapted = merged(model, adapter) if fold else use_adapter(model, adapter)
     with torch.no_grad(), adapted:
         for local, s in score_rows(
-            model, batch, range(len(batch)), temperature=temperature, micro_tokens=micro_tokens
+            model, batch, rows, temperature=temperature, micro_tokens=micro_tokens
         ):
             if logp is None:
                 logp, ent = (
@@ -90,8 +95,9 @@ def _score_all(
                     s.entropy.new_zeros(batch.mask.shape),
                 )
             width = s.mask.shape[1]
-            logp[local, :width] = s.logp
-            ent[local, :width] = s.entropy
+            picked = [rows[j] for j in local]
+            logp[picked, :width] = s.logp
+            ent[picked, :width] = s.entropy
     return logp, ent
 
 
@@ -143,11 +149,18 @@ def kl_to_base_stats(meter: Meter, batch: AdapterBatch) -> None:
             meter.mean(role, "kl_to_base", float(kl) * n, n)
 
 
-def score_base(model, batch: AdapterBatch, temperature: float, micro_tokens: int) -> None:
+def score_base(
+    model,
+    batch: AdapterBatch,
+    temperature: float,
+    micro_tokens: int,
+    rows: Sequence[int] | None = None,
+) -> None:
     """Fill ``batch.base_logp``: the base model's log-probs of the step's tokens (every adapter
     disabled, no gradient), for the per-role KL penalty (``mitigate.kl_coef``) and
-    ``kl_to_base``. The same before and after an update, which changes only the adapters."""
-    batch.base_logp, _ = _score_all(model, batch, BASE, temperature, micro_tokens)
+    ``kl_to_base``; ``rows``: the rows scored (default every row), the others left 0. The same
+    before and after an update, which changes only the adapters."""
+    batch.base_logp, _ = _score_all(model, batch, BASE, temperature, micro_tokens, rows=rows)
 
 
 def update_adapter(

@@ -288,12 +288,14 @@ class Trainer:
         trained = {a: sum(c.get(a, 0) for c in counts) for a in self.adapters}  # every rank's
         dropout = self.cfg.policy.lora_dropout
         fused = {a: fused_old_logp(n, g, dropout) for a, n in trained.items()}
-        mitigate = self.cfg.mitigate
+        kl_stats = diagnose and self.cfg.diagnostics.kl_to_base  # it reads every row's base
         for adapter, batch in batches.items():
             if not fused[adapter]:
                 score_old(self.model, batch, temperature, g.micro_tokens, self.fold[adapter])
-            if any(mitigate.kl_weight(role) > 0 for role in set(batch.roles)):
-                score_base(self.model, batch, temperature, g.micro_tokens)  # mitigate.kl_coef
+            anchored = [i for i, r in enumerate(batch.roles) if self.cfg.mitigate.kl_weight(r) > 0]
+            if anchored:  # mitigate.kl_coef
+                rows = None if kl_stats else anchored
+                score_base(self.model, batch, temperature, g.micro_tokens, rows)
         t2 = time.perf_counter()
         meter = Meter()
         self.model.train()
@@ -331,7 +333,7 @@ class Trainer:
             if batch.old_logp is None:  # a fused update that was undone: score the restored policy
                 score_old(self.model, batch, temperature, g.micro_tokens, self.fold[batch.adapter])
             pre_update_stats(meter, batch)
-            if diagnose and self.cfg.diagnostics.kl_to_base:
+            if kl_stats:
                 tk = time.perf_counter()
                 if batch.base_logp is None:  # else scored for mitigate.kl_coef: the same
                     score_base(self.model, batch, temperature, g.micro_tokens)

@@ -3,6 +3,8 @@ k3 estimate computed here with plain PyTorch (adapter on vs disabled)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -79,3 +81,48 @@ def test_sampled_diagnostics_run_on_steps_one_and_every_kth(small_config, tmp_pa
         }
     )
     assert logged[2] == logged[3] == set()
+
+
+def test_kl_to_base_reads_the_base_log_probs_of_the_kl_penalty(small_config, tmp_path, monkeypatch):
+    """Under mitigate.kl_coef a diagnostics step scores the base once, before the update, and
+    kl_to_base reads those log-probs. An update changes only the adapters, so they equal a base
+    pass after the update (the pass kl_to_base would make of its own), and so does the metric
+    (within 1e-6)."""
+    from marlow.diagnostics.metrics import Meter
+    from marlow.training import trainer as trainer_module
+
+    cfg = small_config(
+        workflow={"name": "voting"},
+        policy={"routing": "ip"},
+        rollout={"temperature": 0.8},
+        optim={"lr": 5e-2},
+        grpo={"batch_problems": 2, "group_size": 4},
+        diagnostics={"every": 1},
+        mitigate={"kl_coef": {"*": 0.05}},
+    )
+    trainer = Trainer(cfg, tmp_path / "run")
+    trainer.learn(1, _episodes(trainer, 1))  # the adapters leave the base
+    score_base, kl_to_base_stats = trainer_module.score_base, trainer_module.kl_to_base_stats
+    base_passes, two_pass = [], {}
+
+    def counted(model, batch, *args):
+        base_passes.append(batch.adapter)
+        return score_base(model, batch, *args)
+
+    def beside_a_second_pass(meter, batch):
+        after = dataclasses.replace(batch, base_logp=None)
+        score_base(trainer.model, after, 0.8, cfg.grpo.micro_tokens)
+        torch.testing.assert_close(batch.base_logp, after.base_logp, atol=1e-6, rtol=0)
+        alone = Meter()
+        kl_to_base_stats(alone, after)
+        two_pass.update(alone.result("train"))
+        kl_to_base_stats(meter, batch)
+
+    monkeypatch.setattr(trainer_module, "score_base", counted)
+    monkeypatch.setattr(trainer_module, "kl_to_base_stats", beside_a_second_pass)
+    record = trainer.learn(2, _episodes(trainer, 2))
+    assert sorted(base_passes) == sorted(trainer.adapters)  # one base pass per adapter
+    for role in ("generator", "aggregator"):
+        key = f"train/{role}/kl_to_base"
+        assert record[key] > 1e-6  # the policy left the base
+        assert record[key] == pytest.approx(two_pass[key], abs=1e-6, rel=1e-6)

@@ -107,3 +107,59 @@ def test_a_mitigation_changes_the_update_and_records_itself(small_config, tmp_pa
         for role in ("generator", "aggregator"):
             key = f"train/{role}/grad_mass_share"
             assert records[True][key] == pytest.approx(records[False][key], rel=1e-9)
+
+
+def _second_step(cfg, out, monkeypatch, every_row: bool):
+    """Step 2's (record, gradient, updated weights, turns scored under the base) after a step 1
+    that moved the adapter off the base; ``every_row``: score the base on every turn."""
+    from marlow.training import trainer as trainer_module
+
+    trainer = Trainer(cfg, out)
+    for step in (1, 2):
+        episodes = trainer.rollout(trainer.task.train_batch(step, 1, 2), 4, 0.8, seed=step)
+        for ep in episodes:
+            ep.reward = float(ep.sample % 2)
+        if step == 1:
+            trainer.learn(1, episodes)
+    score_base, scored = trainer_module.score_base, []
+
+    def base(model, batch, temperature, micro_tokens, rows=None):
+        rows = None if every_row else rows
+        scored.append(len(batch) if rows is None else len(rows))
+        return score_base(model, batch, temperature, micro_tokens, rows)
+
+    with monkeypatch.context() as mp:
+        mp.setattr(trainer_module, "score_base", base)
+        grads = captured_grads(trainer, "shared")
+        record = trainer.learn(2, episodes)
+    return record, grads, adapter_parameters(trainer.model, "shared"), scored
+
+
+def test_the_kl_penalty_scores_the_base_on_its_roles_turns_alone(
+    small_config, tmp_path, monkeypatch
+):
+    """Under SP with the penalty on the aggregator alone, a step without kl_to_base scores the
+    base on the aggregator's turns only (8 of 32); the update's gradients, its weights and every
+    metric are those of a base pass over every turn (within 1e-6)."""
+    cfg = small_config(
+        workflow={"name": "voting"},
+        policy={"routing": "sp"},
+        optim={"lr": 5e-2},
+        rollout={"temperature": 0.8},
+        grpo={"batch_problems": 2, "group_size": 4, "minibatch_turns": 1000},
+        diagnostics={"every": 5},  # step 2 has no kl_to_base
+        mitigate={"kl_coef": {"aggregator": BETA}},
+    )
+    record, grads, weights, scored = _second_step(cfg, tmp_path / "a", monkeypatch, False)
+    every, every_grads, every_weights, every_scored = _second_step(
+        cfg, tmp_path / "b", monkeypatch, True
+    )
+    assert scored == [8] and every_scored == [32]
+    keys = {k for k in every if not k.startswith("time/")}
+    assert keys == {k for k in record if not k.startswith("time/")}
+    for k in sorted(keys):
+        assert record[k] == pytest.approx(every[k], abs=1e-6, rel=1e-6), k
+    assert any(float(g.abs().max()) > 1e-4 for g in every_grads.values())  # a real gradient
+    for name, g in every_grads.items():
+        torch.testing.assert_close(grads[name], g, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(weights[name], every_weights[name], atol=1e-6, rtol=0)

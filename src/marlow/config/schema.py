@@ -674,10 +674,13 @@ class DiagnosticsConfig(_Section):
         5,
         ge=1,
         description="run chi2_update and kl_to_base on steps 1, 1+every, 1+2*every, ... "
-        "(each one extra forward per turn on those steps)",
+        "(each one extra forward per turn on those steps; kl_to_base none where "
+        "mitigate.kl_coef scored the base)",
     )
     kl_to_base: bool = Field(
-        True, description="on diagnostics steps, score the tokens with the adapters disabled"
+        True,
+        description="on diagnostics steps, score the tokens with the adapters disabled (or read "
+        "the base log-probs mitigate.kl_coef scored)",
     )
     signature_problems: int = Field(
         100, ge=1, description="validation problems the trajectory signatures are computed on"

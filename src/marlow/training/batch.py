@@ -66,7 +66,7 @@ class AdapterBatch:
     completion_len: list[int]
     old_logp: Tensor | None = None
     entropy: Tensor | None = None
-    base_logp: Tensor | None = None  # (N, L) under the base, for mitigate.kl_coef (set by scoring)
+    base_logp: Tensor | None = None  # (N, L) under the base (grpo.score_base); 0 on unscored rows
 
     def __len__(self) -> int:
         return len(self.roles)

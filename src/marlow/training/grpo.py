@@ -25,7 +25,16 @@ Fewer passes, same numbers (choices of marlow):
 * **Sampled diagnostics.** ``chi2_update`` (the post-update rescoring) and ``kl_to_base`` (a
   forward with the adapters disabled) are exact but run only on diagnostics steps: steps 1,
   1 + k, 1 + 2k, ... with k = ``diagnostics.every``. On the other steps the finiteness of the
-  updated policy is checked on one turn per adapter (its shortest), not on all of them.
+  updated policy is checked on one turn per adapter (its shortest), not on all of them, at
+  temperature 1: the log-probs the adapter-sync check compares with the rollout engine's
+  (:mod:`marlow.training.sync`), so one short forward serves both.
+* **One base pass, on the turns that need it.** The base's log-probs are scored at most once a
+  step: before the update when ``mitigate.kl_coef`` anchors a role to them, on the turns of
+  the roles with a KL weight (every turn of the adapter on a step whose ``kl_to_base`` reads
+  them too); else, on a diagnostics step, after the update for ``kl_to_base`` alone. An update
+  changes only the adapters, so both give the same log-probs, and scoring fewer turns changes
+  only how they are cut into micro-batches (tests hold the metric, and the update's loss and
+  gradients, within 1e-6).
 """
 
 from __future__ import annotations
@@ -68,15 +77,17 @@ def _score_all(
     temperature: float,
     micro_tokens: int,
     fold: bool = False,
+    rows: Sequence[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N, L) log-probs and entropies of every row of ``batch`` under ``adapter``, no gradient;
-    ``fold``: with the adapter merged into the base weights (the weights :func:`update_adapter`
-    folds, bit for bit)."""
+    """(N, L) log-probs and entropies of the rows of ``batch`` under ``adapter``, no gradient;
+    ``rows``: the rows scored (default every row), the others left 0; ``fold``: with the adapter
+    merged into the base weights (the weights :func:`update_adapter` folds, bit for bit)."""
+    rows = range(len(batch)) if rows is None else list(rows)
     logp = ent = None
     adapted = merged(model, adapter) if fold else use_adapter(model, adapter)
     with torch.no_grad(), adapted:
         for local, s in score_rows(
-            model, batch, range(len(batch)), temperature=temperature, micro_tokens=micro_tokens
+            model, batch, rows, temperature=temperature, micro_tokens=micro_tokens
         ):
             if logp is None:
                 logp, ent = (
@@ -84,8 +95,9 @@ def _score_all(
                     s.entropy.new_zeros(batch.mask.shape),
                 )
             width = s.mask.shape[1]
-            logp[local, :width] = s.logp
-            ent[local, :width] = s.entropy
+            picked = [rows[j] for j in local]
+            logp[picked, :width] = s.logp
+            ent[picked, :width] = s.entropy
     return logp, ent
 
 
@@ -125,24 +137,30 @@ def pre_update_stats(meter: Meter, batch: AdapterBatch) -> None:
         meter.mean(role, "rollout_abs_dlogp", gap, n)
 
 
-def kl_to_base_stats(
-    meter: Meter, model, batch: AdapterBatch, temperature: float, micro_tokens: int
-) -> None:
+def kl_to_base_stats(meter: Meter, batch: AdapterBatch) -> None:
     """kl_to_base per role: the k3 estimate of KL(pi_old || base) on the step's sampled tokens,
-    the base being the same model with every adapter disabled (one extra forward, no gradient).
-    Both sides are temperature-scaled, as the sampler's distribution is."""
-    base, _ = _score_all(model, batch, BASE, temperature, micro_tokens)
+    from ``batch.old_logp`` and ``batch.base_logp`` (:func:`score_base`, scored once a step: see
+    the module docstring). Both sides are temperature-scaled, as the sampler's distribution is."""
     for role, idx in batch.by_role().items():
         n = sum(batch.completion_len[i] for i in idx)
         if n:
-            kl = kl_k3(batch.old_logp[idx], base[idx].to(batch.old_logp.dtype), batch.mask[idx])
+            base = batch.base_logp[idx].to(batch.old_logp.dtype)
+            kl = kl_k3(batch.old_logp[idx], base, batch.mask[idx])
             meter.mean(role, "kl_to_base", float(kl) * n, n)
 
 
-def score_base(model, batch: AdapterBatch, temperature: float, micro_tokens: int) -> None:
+def score_base(
+    model,
+    batch: AdapterBatch,
+    temperature: float,
+    micro_tokens: int,
+    rows: Sequence[int] | None = None,
+) -> None:
     """Fill ``batch.base_logp``: the base model's log-probs of the step's tokens (every adapter
-    disabled, no gradient), for the per-role KL penalty (``mitigate.kl_coef``)."""
-    batch.base_logp, _ = _score_all(model, batch, BASE, temperature, micro_tokens)
+    disabled, no gradient), for the per-role KL penalty (``mitigate.kl_coef``) and
+    ``kl_to_base``; ``rows``: the rows scored (default every row), the others left 0. The same
+    before and after an update, which changes only the adapters."""
+    batch.base_logp, _ = _score_all(model, batch, BASE, temperature, micro_tokens, rows=rows)
 
 
 def update_adapter(
@@ -485,12 +503,16 @@ def probe_row(batch: AdapterBatch) -> int:
     return min(range(len(batch)), key=batch.seq_len.__getitem__)
 
 
-def probe_logp(model, batch: AdapterBatch, temperature: float) -> torch.Tensor:
-    """Log-probs of the batch's probe turn (:func:`probe_row`) under its adapter: the cheap
-    finiteness check of an updated policy on steps without the post-update rescoring."""
+def probe_logp(model, batch: AdapterBatch) -> torch.Tensor:
+    """Log-probs of the batch's probe turn (:func:`probe_row`) under its adapter, at temperature 1:
+    the trainer's side of the adapter-sync check (:mod:`marlow.training.sync`) and, on steps
+    without the post-update rescoring, the cheap finiteness check of the updated policy. That
+    check is made at temperature 1 rather than the sampling temperature so that one forward serves
+    both: NaN or infinite logits, what a broken update gives, fail it at any temperature; the two
+    could differ only on logits near float32's largest value."""
     row = probe_row(batch)
     with torch.no_grad(), use_adapter(model, batch.adapter):
-        _, scored = next(score_rows(model, batch, [row], temperature=temperature, micro_tokens=1))
+        _, scored = next(score_rows(model, batch, [row], temperature=1.0, micro_tokens=1))
     return scored.logp[scored.mask]
 
 

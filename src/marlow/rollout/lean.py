@@ -418,8 +418,8 @@ class LeanQwen3:
         angles = torch.arange(length, device=device).float()[:, None] * inv_freq
         angles = torch.cat((angles, angles), dim=-1)  # (length, head_dim)
         self.rope = (angles.cos().to(dtype), angles.sin().to(dtype))
-        self.step = _compiled_forward(device) if compiled else None
-        if self.step is not None and device.type == "cuda":
+        self.compiled_step = _compiled_forward(device) if compiled else None
+        if self.compiled_step is not None and device.type == "cuda":
             self._mark_static()
 
     def _rows_of(self, layout: _Layout) -> tuple:
@@ -457,7 +457,7 @@ class LeanQwen3:
             for m, s in self.lora
         ]
         self.padded = None  # the rows left may all be unpadded
-        if self.step is not None and self.keys[0].device.type == "cuda":
+        if self.compiled_step is not None and self.keys[0].device.type == "cuda":
             _static(self.keys + self.values)
             _static(t for pair in self.lora for t in pair if isinstance(t, torch.Tensor))
 
@@ -483,36 +483,31 @@ class LeanQwen3:
         if end > self.length:
             raise ValueError(f"column {end} past the {self.length} this call was made for")
         device = ids.device
-        if q == 1 and self.step is not None:  # fixed shapes: every column, unwritten ones masked
+        if (
+            q == 1 and self.compiled_step is not None
+        ):  # fixed shapes: every column, unwritten ones masked
             if device.type == "cuda":  # the last replay's outputs were read: overwrite them
                 torch.compiler.cudagraph_mark_step_begin()
             columns = torch.full((1,), at, dtype=torch.long, device=device)
             valid = mask[:, : self.length].bool()
             try:
-                return self.step(
-                    self.w,
-                    self.keys,
-                    self.values,
-                    self.lora,
-                    self.rope,
-                    ids,
-                    positions,
-                    columns,
-                    valid,
-                    self.length,
-                )
+                return self._step(self.compiled_step, ids, positions, columns, valid, self.length)
             except torch.OutOfMemoryError:
                 raise
             except Exception as err:  # the compiler's or a graph's: the eager step computes it
                 _give_up_compiling(device, err)
-                self.step = None
+                self.compiled_step = None
         self._reserve(end)
         valid = mask[:, :end].bool()  # (b, end)
         if self.padded is None:
             self.padded = not bool(valid.all())
         # transformers' choice of attention call: no mask where no column is padding
         columns = torch.arange(at, end, device=device)
-        return _forward(
+        return self._step(_forward, ids, positions, columns, valid if self.padded else None, end)
+
+    def _step(self, forward, ids, positions, columns, valid, span) -> torch.Tensor:
+        """``forward`` (:func:`_forward`, compiled or not) over this call's weights and cache."""
+        return forward(
             self.w,
             self.keys,
             self.values,
@@ -521,6 +516,6 @@ class LeanQwen3:
             ids,
             positions,
             columns,
-            valid if self.padded else None,
-            end,
+            valid,
+            span,
         )

@@ -130,9 +130,8 @@ def _sampler(part: dict[str, Any] | None) -> list[str]:
     for c in part["configurations"]:
         step = {None: "default", False: "eager", True: "compiled"}[c.get("compiled", c["compile"])]
         if c["status"] != "ok":
-            lines.append(f"| {c['rows']} | {c['adapters']} | {step} | {c['status']} | - | - | - |")
-            what = f"* batch {c['rows']}, {c['adapters']} adapters, {step}: {c['status']}"
-            troubles.append(f"{what}: {c['error']}" if c.get("error") else what)
+            label = f"batch {c['rows']}, {c['adapters']} adapters, {step}"
+            _not_done(lines, troubles, [c["rows"], c["adapters"], step], c, ["-"] * 3, label)
             continue
         lines.append(
             f"| {c['rows']} | {c['adapters']} | {step} | {_num(c['tokens_per_s'], 0)} "
@@ -182,9 +181,9 @@ def _update(sizes: dict[str, Any]) -> list[str]:
         for m in part.get("micro_batches", []):
             plan = _num(m["plan"]["peak_gib"], 2) if "plan" in m else "-"
             if m["status"] != "ok":
-                lines.append(f"| {name} | {m['tokens']:,} | {m['status']} | - | - | {plan} | - |")
-                what = f"* {name} {m['tokens']:,} tokens: {m['status']}"
-                troubles.append(f"{what}: {m['error']}" if m.get("error") else what)
+                tokens = f"{m['tokens']:,}"
+                after = ["-", "-", plan, "-"]
+                _not_done(lines, troubles, [name, tokens], m, after, f"{name} {tokens} tokens")
                 continue
             lines.append(
                 f"| {name} | {m['tokens']:,} | {_num(m['tokens_per_s'], 0)} "
@@ -207,6 +206,21 @@ def _tests(tests: dict[str, Any]) -> str:
     if tests["failed_tests"]:
         text += " Failed: " + "; ".join(f"`{t}`" for t in tests["failed_tests"]) + "."
     return text
+
+
+def _not_done(
+    lines: list[str],
+    troubles: list[str],
+    cells: list[Any],
+    entry: dict[str, Any],
+    after: list[str],
+    label: str,
+) -> None:
+    """A measurement that did not complete: its row (``cells``, its status, ``after``) in the
+    table and its line (``label``: status, and the error where there is one) below it."""
+    lines.append("| " + " | ".join(str(x) for x in [*cells, entry["status"], *after]) + " |")
+    what = f"* {label}: {entry['status']}"
+    troubles.append(f"{what}: {entry['error']}" if entry.get("error") else what)
 
 
 def _num(x: float | None, digits: int) -> str:

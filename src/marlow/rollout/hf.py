@@ -13,10 +13,11 @@ row's tokens do not depend on what it is batched with (up to float round-off).
 
 Adapters: where the lean forward (:class:`marlow.rollout.lean.LeanQwen3`) computes every adapter
 of the call, their rows share one pass, each row applying its own LoRA inside the same forward
-(an IP stage's roles sample together; SP and the base are the same loop with one adapter or
-none). Otherwise, or where ``merge`` folds adapters into the base (one adapter at a time), the
-requests are grouped by adapter, one pass per adapter in order of first appearance; the model's
-own forward (any causal LM, any adapter, a ``DynamicCache``) runs where the lean one does not.
+(one adapter, or the base alone, is the same loop). Otherwise, or where ``merge`` folds adapters
+into the base (one adapter at a time), the requests are grouped by adapter, one pass per adapter
+in order of first appearance; the model's own forward (any causal LM, any adapter, a
+``DynamicCache``) runs where the lean one does not. A workflow calls the engine once per stage
+and a stage serves one role, so a training step's calls name one adapter each.
 
 Sampling draws from one ``torch.Generator`` seeded with ``params.seed`` per call, consumed pass
 by pass, chunk by chunk (``max_batch`` rows): the same requests, params and ``max_batch`` give

@@ -18,7 +18,7 @@ rows; tiny-l (3.2M parameters) 20,985 instead of 16,894 at 256 rows (``bench/rol
   linear layers (no DoRA, no LoRA bias, none on the embedding), whose update it adds as PEFT
   does: the input cast to the factors' dtype, ``B(A(x)) * scaling`` added, the sum cast back.
 
-Several adapters in one call (an IP stage's roles): each linear's LoRA factors are stacked, A as
+Several adapters in one call: each linear's LoRA factors are stacked, A as
 (sum of ranks, in) and B as (out, sum of ranks), one GEMM each for every row of the batch, and a
 per-row 0/1 mask over the stacked rank keeps only the row's own adapter's columns before B
 (Punica's and vLLM's idea, in plain torch); the row's scaling multiplies B's output, as PEFT

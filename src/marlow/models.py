@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from marlow.algo.estimators import head_logprobs_and_entropy, token_logprobs_and_entropy
 from marlow.config import DEVICE_FORM, DEVICES, ConfigError, ModelConfig, TaskConfig
 from marlow.logs import Phase
 
@@ -315,3 +316,42 @@ def decoder_and_head(model) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
     if type(head) is not torch.nn.Linear:
         return None
     return causal_lm.get_decoder(), head
+
+
+def completion_logprobs(
+    model,
+    ids: torch.Tensor,
+    attention: torch.Tensor,
+    prompt_len: torch.Tensor,
+    targets: torch.Tensor,
+    mask: torch.Tensor,
+    temperature: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs (with gradient when enabled) and entropies (detached) of the completion tokens
+    ``targets`` (T, L) after prompts of ``prompt_len`` (T,) in right-padded sequences ``ids``
+    (T, S) with their ``attention`` mask; ``mask`` (T, L) marks the real completion tokens, and
+    both results are 0 elsewhere; float32. Completion token j of a row is predicted at position
+    P + j - 1. Where :func:`decoder_and_head` applies, only the real completion tokens' hidden
+    states go through the head, a chunk at a time
+    (:func:`marlow.algo.estimators.head_logprobs_and_entropy`); else from the model's whole
+    logits (:func:`marlow.algo.estimators.token_logprobs_and_entropy`). The trainer's scoring
+    and the HF engine's both call this, so on one model they agree bit for bit."""
+    length = ids.shape[1]
+    steps = torch.arange(mask.shape[1], device=ids.device)
+    # position of the logits that predict completion token j: P + j - 1, clamped on padding
+    pos = (prompt_len[:, None] - 1 + steps[None, :]).clamp(max=length - 1)  # (T, L)
+    split = decoder_and_head(model)
+    if split is None:
+        logits = model(input_ids=ids, attention_mask=attention).logits  # (T, S, V)
+        picked = logits.gather(1, pos[:, :, None].expand(-1, -1, logits.shape[-1]))  # (T, L, V)
+        logp, ent = token_logprobs_and_entropy(picked, targets, temperature)
+        zero = torch.zeros((), dtype=torch.float32, device=ids.device)
+        return torch.where(mask, logp, zero), torch.where(mask, ent, zero)
+    decoder, head = split
+    hidden = decoder(input_ids=ids, attention_mask=attention).last_hidden_state
+    picked = hidden.gather(1, pos[:, :, None].expand(-1, -1, hidden.shape[-1]))  # (T, L, H)
+    logp, ent = head_logprobs_and_entropy(
+        picked[mask], head.weight, head.bias, targets[mask], temperature
+    )
+    full = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    return full.masked_scatter(mask, logp), full.masked_scatter(mask, ent)

@@ -128,7 +128,7 @@ def test_the_chunked_head_trains_like_the_whole_logits(
     """Log-probs through the LM head chunk by chunk (the default for Qwen3) against the model's
     whole logits, on the tiny world: one Voting-IP update's loss, gradients, updated weights and
     every metric within float round-off (one update, as the test above, and its tolerances)."""
-    from marlow.training import scoring
+    from marlow import models
 
     cfg = small_config(
         workflow={"name": "voting"},
@@ -140,7 +140,7 @@ def test_the_chunked_head_trains_like_the_whole_logits(
     )
     chunked, grads, weights, _, _ = one_step(cfg, tmp_path / "a", monkeypatch, True)
     with monkeypatch.context() as mp:
-        mp.setattr(scoring, "decoder_and_head", lambda model: None)
+        mp.setattr(models, "decoder_and_head", lambda model: None)
         whole, whole_grads, whole_weights, _, _ = one_step(cfg, tmp_path / "b", monkeypatch, True)
     keys = {k for k in whole if not k.startswith("time/")}
     assert keys == {k for k in chunked if not k.startswith("time/")}

@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from marlow import models
 from marlow.algo.estimators import head_logprobs_and_entropy, token_logprobs_and_entropy
 from marlow.algo.policy_loss import LossInputs, LossSettings, policy_loss, policy_loss_names
 from marlow.policy.adapters import LoraSpec, adapter_parameters, attach_adapters, use_adapter
@@ -116,7 +117,7 @@ def test_scoring_through_the_head_equals_the_whole_logits(
     tokens) gives the log-probs, entropies, every registered policy loss and the adapter's
     gradients of scoring the model's whole logits."""
     model, chunk = real_vocab
-    assert scoring.decoder_and_head(model) is not None  # the chunked path applies
+    assert models.decoder_and_head(model) is not None  # the chunked path applies
     params = adapter_parameters(model, "policy")
     gen = torch.Generator().manual_seed(2)
     with torch.no_grad(), use_adapter(model, "policy"):  # ratios near 1: inside and at the clip
@@ -124,17 +125,19 @@ def test_scoring_through_the_head_equals_the_whole_logits(
     old = now + 0.2 * torch.randn(chunk.mask.shape, generator=gen)
     advantages = torch.randn(3, generator=gen)
 
+    chunks = []  # every chunked call's tokens: the chunked path ran
+
     def run(chunked: bool):
         with monkeypatch.context() as mp:
             if chunked:
-                real = scoring.head_logprobs_and_entropy
+                real = models.head_logprobs_and_entropy
                 mp.setattr(
-                    scoring,
+                    models,
                     "head_logprobs_and_entropy",
-                    lambda *a: real(*a, chunk_tokens=4),
+                    lambda *a: chunks.append(len(a[0])) or real(*a, chunk_tokens=4),
                 )
             else:
-                mp.setattr(scoring, "decoder_and_head", lambda m: None)
+                mp.setattr(models, "decoder_and_head", lambda m: None)
             for p in params.values():
                 p.grad = None
             with use_adapter(model, "policy"):
@@ -146,6 +149,7 @@ def test_scoring_through_the_head_equals_the_whole_logits(
 
     ours, our_loss, our_grads = run(True)
     theirs, their_loss, their_grads = run(False)
+    assert chunks == [int(chunk.mask.sum())]  # the real completion tokens alone, once
     torch.testing.assert_close(ours.logp, theirs.logp, atol=2e-5, rtol=0)
     torch.testing.assert_close(ours.entropy, theirs.entropy, atol=2e-5, rtol=0)
     assert (ours.logp[~chunk.mask] == 0).all() and (ours.entropy[~chunk.mask] == 0).all()

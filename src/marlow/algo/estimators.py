@@ -31,11 +31,11 @@ if TYPE_CHECKING:
 __all__ = [
     "chi2_token",
     "clip_fractions",
+    "head_logprobs_and_entropy",
     "k3_tokens",
     "kl_k3",
     "masked_mean",
     "max_ratio",
-    "head_logprobs_and_entropy",
     "perplexity",
     "token_logprobs_and_entropy",
 ]

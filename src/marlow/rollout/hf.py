@@ -60,8 +60,7 @@ import transformers
 from packaging.version import Version
 from transformers import DynamicCache
 
-from marlow.algo.estimators import head_logprobs_and_entropy, token_logprobs_and_entropy
-from marlow.models import decoder_and_head
+from marlow.models import completion_logprobs
 from marlow.policy.adapters import activate, active_adapter, adapter_names, can_merge, merged
 from marlow.rollout.base import check_requests
 from marlow.rollout.lean import LeanQwen3
@@ -204,16 +203,13 @@ class HFEngine:
         """Teacher-forced log-probs of each completion after its prompt, under the request's
         adapter, as :meth:`generate` records them: log_softmax(logits / T) (raw logits at T == 0),
         in float32. One unpadded forward per request, with the attention mask and positions the
-        trainer's scoring uses for one row (``marlow.training.scoring``), and the same head: the
-        completion's hidden states through the LM head in chunks where
-        :func:`marlow.models.decoder_and_head` applies, else the model's whole logits; so on the
-        trainer's own model the two agree bit for bit: the adapter-sync check
-        (``marlow.training.sync``)."""
+        trainer's scoring uses for one row, through the same function
+        (:func:`marlow.models.completion_logprobs`), so on the trainer's own model the two agree
+        bit for bit: the adapter-sync check (``marlow.training.sync``)."""
         if len(completions) != len(requests):
             raise ValueError(f"{len(requests)} requests but {len(completions)} completions")
         self._validate(requests, SamplingParams(temperature, 1, 0))
         out: list[list[float]] = [[] for _ in requests]
-        split = decoder_and_head(self.model)
         was_training, previous = self.model.training, active_adapter(self.model)
         self.model.eval()
         try:
@@ -222,24 +218,14 @@ class HFEngine:
                     if not completion:
                         continue
                     activate(self.model, req.adapter)
-                    p, n = len(req.prompt_ids), len(completion)
                     ids = torch.tensor([[*req.prompt_ids, *completion]], device=self.device)
-                    mask, target = torch.ones_like(ids), ids[0, p:]  # (1, S), (L,)
-                    if split is None:
-                        logits = self.model(input_ids=ids, attention_mask=mask).logits
-                        picked = logits[:, p - 1 : p - 1 + n]  # (1, L, V)
-                        logp = token_logprobs_and_entropy(picked, target[None], temperature)[0][0]
-                    else:
-                        decoder, head = split
-                        hidden = decoder(input_ids=ids, attention_mask=mask).last_hidden_state
-                        logp, _ = head_logprobs_and_entropy(
-                            hidden[0, p - 1 : p - 1 + n],
-                            head.weight,
-                            head.bias,
-                            target,
-                            temperature,
-                        )
-                    out[i] = logp.tolist()
+                    p = torch.tensor([len(req.prompt_ids)], device=self.device)
+                    target = ids[:, len(req.prompt_ids) :]  # (1, L)
+                    every = torch.ones_like(target, dtype=torch.bool)
+                    logp, _ = completion_logprobs(
+                        self.model, ids, torch.ones_like(ids), p, target, every, temperature
+                    )
+                    out[i] = logp[0].tolist()
         finally:
             activate(self.model, previous)
             self.model.train(was_training)
@@ -281,11 +267,13 @@ class HFEngine:
         # pair is forwarded once, then its KV cache and logits are repeated for its rows.
         own = [adapters.index(req.adapter) for req in batch] if len(adapters) > 1 else [0] * B
         distinct: dict[tuple, int] = {}  # each pair's index among the distinct
-        which = [
-            distinct.setdefault((tuple(p), a), len(distinct))
-            for p, a in zip(prompts, own, strict=True)
-        ]
-        firsts = [which.index(u) for u in range(len(distinct))]  # each pair's first row
+        which: list[int] = []  # per row, its pair's index
+        firsts: list[int] = []  # each pair's first row
+        for r, key in enumerate(zip(map(tuple, prompts), own, strict=True)):
+            if key not in distinct:
+                distinct[key] = len(firsts)
+                firsts.append(r)
+            which.append(distinct[key])
 
         compiled = self.compiled
         length = P + n_new

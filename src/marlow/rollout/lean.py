@@ -126,7 +126,9 @@ def _check_plain_lora(module: torch.nn.Module, adapter: str) -> None:
         raise _Unsupported
 
 
-def _lora(module: torch.nn.Module, adapters: Sequence[str], layouts: list[_Layout]) -> _Linear:
+def _lora(
+    module: torch.nn.Module, adapters: Sequence[str], layouts: list[_Layout], stack: bool = True
+) -> _Linear:
     """``module`` as :class:`_Linear` under the call's ``adapters`` (a new layout is appended to
     ``layouts``); a LoRA layer of another kind than plain raises :class:`_Unsupported`."""
     base = _plain(module)
@@ -149,17 +151,23 @@ def _lora(module: torch.nn.Module, adapters: Sequence[str], layouts: list[_Layou
     )
     if layout not in layouts:
         layouts.append(layout)
+    if not stack:  # checked only (LeanQwen3.supports): no copy of the factors
+        return _Linear(base.weight, base.bias, a[0], b[0], layouts.index(layout))
     a_all = a[0] if len(a) == 1 else torch.cat(a, dim=0)
     b_all = b[0] if len(b) == 1 else torch.cat(b, dim=1)
     return _Linear(base.weight, base.bias, a_all, b_all, layouts.index(layout))
 
 
-def _parts(model: torch.nn.Module, adapters: Sequence[str]) -> tuple[_Weights, list] | None:
+def _parts(
+    model: torch.nn.Module, adapters: Sequence[str], stack: bool = True
+) -> tuple[_Weights, list] | None:
     """The weights the lean forward reads under ``adapters`` and the layouts of their stacked
     LoRA factors, or None where it would not compute the model's forward: not a transformers
     Qwen3 causal LM, a RoPE other than the default, sliding-window layers, a layer that is not a
     plain linear / embedding (a quantised or replaced one), an adapter on the embedding, or an
-    adapter that is not plain LoRA on linear layers (DoRA, a LoRA bias, several names at once)."""
+    adapter that is not plain LoRA on linear layers (DoRA, a LoRA bias, several names at once).
+    ``stack`` False: the checks alone, the factors not copied into stacks (the weights then do
+    not compute the call)."""
     causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
     if not isinstance(causal_lm, Qwen3ForCausalLM):
         return None
@@ -182,20 +190,20 @@ def _parts(model: torch.nn.Module, adapters: Sequence[str]) -> tuple[_Weights, l
         layers = tuple(
             {
                 "ln1": _norm(layer.input_layernorm),
-                "q": _lora(layer.self_attn.q_proj, adapters, layouts),
-                "k": _lora(layer.self_attn.k_proj, adapters, layouts),
-                "v": _lora(layer.self_attn.v_proj, adapters, layouts),
+                "q": _lora(layer.self_attn.q_proj, adapters, layouts, stack),
+                "k": _lora(layer.self_attn.k_proj, adapters, layouts, stack),
+                "v": _lora(layer.self_attn.v_proj, adapters, layouts, stack),
                 "qn": _norm(layer.self_attn.q_norm),
                 "kn": _norm(layer.self_attn.k_norm),
-                "o": _lora(layer.self_attn.o_proj, adapters, layouts),
+                "o": _lora(layer.self_attn.o_proj, adapters, layouts, stack),
                 "ln2": _norm(layer.post_attention_layernorm),
-                "gate": _lora(layer.mlp.gate_proj, adapters, layouts),
-                "up": _lora(layer.mlp.up_proj, adapters, layouts),
-                "down": _lora(layer.mlp.down_proj, adapters, layouts),
+                "gate": _lora(layer.mlp.gate_proj, adapters, layouts, stack),
+                "up": _lora(layer.mlp.up_proj, adapters, layouts, stack),
+                "down": _lora(layer.mlp.down_proj, adapters, layouts, stack),
             }
             for layer in body.layers
         )
-        head = _lora(causal_lm.get_output_embeddings(), adapters, layouts)
+        head = _lora(causal_lm.get_output_embeddings(), adapters, layouts, stack)
     except _Unsupported:
         return None
     weights = _Weights(
@@ -370,7 +378,7 @@ class LeanQwen3:
     def supports(model: torch.nn.Module, adapters: Sequence[str] | None = None) -> bool:
         """Whether :class:`LeanQwen3` computes this model's forward under ``adapters`` (default:
         the active adapter) (:func:`_parts`)."""
-        return _parts(model, adapters or (active_adapter(model),)) is not None
+        return _parts(model, adapters or (active_adapter(model),), stack=False) is not None
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, rows: int, length: int, **kw) -> LeanQwen3 | None:

@@ -8,8 +8,8 @@ drew from.
 
 The head: where the model's logits are its plain linear head on the decoder's last hidden state
 (:func:`marlow.models.decoder_and_head`: Qwen3, Qwen2, Llama, Mistral, the head not
-LoRA-wrapped), only the
-hidden states of the completion tokens go through the head, a chunk of tokens at a time
+LoRA-wrapped), only the hidden states of the completion tokens go through the head, a chunk of
+tokens at a time
 (:func:`marlow.algo.estimators.head_logprobs_and_entropy`), so a micro-batch never holds its
 (tokens, vocabulary) logits, in the forward or for the backward: memory grows with the chunk,
 not with tokens x vocabulary. Any other model is scored from its whole logits
@@ -33,8 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from marlow.algo.estimators import head_logprobs_and_entropy, token_logprobs_and_entropy
-from marlow.models import decoder_and_head
+from marlow.models import completion_logprobs
 from marlow.training.batch import AdapterBatch, Chunk
 
 MAX_PAD_WASTE = 0.25  # at most this share of a micro-batch's padded tokens is padding
@@ -48,30 +47,12 @@ class Scored:
 
 
 def score_chunk(model, chunk: Chunk, temperature: float) -> Scored:
-    """Log-probs (with gradient when enabled) and entropies of one micro-batch's completions."""
-    length = chunk.ids.shape[1]
-    width = chunk.mask.shape[1]
-    steps = torch.arange(width, device=chunk.ids.device)
-    # position of the logits that predict completion token j: P + j - 1, clamped on padding
-    pos = (chunk.prompt_len[:, None] - 1 + steps[None, :]).clamp(max=length - 1)  # (T, L)
-    split = decoder_and_head(model)
-    zero = torch.zeros((), dtype=torch.float32, device=chunk.ids.device)
-    if split is None:
-        logits = model(input_ids=chunk.ids, attention_mask=chunk.attention).logits  # (T, S, V)
-        picked = logits.gather(1, pos[:, :, None].expand(-1, -1, logits.shape[-1]))  # (T, L, V)
-        logp, ent = token_logprobs_and_entropy(picked, chunk.targets, temperature)
-        return Scored(
-            torch.where(chunk.mask, logp, zero), torch.where(chunk.mask, ent, zero), chunk.mask
-        )
-    decoder, head = split
-    hidden = decoder(input_ids=chunk.ids, attention_mask=chunk.attention).last_hidden_state
-    picked = hidden.gather(1, pos[:, :, None].expand(-1, -1, hidden.shape[-1]))  # (T, L, H)
-    real = chunk.mask  # only the real completion tokens go through the head
-    logp, ent = head_logprobs_and_entropy(
-        picked[real], head.weight, head.bias, chunk.targets[real], temperature
+    """Log-probs (with gradient when enabled) and entropies of one micro-batch's completions
+    (:func:`marlow.models.completion_logprobs`)."""
+    logp, ent = completion_logprobs(
+        model, chunk.ids, chunk.attention, chunk.prompt_len, chunk.targets, chunk.mask, temperature
     )
-    full = torch.zeros(real.shape, dtype=torch.float32, device=real.device)
-    return Scored(full.masked_scatter(real, logp), full.masked_scatter(real, ent), real)
+    return Scored(logp, ent, chunk.mask)
 
 
 def micro_batches(

@@ -705,11 +705,17 @@ def run_config(size: Size, routing: str, model: Path, device: str) -> RunConfig:
 
 
 def measure_size(
-    check: Check, size: Size, device: str, dry_run: bool, work: Path, out: dict[str, Any]
+    check: Check,
+    size: Size,
+    device: str,
+    dry_run: bool,
+    work: Path,
+    out: dict[str, Any],
+    update: bool = True,
 ) -> None:
     """Every measurement of ``size`` into ``out`` (its entry in the JSON, saved after each): the
-    stand-in, the update alone (:func:`measure_update`), then one child ``marlow train`` per
-    routing."""
+    stand-in, the update alone (:func:`measure_update`; recorded as skipped without ``update``),
+    then one child ``marlow train`` per routing."""
     out.update(settings=asdict(size), runs=[])
     if check.left() < size.min_s:
         out["runs"] = [_skipped(r, size, check) for r in size.routings]
@@ -721,10 +727,14 @@ def measure_size(
     if "error" in out:  # e.g. a full disk: this size fails, the next one runs
         shutil.rmtree(folder, ignore_errors=True)
         return
-    out["update"] = guarded(
-        check,
-        f"{size.name} update",
-        lambda: measure_update(check, size, folder, device, dry_run, work),
+    out["update"] = (
+        guarded(
+            check,
+            f"{size.name} update",
+            lambda: measure_update(check, size, folder, device, dry_run, work),
+        )
+        if update
+        else _left_out("update")
     )
     check.save()
     for routing in size.routings:
@@ -1092,6 +1102,14 @@ def matmul_throughput(device: torch.device, n: int) -> float:
 # -- the check --------------------------------------------------------------------------------
 
 
+SKIPPABLE = ("tests", "sampler", "update")
+"""The parts ``--skip`` leaves out (the sizes' runs are chosen with ``--size``)."""
+
+
+def _left_out(part: str) -> dict[str, Any]:
+    return {"status": "skipped", "error": f"left out (--skip {part})"}
+
+
 def guarded(check: Check, label: str, work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """``work()``, or ``{"error": its exception in one line}``: the next part runs either way."""
     try:
@@ -1112,7 +1130,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--dry-run", action="store_true", help="the smallest sizes and tests")
     ap.add_argument("--budget-s", type=float, default=510.0, help="seconds for the whole check")
+    ap.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        choices=SKIPPABLE,
+        help="leave a part out, recorded as skipped (repeatable): to re-measure a fix",
+    )
+    ap.add_argument(
+        "--size",
+        action="append",
+        dest="sizes",
+        help="measure only this size (repeatable; default: every size)",
+    )
     args = ap.parse_args(argv)
+    chosen = DRY_SIZES if args.dry_run else SIZES
+    unknown = set(args.sizes or ()) - {size.name for size in chosen}
+    if unknown:
+        names = ", ".join(size.name for size in chosen)
+        ap.error(f"--size {sorted(unknown)[0]}: not a size of this check; choose from {names}")
     if args.budget_s <= 0:
         ap.error(f"--budget-s must be > 0, got {args.budget_s:g}")
     check = Check(args.out, args.device, args.dry_run, args.budget_s)
@@ -1128,13 +1164,21 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="marlow-gpu-check-") as tmp:
         work = Path(tmp)
         files = DRY_TESTS if args.dry_run else DEVICE_TESTS
-        tests = guarded(check, "tests", lambda: run_tests(check, args.device, files, work))
+        tests = (
+            _left_out("tests")
+            if "tests" in args.skip
+            else guarded(check, "tests", lambda: run_tests(check, args.device, files, work))
+        )
         check.result["tests"] = tests
         check.save()
-        failed |= tests.get("status") != "ok"
+        failed |= tests.get("status") not in ("ok", "skipped")
         check.say(f"tests: {tests.get('status', 'error')}, {tests.get('passed')} passed")
-        sampler = check.result["sampler"] = guarded(
-            check, "sampler", lambda: measure_sampler(check, args.device, args.dry_run, work)
+        sampler = check.result["sampler"] = (
+            _left_out("sampler")
+            if "sampler" in args.skip
+            else guarded(
+                check, "sampler", lambda: measure_sampler(check, args.device, args.dry_run, work)
+            )
         )
         check.save()
         statuses = [c["status"] for c in sampler.get("configurations", [])]
@@ -1145,9 +1189,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{statuses.count('ok')} of {len(statuses)} configurations measured"
         )
         sizes = check.result["sizes"] = {}
-        for size in DRY_SIZES if args.dry_run else SIZES:
+        for size in chosen:
+            if args.sizes and size.name not in args.sizes:
+                continue
             entry = sizes[size.name] = {}
-            measure_size(check, size, args.device, args.dry_run, work, entry)
+            update = "update" not in args.skip
+            measure_size(check, size, args.device, args.dry_run, work, entry, update)
             check.save()
             update = entry.get("update", {})
             statuses = {r["status"] for r in entry["runs"] + update.get("micro_batches", [])}

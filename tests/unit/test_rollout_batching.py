@@ -232,6 +232,37 @@ def test_the_compiled_step_samples_what_the_eager_step_samples(mixed_ranks, toke
     same(compiled.generate(shorter, params), eager.generate(shorter, params))
 
 
+def test_the_graphed_step_samples_what_the_eager_step_samples(mixed_ranks, tokenizer, monkeypatch):
+    """The CUDA path's replays, run on the CPU (a graph's eager step over its static buffers):
+    spans of 8 columns (so a call moves through several, each a new capture), 21 rows padded to
+    24, compactions, stop flags read every 4 tokens: the eager loop's tokens, greedy and seeded,
+    and a call whose rows stop at once."""
+    from marlow.rollout import lean
+
+    monkeypatch.setattr(lean, "_graphs_on", lambda device: True)
+    monkeypatch.setattr(lean, "SPAN_STEP", 8)
+    captured = []
+    graph_init = lean._Graph.__init__
+
+    def counted(self, owner, rows, span, device):
+        captured.append((rows, span))
+        graph_init(self, owner, rows, span, device)
+
+    monkeypatch.setattr(lean._Graph, "__init__", counted)
+    reqs = requests((*ADAPTERS, BASE), n=21, seeded=True)
+    stops = [7, 11, 23]
+    eager = HFEngine(mixed_ranks, tokenizer, stop_ids=stops)
+    graphed = HFEngine(mixed_ranks, tokenizer, stop_ids=stops, compile=True, read_every=4)
+    for params in (SamplingParams(0.0, 40, seed=0), SamplingParams(1.0, 40, seed=0)):
+        out = graphed.generate(reqs, params)
+        same(out, eager.generate(reqs, params))
+        assert {c.finish_reason for c in out} == {"stop", "length"}
+    spans = {span for _, span in captured}
+    assert len(spans) >= 3 and all(span % 8 == 0 for span in spans)
+    assert {rows for rows, _ in captured} >= {24}  # and smaller batches after compactions
+    assert len({rows for rows, _ in captured}) > 1
+
+
 def test_a_compiled_step_that_fails_leaves_the_call_to_the_eager_step(
     mixed_ranks, tokenizer, monkeypatch
 ):
@@ -244,6 +275,7 @@ def test_a_compiled_step_that_fails_leaves_the_call_to_the_eager_step(
         raise RuntimeError("inductor: no C++ compiler")
 
     broken.calls = 0
+    monkeypatch.setattr(lean, "_GAVE_UP", set())
     monkeypatch.setitem(lean._COMPILED, "cpu", broken)
     reqs = requests((*ADAPTERS, BASE), n=8)
     params = SamplingParams(0.0, 12, seed=0)
@@ -251,13 +283,14 @@ def test_a_compiled_step_that_fails_leaves_the_call_to_the_eager_step(
     with pytest.warns(RuntimeWarning, match="compiled decode step failed on cpu .*no C"):
         out = engine.generate(reqs, params)
     same(out, HFEngine(mixed_ranks, tokenizer).generate(reqs, params))
-    assert broken.calls == 1 and lean._COMPILED["cpu"] is None
+    assert broken.calls == 1 and sorted(lean._GAVE_UP) == ["cpu"]
     same(engine.generate(reqs, params), out)
     assert broken.calls == 1
 
     def short_of_memory(*args):
         raise torch.OutOfMemoryError("CUDA out of memory")
 
+    lean._GAVE_UP.clear()
     monkeypatch.setitem(lean._COMPILED, "cpu", short_of_memory)
     with pytest.raises(torch.OutOfMemoryError):
         engine.generate(reqs, params)

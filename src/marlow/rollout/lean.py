@@ -34,14 +34,20 @@ mask over the prompt, the query heads grouped onto their key/value head for one 
 SDPA call transformers makes, the head on the last position kept as a (rows, 1, width) batch).
 
 The KV cache is one buffer per layer of (rows, kv heads, columns, head dim). A decode step (one
-new token per row) is :func:`_forward`; ``compiled`` runs it at fixed shapes, its cache allocated
-once for the call's ``length`` columns (what a compiled step and a CUDA graph need), through
-``torch.compile`` (on CUDA with ``mode="reduce-overhead"``, which captures it as CUDA graphs, one
-per shape, in one memory pool, the cache and weights marked as static addresses), attending over
-all ``length`` columns with the mask (columns not yet written are masked), so every step of a
-call has the same shapes. Eager, the cache grows by doubling as columns are written and a step
-attends over the columns written so far, as transformers does. Both write the new key and value
-at a column given as a tensor, so no step reads the device.
+new token per row) is :func:`_forward`. Eager, the cache grows by doubling as columns are written
+and a step attends over the columns written so far, as transformers does. ``compiled`` runs the
+decode steps at fixed shapes: the cache allocated once for the call's ``length`` columns and
+zeroed, a step attending over a fixed span of columns with the mask (columns not yet written are
+masked). On CUDA each step is replayed from a CUDA graph of the eager step (:class:`_Graph`: its
+inputs copied into static buffers, the whole forward one launch), captured when the call first
+decodes and again when its span or its rows change: the span is the columns up to the next
+multiple of :data:`SPAN_STEP` past the step's own, so early steps do not read the whole cache.
+A capture costs one eager step; ``torch.compile`` of the same step (inductor, and its CUDA graphs
+under ``mode="reduce-overhead"``) took 59 s per shape on an H100 with Qwen3-0.6B, longer than a
+short run samples, and its per-call guards left a 16-row step at 5.2 ms, 8 times the bandwidth
+bound. Off CUDA the step is compiled by ``torch.compile`` and attends over all ``length`` columns,
+so every step of a call has the same shapes. Both write the new key and value at a column given
+as a tensor, so no step reads the device.
 """
 
 from __future__ import annotations
@@ -326,25 +332,34 @@ def _attend(
     )
 
 
+SPAN_STEP = 128
+"""A graphed decode step attends over the cache's columns up to the next multiple of this past
+its own column (or the call's length): one capture per span a call reaches."""
+
 _COMPILED: dict[str, object] = {}
-"""The compiled :func:`_forward` of each device type; None where compiling it failed."""
+"""The ``torch.compile``'d :func:`_forward` of each device type off CUDA."""
+_GAVE_UP: set[str] = set()
+"""The device types where a compiled step failed in this process: eager from then on."""
+
+
+def _graphs_on(device: torch.device) -> bool:
+    """Whether a compiled decode step on ``device`` is a captured CUDA graph (else
+    ``torch.compile``)."""
+    return device.type == "cuda"
 
 
 def _compiled_forward(device: torch.device):
-    """:func:`_forward` through ``torch.compile``, one per device type (CUDA: CUDA graphs), or
-    None where it failed before in this process. Shapes: the first call's are compiled as they
-    are, a second call's once more with the sizes that changed left symbolic (torch.compile's
-    automatic dynamic shapes: two compilations a process, then none)."""
-    kind = device.type
-    if kind not in _COMPILED:
-        mode = "reduce-overhead" if kind == "cuda" else None
-        _COMPILED[kind] = torch.compile(_forward, mode=mode, fullgraph=True)
-    return _COMPILED[kind]
+    """:func:`_forward` through ``torch.compile``, one per device type. Shapes: the first call's
+    are compiled as they are, a second call's once more with the sizes that changed left
+    symbolic (torch.compile's automatic dynamic shapes: two compilations a process, then none)."""
+    if device.type not in _COMPILED:
+        _COMPILED[device.type] = torch.compile(_forward, fullgraph=True)
+    return _COMPILED[device.type]
 
 
 def _give_up_compiling(device: torch.device, err: Exception) -> None:
     """A compiled step failed (not for memory): say so once, and sample eager from now on."""
-    _COMPILED[device.type] = None
+    _GAVE_UP.add(device.type)
     warnings.warn(
         f"marlow: the compiled decode step failed on {device.type} ({type(err).__name__}: "
         f"{str(err).splitlines()[0] if str(err) else ''}); sampling with the eager step from "
@@ -354,11 +369,48 @@ def _give_up_compiling(device: torch.device, err: Exception) -> None:
     )
 
 
-def _static(tensors) -> None:
-    """Mark tensors as static addresses for CUDA graphs (no copy into the graph per replay)."""
-    for t in tensors:
-        if t is not None:
-            torch._dynamo.mark_static_address(t, guard=False)
+class _Graph:
+    """The decode step of ``lean`` at its current rows and ``span`` columns, run from static
+    input buffers: on CUDA a CUDA graph of the eager :func:`_forward` (captured after one eager
+    run of the same step on a side stream, which also writes the step's key and value: the replay
+    writes the same again), elsewhere that eager step over the same buffers (the CPU tests run
+    this path). The logits it returns are its own buffer, overwritten by the next replay."""
+
+    def __init__(self, lean: LeanQwen3, rows: int, span: int, device: torch.device) -> None:
+        self.span = span
+        self.ids = torch.zeros((rows, 1), dtype=torch.long, device=device)
+        self.positions = torch.zeros((rows, 1), dtype=torch.long, device=device)
+        self.columns = torch.zeros(1, dtype=torch.long, device=device)
+        self.valid = torch.zeros((rows, span), dtype=torch.bool, device=device)
+        self.run = lambda: lean._step(
+            _forward, self.ids, self.positions, self.columns, self.valid, span
+        )
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits: torch.Tensor | None = None
+
+    def __call__(self, ids, mask, positions, at: int) -> torch.Tensor:
+        self.ids.copy_(ids)
+        self.positions.copy_(positions)
+        self.columns.fill_(at)
+        self.valid.copy_(mask[:, : self.span])
+        if self.ids.device.type != "cuda":
+            return self.run()
+        if self.graph is None:
+            self._capture()
+        self.graph.replay()
+        return self.logits
+
+    def _capture(self) -> None:
+        here = torch.cuda.current_stream(self.ids.device)
+        side = torch.cuda.Stream(self.ids.device)
+        side.wait_stream(here)
+        with torch.cuda.stream(side):
+            self.run()  # lazy initialisations (cuBLAS handles, workspaces) before the capture
+        here.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.logits = self.run()
+        self.graph = graph
 
 
 class LeanQwen3:
@@ -367,7 +419,8 @@ class LeanQwen3:
 
     ``adapters``: the adapters the call samples (default: the model's active one);
     ``row_adapters``: each row's index into them (default: all the first). ``compiled``: decode
-    steps through ``torch.compile`` at fixed shapes (see the module's docstring).
+    steps at fixed shapes, replayed from CUDA graphs on CUDA and through ``torch.compile``
+    elsewhere (see the module's docstring); a graphed step's logits are overwritten by the next.
 
     Called with the next ``q`` tokens of every row (``ids`` (b, q)), their positions
     (b, q), the attention mask of every column (b, >= at + q, or ``length`` when compiled; 1 = a
@@ -406,14 +459,15 @@ class LeanQwen3:
             raise ValueError("LeanQwen3 needs a Qwen3 model on plain weights (LeanQwen3.supports)")
         self.w, (layouts, inv_freq) = parts
         dtype, device = self.w.embed.dtype, self.w.embed.device
-        self.length, self.compiled = length, compiled
+        self.length = length
+        self.compiled = compiled and device.type not in _GAVE_UP
         # Compiled: the call's columns allocated at once (fixed shapes) and zeroed (a step reads
         # the columns not yet written too, masked with weight 0, and 0 times a NaN left in memory
         # would still be NaN). Eager: grown by doubling up to ``length`` as columns are written
         # (at most twice the columns written, so a call whose rows stop early never holds the
         # cache of ``length`` columns, and a compaction copies what was written), never read
         # past the columns written: no zeroing.
-        shape = (rows, self.w.kv_heads, length if compiled else 0, self.w.head_dim)
+        shape = (rows, self.w.kv_heads, length if self.compiled else 0, self.w.head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.w.layers]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.w.layers]
         if row_adapters is None:
@@ -426,9 +480,7 @@ class LeanQwen3:
         angles = torch.arange(length, device=device).float()[:, None] * inv_freq
         angles = torch.cat((angles, angles), dim=-1)  # (length, head_dim)
         self.rope = (angles.cos().to(dtype), angles.sin().to(dtype))
-        self.compiled_step = _compiled_forward(device) if compiled else None
-        if self.compiled_step is not None and device.type == "cuda":
-            self._mark_static()
+        self.graph: _Graph | None = None  # the graphed step at the current rows and span
 
     def _rows_of(self, layout: _Layout) -> tuple:
         """(mask, scaling) of :func:`_linear` for this call's rows under ``layout``: no mask and
@@ -442,20 +494,6 @@ class LeanQwen3:
         scaling = torch.tensor(layout.scalings, dtype=layout.dtype, device=mask.device)
         return mask, scaling[self.row_adapters][:, None, None]
 
-    def _mark_static(self) -> None:
-        """Everything a compiled step reads but its per-step inputs, as static addresses: the
-        weights, the stacked factors, the rotary tables, the cache and the rows' LoRA masks."""
-        parts = [*(p for layer in self.w.layers for p in layer.values()), self.w.head, self.w.norm]
-        weights = [self.w.embed]
-        for part in parts:
-            if isinstance(part, _Linear):
-                weights += [part.weight, part.bias, part.a, part.b]
-            else:
-                weights.append(part.weight)
-        _static(weights)
-        _static(self.keys + self.values + list(self.rope))
-        _static(t for pair in self.lora for t in pair if isinstance(t, torch.Tensor))
-
     def select(self, keep: torch.Tensor) -> None:
         self.keys = [k[keep] for k in self.keys]
         self.values = [v[keep] for v in self.values]
@@ -465,9 +503,7 @@ class LeanQwen3:
             for m, s in self.lora
         ]
         self.padded = None  # the rows left may all be unpadded
-        if self.compiled_step is not None and self.keys[0].device.type == "cuda":
-            _static(self.keys + self.values)
-            _static(t for pair in self.lora for t in pair if isinstance(t, torch.Tensor))
+        self.graph = None  # its cache and masks were the rows' before
 
     def _reserve(self, end: int) -> None:
         """Room for columns up to ``end`` in every layer's buffers (eager: grown by doubling)."""
@@ -491,20 +527,14 @@ class LeanQwen3:
         if end > self.length:
             raise ValueError(f"column {end} past the {self.length} this call was made for")
         device = ids.device
-        if (
-            q == 1 and self.compiled_step is not None
-        ):  # fixed shapes: every column, unwritten ones masked
-            if device.type == "cuda":  # the last replay's outputs were read: overwrite them
-                torch.compiler.cudagraph_mark_step_begin()
-            columns = torch.full((1,), at, dtype=torch.long, device=device)
-            valid = mask[:, : self.length].bool()
+        if q == 1 and self.compiled:  # fixed shapes: unwritten columns masked
             try:
-                return self._step(self.compiled_step, ids, positions, columns, valid, self.length)
+                return self._compiled(ids, mask, positions, at)
             except torch.OutOfMemoryError:
                 raise
             except Exception as err:  # the compiler's or a graph's: the eager step computes it
                 _give_up_compiling(device, err)
-                self.compiled_step = None
+                self.compiled, self.graph = False, None
         self._reserve(end)
         valid = mask[:, :end].bool()  # (b, end)
         if self.padded is None:
@@ -512,6 +542,21 @@ class LeanQwen3:
         # transformers' choice of attention call: no mask where no column is padding
         columns = torch.arange(at, end, device=device)
         return self._step(_forward, ids, positions, columns, valid if self.padded else None, end)
+
+    def _compiled(self, ids, mask, positions, at: int) -> torch.Tensor:
+        """One decode step at fixed shapes: the graphed step of its span (CUDA), or the
+        ``torch.compile``'d one over every column."""
+        device = ids.device
+        if not _graphs_on(device):
+            columns = torch.full((1,), at, dtype=torch.long, device=device)
+            valid = mask[:, : self.length].bool()
+            step = _compiled_forward(device)
+            return self._step(step, ids, positions, columns, valid, self.length)
+        span = min(self.length, (at // SPAN_STEP + 1) * SPAN_STEP)
+        if self.graph is None or self.graph.span != span:
+            self.graph = None  # its memory goes before the next one's is taken
+            self.graph = _Graph(self, ids.shape[0], span, device)
+        return self.graph(ids, mask, positions, at)
 
     def _step(self, forward, ids, positions, columns, valid, span) -> torch.Tensor:
         """``forward`` (:func:`_forward`, compiled or not) over this call's weights and cache."""

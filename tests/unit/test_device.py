@@ -177,6 +177,7 @@ def test_graphed_decode_steps_sample_what_eager_steps_sample(
     if device.type != "cuda":
         monkeypatch.setattr(lean, "_graphs_on", lambda device: True)
     monkeypatch.setattr(lean, "SPAN_STEP", 8)
+    monkeypatch.setattr(lean, "_GAVE_UP", set())
     model = attach_adapters(make_model(seed=0), roles, LoraSpec(4, 8), 0)
     with torch.no_grad():
         gen = torch.Generator().manual_seed(0)
@@ -198,6 +199,7 @@ def test_graphed_decode_steps_sample_what_eager_steps_sample(
         for g, w in zip(got, want, strict=True):
             torch.testing.assert_close(g.logprobs, w.logprobs, atol=1e-4, rtol=0)
     assert {c.finish_reason for c in got} == {"stop", "length"}
+    assert not lean._GAVE_UP  # neither the compiled layers nor the graphs fell back
 
 
 # -- peak memory per step phase --------------------------------------------------------------

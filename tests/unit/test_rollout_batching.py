@@ -241,6 +241,7 @@ def test_the_graphed_step_samples_what_the_eager_step_samples(mixed_ranks, token
 
     monkeypatch.setattr(lean, "_graphs_on", lambda device: True)
     monkeypatch.setattr(lean, "SPAN_STEP", 8)
+    monkeypatch.setattr(lean, "_GAVE_UP", set())
     captured = []
     graph_init = lean._Graph.__init__
 
@@ -261,6 +262,33 @@ def test_the_graphed_step_samples_what_the_eager_step_samples(mixed_ranks, token
     assert len(spans) >= 3 and all(span % 8 == 0 for span in spans)
     assert {rows for rows, _ in captured} >= {24}  # and smaller batches after compactions
     assert len({rows for rows, _ in captured}) > 1
+    assert not lean._GAVE_UP  # nothing fell back to the eager step
+
+
+def test_graphed_steps_whose_layers_fail_to_compile_run_eager_layers(
+    mixed_ranks, tokenizer, monkeypatch
+):
+    """Where the compiled layers fail inside a graphed step, the step keeps its graphs with eager
+    layers (one warning) and samples the eager loop's tokens; later graphs do not try again."""
+    from marlow.rollout import lean
+
+    def broken(*args):
+        broken.calls += 1
+        raise RuntimeError("triton: no such kernel")
+
+    broken.calls = 0
+    monkeypatch.setattr(lean, "_graphs_on", lambda device: True)
+    monkeypatch.setattr(lean, "SPAN_STEP", 8)
+    monkeypatch.setattr(lean, "_GAVE_UP", set())
+    monkeypatch.setitem(lean._COMPILED, "cpu", broken)
+    reqs = requests((*ADAPTERS, BASE), n=8)
+    params = SamplingParams(0.0, 20, seed=0)
+    engine = HFEngine(mixed_ranks, tokenizer, compile=True)
+    with pytest.warns(RuntimeWarning, match="compiled layers failed on cpu .*eager layers"):
+        out = engine.generate(reqs, params)
+    same(out, HFEngine(mixed_ranks, tokenizer).generate(reqs, params))
+    assert broken.calls == 1 and sorted(lean._GAVE_UP) == [("cpu", "compile")]
+    assert engine.compiled  # still the fixed-shape (graphed) step
 
 
 def test_a_compiled_step_that_fails_leaves_the_call_to_the_eager_step(
@@ -280,10 +308,10 @@ def test_a_compiled_step_that_fails_leaves_the_call_to_the_eager_step(
     reqs = requests((*ADAPTERS, BASE), n=8)
     params = SamplingParams(0.0, 12, seed=0)
     engine = HFEngine(mixed_ranks, tokenizer, compile=True)
-    with pytest.warns(RuntimeWarning, match="compiled decode step failed on cpu .*no C"):
+    with pytest.warns(RuntimeWarning, match="compiled layers failed on cpu .*no C.*eager step"):
         out = engine.generate(reqs, params)
     same(out, HFEngine(mixed_ranks, tokenizer).generate(reqs, params))
-    assert broken.calls == 1 and sorted(lean._GAVE_UP) == ["cpu"]
+    assert broken.calls == 1 and sorted(lean._GAVE_UP) == [("cpu", "compile")]
     same(engine.generate(reqs, params), out)
     assert broken.calls == 1
 

@@ -460,10 +460,11 @@ class RolloutConfig(_Section):
     )
     compile: Literal["auto", "on", "off"] = Field(
         "auto",
-        description="the sampler's decode step through torch.compile at fixed shapes (a static "
-        "KV cache, batches padded to a few sizes; on CUDA captured as CUDA graphs), on Qwen3 "
-        "bases (marlow.rollout.lean); auto: on for CUDA, off on the CPU (bench/lean_lora.py: "
-        "there the compilation costs more than it saves in a run's calls)",
+        description="the sampler's decode step at fixed shapes (a static KV cache, batches "
+        "padded to a few sizes), its layers through torch.compile and on CUDA the step replayed "
+        "from CUDA graphs, on Qwen3 bases (marlow.rollout.lean); auto: on for CUDA, off on the "
+        "CPU (bench/lean_lora.py: there the compilation costs more than it saves in a run's "
+        "calls)",
     )
     seeding: Literal["auto", "call", "request"] = Field(
         "auto",

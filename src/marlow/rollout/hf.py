@@ -39,8 +39,9 @@ where the read costs nothing, every :data:`READ_EVERY` elsewhere, where it waits
 and at the end of a chunk, to hand the sampled ids and log-probs over as Python lists. Rows that
 have stopped are fed pads; they leave the working batch, KV cache included, whenever they make up
 an eighth of it at a read, so a few long completions do not carry every finished row through the
-remaining steps. With ``compile`` (on CUDA by default) the lean decode step runs compiled at
-fixed shapes: its KV cache holds the call's columns rounded up to :data:`CAPACITY_STEP`, and the
+remaining steps. With ``compile`` (on CUDA by default) the lean decode step runs at fixed
+shapes, its layers compiled and, on CUDA, the whole step replayed from CUDA graphs
+(:mod:`marlow.rollout.lean`): its KV cache holds the call's columns rounded up to :data:`CAPACITY_STEP`, and the
 working batch is padded with filler rows (always stopped, writing to a spare output row) up to
 one of a few sizes (:func:`_bucket`), so that a call and its compactions need few compiled steps
 and CUDA graphs.
@@ -91,10 +92,11 @@ class HFEngine:
     LoRA adapters, several at once), run marlow's own forward (:mod:`marlow.rollout.lean`: the
     same arithmetic without the per-module Python) instead of the model's; False: always the
     model's forward, one pass per adapter.
-    ``compile``: the lean decode step through ``torch.compile`` (CUDA: CUDA graphs); None: on
-    CUDA only. On this CPU the compilation took 7.9 s for one shape and saved 5.5 of 21.4 ms per
-    sampled position of a Python-bound model (``bench/lean_lora.py``): it pays after about 1,400
-    positions of one shape, more than a tiny-world call samples, so auto leaves the CPU eager.
+    ``compile``: the lean decode step at fixed shapes, its layers through ``torch.compile`` (on
+    CUDA the step replayed from CUDA graphs); None: on CUDA only. On this CPU the compilation
+    took 15 s (a cold compile cache) and saved 4.1 of 22.8 ms per sampled position of a
+    Python-bound model (``bench/lean_lora.py``): it pays after about 3,700 positions of one
+    shape, more than a tiny-world call samples, so auto leaves the CPU eager.
     ``read_every``: how often the host reads whether rows have stopped (module docstring).
     """
 

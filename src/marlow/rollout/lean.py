@@ -33,25 +33,35 @@ rotary angles as ``position * inv_freq``, scaled-dot-product attention: causal w
 mask over the prompt, the query heads grouped onto their key/value head for one new token, the
 SDPA call transformers makes, the head on the last position kept as a (rows, 1, width) batch).
 
-The KV cache is one buffer per layer of (rows, kv heads, columns, head dim). A decode step (one
-new token per row) is :func:`_forward`. Eager, the cache grows by doubling as columns are written
-and a step attends over the columns written so far, as transformers does. ``compiled`` runs the
-decode steps at fixed shapes: the cache allocated once for the call's ``length`` columns and
-zeroed, a step attending over a fixed span of columns with the mask (columns not yet written are
-masked). On CUDA each step is replayed from a CUDA graph of the eager step (:class:`_Graph`: its
-inputs copied into static buffers, the whole forward one launch), captured when the call first
-decodes and again when its span or its rows change: the span is the columns up to the next
-multiple of :data:`SPAN_STEP` past the step's own, so early steps do not read the whole cache.
-A capture costs one eager step; ``torch.compile`` of the same step (inductor, and its CUDA graphs
-under ``mode="reduce-overhead"``) took 59 s per shape on an H100 with Qwen3-0.6B, longer than a
-short run samples, and its per-call guards left a 16-row step at 5.2 ms, 8 times the bandwidth
-bound. Off CUDA the step is compiled by ``torch.compile`` and attends over all ``length`` columns,
-so every step of a call has the same shapes. Both write the new key and value at a column given
-as a tensor, so no step reads the device.
+The KV cache is one buffer per layer of (rows, kv heads, columns, head dim). A forward is
+:func:`_forward`, one :func:`_layer` per decoder layer. Eager, the cache grows by doubling as
+columns are written and a decode step (one new token per row) attends over the columns written so
+far, as transformers does. ``compiled`` runs the decode steps at fixed shapes: the cache allocated
+once for the call's ``length`` columns and zeroed, each step attending over a fixed span of
+columns with the mask (columns not yet written are masked), its layers through ``torch.compile``
+(:func:`_compiled_layer`: every layer has the same shapes, so one compilation serves them all and
+fuses each layer's elementwise work into a few kernels). On CUDA the whole step is then captured
+as a CUDA graph (:class:`_Graph`: its inputs copied into static buffers, the step one launch), when
+the call first decodes and again when its span or its rows change; the span is the columns up to
+the next multiple of :data:`SPAN_STEP` past the step's own, so early steps do not read the whole
+cache. Off CUDA a step attends over all ``length`` columns, so every step of a call has the same
+shapes. Both write the new key and value at a column given as a tensor, so no step reads the
+device.
+
+Why this shape on CUDA, from the GPU check on one H100 (``bench/gpu_check.py``: the Qwen3-0.6B
+stand-in, 16 rows, 512 new tokens): the whole step through ``torch.compile`` under
+``mode="reduce-overhead"`` took 59 s to compile per shape, then 5.2 ms a step; CUDA graphs of the
+eager step cost seconds to capture, but a call took 10 ms a step (its five captures included), a
+step of a 4-adapter 64-row batch 11 ms, as if bound by the number of kernels: an eager step is
+about 3,300 aten operations (the 0.6B's 28 layers with LoRA, under a dispatch counter), each a
+kernel of a few microseconds even when replayed. Compiling one layer fuses its elementwise
+operations (19 generated kernels a layer on the CPU, where a layer compiles in 3 s); the compiled
+layers inside the graphs are not measured on a GPU yet.
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -267,39 +277,57 @@ def _forward(
     columns: torch.Tensor,
     valid: torch.Tensor | None,
     span: int,
+    layer_step=None,
 ) -> torch.Tensor:
     """The next ``q`` tokens of every row (``ids`` (b, q), at ``positions`` (b, q)) written into
     the cache at ``columns`` (q,), attending over the cache's first ``span`` columns (``valid``
     (b, span): False masks a column; None: every column is real); the last token's logits (b, V)
-    in float32. A pure function of its arguments but for the cache it writes: what
-    ``torch.compile`` compiles."""
-    b, q = ids.shape
-    hd = w.head_dim
+    in float32. Each layer is ``layer_step`` (default :func:`_layer`; the compiled step passes
+    its ``torch.compile``'d one: every layer has the same shapes, so one compilation serves all)."""
+    layer_step = layer_step or _layer
     cos, sin = rope[0][positions][:, None], rope[1][positions][:, None]  # (b, 1, q, hd)
     x = F.embedding(ids, w.embed)
     for i, layer in enumerate(w.layers):
-        h = _rms(x, layer["ln1"])
-        query = _rms(_linear(h, layer["q"], lora).view(b, q, -1, hd), layer["qn"]).transpose(1, 2)
-        key = _rms(_linear(h, layer["k"], lora).view(b, q, -1, hd), layer["kn"]).transpose(1, 2)
-        value = _linear(h, layer["v"], lora).view(b, q, -1, hd).transpose(1, 2)
-        query, key = _rotate(query, cos, sin), _rotate(key, cos, sin)
-        keys[i].index_copy_(2, columns, key)
-        values[i].index_copy_(2, columns, value)
-        out = _attend(w, query, keys[i][:, :, :span], values[i][:, :, :span], valid)
-        x = x + _linear(out.transpose(1, 2).reshape(b, q, -1), layer["o"], lora)
-        h = _rms(x, layer["ln2"])
-        x = x + _linear(
-            F.silu(_linear(h, layer["gate"], lora)) * _linear(h, layer["up"], lora),
-            layer["down"],
-            lora,
-        )
+        x = layer_step(x, layer, keys[i], values[i], lora, cos, sin, columns, valid, span)
     # as transformers: the norm over every position, then the head on the last one kept
     # (b, 1, hidden): the same kernels, so the same bits
     return _linear(_rms(x, w.norm)[:, -1:], w.head, lora)[:, -1].float()
 
 
+def _layer(
+    x: torch.Tensor,
+    layer: dict,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    lora: Sequence[tuple],
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    columns: torch.Tensor,
+    valid: torch.Tensor | None,
+    span: int,
+) -> torch.Tensor:
+    """One decoder layer of :func:`_forward` over ``x`` (b, q, hidden), its cache ``keys`` and
+    ``values`` (b, kv heads, columns, hd) written at ``columns``."""
+    b, q, _ = x.shape
+    hd = keys.shape[-1]
+    h = _rms(x, layer["ln1"])
+    query = _rms(_linear(h, layer["q"], lora).view(b, q, -1, hd), layer["qn"]).transpose(1, 2)
+    key = _rms(_linear(h, layer["k"], lora).view(b, q, -1, hd), layer["kn"]).transpose(1, 2)
+    value = _linear(h, layer["v"], lora).view(b, q, -1, hd).transpose(1, 2)
+    query, key = _rotate(query, cos, sin), _rotate(key, cos, sin)
+    keys.index_copy_(2, columns, key)
+    values.index_copy_(2, columns, value)
+    out = _attend(query, keys[:, :, :span], values[:, :, :span], valid)
+    x = x + _linear(out.transpose(1, 2).reshape(b, q, -1), layer["o"], lora)
+    h = _rms(x, layer["ln2"])
+    return x + _linear(
+        F.silu(_linear(h, layer["gate"], lora)) * _linear(h, layer["up"], lora),
+        layer["down"],
+        lora,
+    )
+
+
 def _attend(
-    w: _Weights,
     query: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
@@ -307,18 +335,19 @@ def _attend(
 ) -> torch.Tensor:
     """Attention of ``query`` (b, heads, q, hd) over the columns (b, kv heads, span, hd), causal,
     masking the columns ``valid`` (b, span) marks False (None: every column is real)."""
-    b, _, q, hd = query.shape
-    group, scale = w.heads // w.kv_heads, hd**-0.5
+    b, heads, q, hd = query.shape
+    kv_heads = keys.shape[1]
+    group, scale = heads // kv_heads, hd**-0.5
     if valid is None:
         return F.scaled_dot_product_attention(
             query, keys, values, is_causal=q > 1, scale=scale, enable_gqa=group > 1
         )
     if q == 1:  # each key/value head with its group of query heads, one mask for all
-        grouped = query.reshape(b, w.kv_heads, group, hd)
+        grouped = query.reshape(b, kv_heads, group, hd)
         out = F.scaled_dot_product_attention(
             grouped, keys, values, attn_mask=valid[:, None, None, :], scale=scale
         )
-        return out.reshape(b, w.heads, 1, hd)
+        return out.reshape(b, heads, 1, hd)
     # the prompt: causal and not padding; a padding position sees only itself
     seen = torch.ones(q, q, dtype=torch.bool, device=query.device).tril()
     seen = valid[:, None, None, :] & seen
@@ -337,80 +366,104 @@ SPAN_STEP = 128
 its own column (or the call's length): one capture per span a call reaches."""
 
 _COMPILED: dict[str, object] = {}
-"""The ``torch.compile``'d :func:`_forward` of each device type off CUDA."""
-_GAVE_UP: set[str] = set()
-"""The device types where a compiled step failed in this process: eager from then on."""
+"""The ``torch.compile``'d :func:`_layer` of each device type."""
+_GAVE_UP: set[tuple[str, str]] = set()
+"""What failed in this process, as (device type, "compile" or "graphs"): not tried again."""
 
 
 def _graphs_on(device: torch.device) -> bool:
-    """Whether a compiled decode step on ``device`` is a captured CUDA graph (else
-    ``torch.compile``)."""
+    """Whether compiled decode steps on ``device`` are captured as CUDA graphs."""
     return device.type == "cuda"
 
 
-def _compiled_forward(device: torch.device):
-    """:func:`_forward` through ``torch.compile``, one per device type. Shapes: the first call's
-    are compiled as they are, a second call's once more with the sizes that changed left
-    symbolic (torch.compile's automatic dynamic shapes: two compilations a process, then none)."""
+def _compiled_layer(device: torch.device):
+    """:func:`_layer` through ``torch.compile``, one per device type, or the eager :func:`_layer`
+    where compiling failed before. Every layer of a model has the same shapes, so one compilation
+    serves them all: the first call's shapes compiled as they are, a call whose batch or span
+    differs once more with those sizes left symbolic (torch.compile's automatic dynamic shapes),
+    and a call with other adapters (one, or several mixed) once more."""
+    if (device.type, "compile") in _GAVE_UP:
+        return _layer
     if device.type not in _COMPILED:
-        _COMPILED[device.type] = torch.compile(_forward, fullgraph=True)
+        _COMPILED[device.type] = torch.compile(_layer, fullgraph=True)
     return _COMPILED[device.type]
 
 
-def _give_up_compiling(device: torch.device, err: Exception) -> None:
-    """A compiled step failed (not for memory): say so once, and sample eager from now on."""
-    _GAVE_UP.add(device.type)
+def _give_up(device: torch.device, what: str, err: Exception) -> None:
+    """``what`` ("compile": the compiled layers; "graphs": the CUDA graphs) failed on
+    ``device`` (not for memory): say so once, and do without it from now on."""
+    _GAVE_UP.add((device.type, what))
+    instead = "eager layers" if what == "compile" and _graphs_on(device) else "the eager step"
     warnings.warn(
-        f"marlow: the compiled decode step failed on {device.type} ({type(err).__name__}: "
-        f"{str(err).splitlines()[0] if str(err) else ''}); sampling with the eager step from "
-        "now on (rollout.compile=off skips the attempt)",
+        f"marlow: the decode step's {'compiled layers' if what == 'compile' else 'CUDA graphs'} "
+        f"failed on {device.type} ({type(err).__name__}: "
+        f"{str(err).splitlines()[0] if str(err) else ''}); sampling with {instead} from now on "
+        "(rollout.compile=off skips the attempt)",
         RuntimeWarning,
-        stacklevel=3,
+        stacklevel=4,
     )
 
 
 class _Graph:
-    """The decode step of ``lean`` at its current rows and ``span`` columns, run from static
-    input buffers: on CUDA a CUDA graph of the eager :func:`_forward` (captured after one eager
-    run of the same step on a side stream, which also writes the step's key and value: the replay
-    writes the same again), elsewhere that eager step over the same buffers (the CPU tests run
-    this path). The logits it returns are its own buffer, overwritten by the next replay."""
+    """The decode step of ``lean`` at its current rows and ``span`` columns (:func:`_forward`,
+    its layers compiled: :func:`_compiled_layer`), run from static input buffers. Its first call
+    runs the step once (which compiles what needs compiling; where that fails, the step's layers
+    run eager from then on); on CUDA that run is on a side stream, and the step is then captured
+    as a CUDA graph and replayed (the run wrote the step's key and value: the replay writes the
+    same again); elsewhere the step runs over the same buffers (the CPU tests run this path). The
+    logits it returns are its own buffer, overwritten by the next replay."""
 
     def __init__(self, lean: LeanQwen3, rows: int, span: int, device: torch.device) -> None:
-        self.span = span
+        self.lean, self.span, self.device = lean, span, device
         self.ids = torch.zeros((rows, 1), dtype=torch.long, device=device)
         self.positions = torch.zeros((rows, 1), dtype=torch.long, device=device)
         self.columns = torch.zeros(1, dtype=torch.long, device=device)
         self.valid = torch.zeros((rows, span), dtype=torch.bool, device=device)
-        self.run = lambda: lean._step(
-            _forward, self.ids, self.positions, self.columns, self.valid, span
-        )
+        self.layer_step = _compiled_layer(device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
+        self.ready = False
+
+    def run(self) -> torch.Tensor:
+        args = (self.ids, self.positions, self.columns, self.valid, self.span, self.layer_step)
+        return self.lean._step(*args)
 
     def __call__(self, ids, mask, positions, at: int) -> torch.Tensor:
         self.ids.copy_(ids)
         self.positions.copy_(positions)
         self.columns.fill_(at)
         self.valid.copy_(mask[:, : self.span])
-        if self.ids.device.type != "cuda":
-            return self.run()
+        if not self.ready:
+            self._prepare()
         if self.graph is None:
-            self._capture()
+            return self.run()
         self.graph.replay()
         return self.logits
 
-    def _capture(self) -> None:
-        here = torch.cuda.current_stream(self.ids.device)
-        side = torch.cuda.Stream(self.ids.device)
-        side.wait_stream(here)
-        with torch.cuda.stream(side):
-            self.run()  # lazy initialisations (cuBLAS handles, workspaces) before the capture
-        here.wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self.logits = self.run()
-        self.graph = graph
+    def _prepare(self) -> None:
+        cuda = self.device.type == "cuda"  # else replayed by running (_graphs_on: tests)
+        here = torch.cuda.current_stream(self.device) if cuda else None
+        side = torch.cuda.Stream(self.device) if cuda else None
+        if cuda:
+            side.wait_stream(here)
+        with torch.cuda.stream(side) if cuda else contextlib.nullcontext():
+            try:  # compiles, and initialises what a capture may not (cuBLAS handles)
+                self.run()
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as err:
+                if self.layer_step is _layer:
+                    raise
+                _give_up(self.device, "compile", err)
+                self.layer_step = _layer
+                self.run()
+        if cuda:
+            here.wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self.logits = self.run()
+            self.graph = graph
+        self.ready = True
 
 
 class LeanQwen3:
@@ -460,7 +513,9 @@ class LeanQwen3:
         self.w, (layouts, inv_freq) = parts
         dtype, device = self.w.embed.dtype, self.w.embed.device
         self.length = length
-        self.compiled = compiled and device.type not in _GAVE_UP
+        # the fixed shapes need CUDA graphs on CUDA, and the compiled layers elsewhere
+        needs = "graphs" if _graphs_on(device) else "compile"
+        self.compiled = compiled and (device.type, needs) not in _GAVE_UP
         # Compiled: the call's columns allocated at once (fixed shapes) and zeroed (a step reads
         # the columns not yet written too, masked with weight 0, and 0 times a NaN left in memory
         # would still be NaN). Eager: grown by doubling up to ``length`` as columns are written
@@ -533,7 +588,7 @@ class LeanQwen3:
             except torch.OutOfMemoryError:
                 raise
             except Exception as err:  # the compiler's or a graph's: the eager step computes it
-                _give_up_compiling(device, err)
+                _give_up(device, "graphs" if _graphs_on(device) else "compile", err)
                 self.compiled, self.graph = False, None
         self._reserve(end)
         valid = mask[:, :end].bool()  # (b, end)
@@ -541,7 +596,7 @@ class LeanQwen3:
             self.padded = not bool(valid.all())
         # transformers' choice of attention call: no mask where no column is padding
         columns = torch.arange(at, end, device=device)
-        return self._step(_forward, ids, positions, columns, valid if self.padded else None, end)
+        return self._step(ids, positions, columns, valid if self.padded else None, end)
 
     def _compiled(self, ids, mask, positions, at: int) -> torch.Tensor:
         """One decode step at fixed shapes: the graphed step of its span (CUDA), or the
@@ -550,17 +605,17 @@ class LeanQwen3:
         if not _graphs_on(device):
             columns = torch.full((1,), at, dtype=torch.long, device=device)
             valid = mask[:, : self.length].bool()
-            step = _compiled_forward(device)
-            return self._step(step, ids, positions, columns, valid, self.length)
+            layer_step = _compiled_layer(device)
+            return self._step(ids, positions, columns, valid, self.length, layer_step)
         span = min(self.length, (at // SPAN_STEP + 1) * SPAN_STEP)
         if self.graph is None or self.graph.span != span:
             self.graph = None  # its memory goes before the next one's is taken
             self.graph = _Graph(self, ids.shape[0], span, device)
         return self.graph(ids, mask, positions, at)
 
-    def _step(self, forward, ids, positions, columns, valid, span) -> torch.Tensor:
-        """``forward`` (:func:`_forward`, compiled or not) over this call's weights and cache."""
-        return forward(
+    def _step(self, ids, positions, columns, valid, span, layer_step=None) -> torch.Tensor:
+        """:func:`_forward` over this call's weights and cache, its layers ``layer_step``."""
+        return _forward(
             self.w,
             self.keys,
             self.values,
@@ -571,4 +626,5 @@ class LeanQwen3:
             columns,
             valid,
             span,
+            layer_step,
         )

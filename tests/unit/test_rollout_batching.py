@@ -265,37 +265,10 @@ def test_the_graphed_step_samples_what_the_eager_step_samples(mixed_ranks, token
     assert not lean._GAVE_UP  # nothing fell back to the eager step
 
 
-def test_graphed_steps_whose_layers_fail_to_compile_run_eager_layers(
-    mixed_ranks, tokenizer, monkeypatch
-):
-    """Where the compiled layers fail inside a graphed step, the step keeps its graphs with eager
-    layers (one warning) and samples the eager loop's tokens; later graphs do not try again."""
-    from marlow.rollout import lean
-
-    def broken(*args):
-        broken.calls += 1
-        raise RuntimeError("triton: no such kernel")
-
-    broken.calls = 0
-    monkeypatch.setattr(lean, "_graphs_on", lambda device: True)
-    monkeypatch.setattr(lean, "SPAN_STEP", 8)
-    monkeypatch.setattr(lean, "_GAVE_UP", set())
-    monkeypatch.setitem(lean._COMPILED, "cpu", broken)
-    reqs = requests((*ADAPTERS, BASE), n=8)
-    params = SamplingParams(0.0, 20, seed=0)
-    engine = HFEngine(mixed_ranks, tokenizer, compile=True)
-    with pytest.warns(RuntimeWarning, match="compiled layers failed on cpu .*eager layers"):
-        out = engine.generate(reqs, params)
-    same(out, HFEngine(mixed_ranks, tokenizer).generate(reqs, params))
-    assert broken.calls == 1 and sorted(lean._GAVE_UP) == [("cpu", "compile")]
-    assert engine.compiled  # still the fixed-shape (graphed) step
-
-
-def test_a_compiled_step_that_fails_leaves_the_call_to_the_eager_step(
-    mixed_ranks, tokenizer, monkeypatch
-):
-    """A compiler or CUDA-graph failure is not a run's end: one warning, the call finishes with
-    the eager step (the same tokens), and later calls do not try again; memory errors pass."""
+@pytest.fixture
+def broken_compiler(monkeypatch):
+    """The CPU's compiled layer replaced by one that raises, counting its calls; nothing given up
+    yet."""
     from marlow.rollout import lean
 
     def broken(*args):
@@ -305,6 +278,36 @@ def test_a_compiled_step_that_fails_leaves_the_call_to_the_eager_step(
     broken.calls = 0
     monkeypatch.setattr(lean, "_GAVE_UP", set())
     monkeypatch.setitem(lean._COMPILED, "cpu", broken)
+    return broken
+
+
+def test_graphed_steps_whose_layers_fail_to_compile_run_eager_layers(
+    mixed_ranks, tokenizer, monkeypatch, broken_compiler
+):
+    """Where the compiled layers fail inside a graphed step, the step keeps its graphs with eager
+    layers (one warning) and samples the eager loop's tokens; later graphs do not try again."""
+    from marlow.rollout import lean
+
+    monkeypatch.setattr(lean, "_graphs_on", lambda device: True)
+    monkeypatch.setattr(lean, "SPAN_STEP", 8)
+    reqs = requests((*ADAPTERS, BASE), n=8)
+    params = SamplingParams(0.0, 20, seed=0)
+    engine = HFEngine(mixed_ranks, tokenizer, compile=True)
+    with pytest.warns(RuntimeWarning, match="compiled layers failed on cpu .*eager layers"):
+        out = engine.generate(reqs, params)
+    same(out, HFEngine(mixed_ranks, tokenizer).generate(reqs, params))
+    assert broken_compiler.calls == 1 and sorted(lean._GAVE_UP) == [("cpu", "compile")]
+    assert engine.compiled  # still the fixed-shape (graphed) step
+
+
+def test_a_compiled_step_that_fails_leaves_the_call_to_the_eager_step(
+    mixed_ranks, tokenizer, monkeypatch, broken_compiler
+):
+    """A compiler or CUDA-graph failure is not a run's end: one warning, the call finishes with
+    the eager step (the same tokens), and later calls do not try again; memory errors pass."""
+    from marlow.rollout import lean
+
+    broken = broken_compiler
     reqs = requests((*ADAPTERS, BASE), n=8)
     params = SamplingParams(0.0, 12, seed=0)
     engine = HFEngine(mixed_ranks, tokenizer, compile=True)

@@ -28,6 +28,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from marlow.serving.limits import Limits
+
 console = Console(stderr=True)
 
 
@@ -1014,6 +1016,21 @@ def serve(
         str | None,
         typer.Option(envvar="MARLOW_API_KEY", help="require this key (Authorization: Bearer)"),
     ] = None,
+    max_body_bytes: Annotated[
+        int, typer.Option(min=1, help="the largest request body; larger ones get a 413")
+    ] = Limits.max_body_bytes,
+    max_tokens: Annotated[
+        int,
+        typer.Option(min=1, help="the largest max_tokens a request may ask (and the context's)"),
+    ] = Limits.max_tokens,
+    max_waiting: Annotated[
+        int,
+        typer.Option(min=1, help="questions that may wait for the engine; past it, a 503"),
+    ] = Limits.max_waiting,
+    timeout_s: Annotated[
+        float,
+        typer.Option(min=0.001, help="seconds a request may wait for its answer; then a 503"),
+    ] = Limits.timeout_s,
 ) -> None:
     """Serve a trained workflow as an OpenAI-compatible API (/v1/chat/completions, /v1/models,
     /health); concurrent requests are answered in shared batches. Ctrl-C stops it once the
@@ -1037,7 +1054,8 @@ def serve(
         _log(f"WARNING listening on {host}: reachable from other machines"
              + ("" if api_key else "; no --api-key is set"))  # fmt: skip
     _log(f"serving {workflow.name} ({workflow.source.label}) on http://{host}:{port}/v1")
-    serve_app(workflow, host=host, port=port, api_key=api_key)
+    limits = Limits(max_body_bytes, max_tokens, max_waiting, timeout_s)
+    serve_app(workflow, host=host, port=port, api_key=api_key, limits=limits)
 
 
 def _is_setting(arg: str) -> bool:

@@ -1,5 +1,13 @@
 """Using a trained workflow: answering new inputs from Python, the CLI and an HTTP server."""
 
-from marlow.serving.workflow import Answer, TrainedWorkflow, load_workflow
-
 __all__ = ["Answer", "TrainedWorkflow", "load_workflow"]
+
+
+def __getattr__(name: str):
+    """The workflow's names, imported on first use: the CLI reads :mod:`marlow.serving.limits`
+    without loading torch."""
+    if name in __all__:
+        from marlow.serving import workflow
+
+        return getattr(workflow, name)
+    raise AttributeError(f"module 'marlow.serving' has no attribute {name!r}")

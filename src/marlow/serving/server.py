@@ -13,34 +13,54 @@ Endpoints:
   prompt, completion) under ``choices[i].turns``. Settings marlow does not have (``top_p`` other
   than 1, ``stop``, ``tools``, ``logprobs``, penalties...) are refused with a 400 naming them;
   ``model`` must be the served name;
-* ``GET /health``: ``{"status": "ok", "model": ..., "batches": ...}``.
+* ``GET /health``: ``{"status": "ok", "model": ..., "batches": ..., "waiting": ...}``, or a 503
+  error when the batching worker has stopped (the server then answers no question).
 
-Every error is OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, with a 4xx
-status for a bad request (malformed JSON, no messages, an unknown model, a prompt longer than
-the model's context, a missing or wrong API key) and the server keeps serving. Concurrent
-requests go through :class:`marlow.serving.batcher.Batcher`. uvicorn stops on SIGINT or SIGTERM
-after the requests in flight are answered; the engine is closed then.
+Every error is OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: a 4xx status
+for a bad request (malformed JSON, no messages, an unknown model, a prompt or ``max_tokens``
+past the model's context, a missing or wrong API key, a body over the limit), a 503 with
+``Retry-After`` when the server is full or a request waited past its deadline, and a 500 for a
+fault of the server or the workflow (type ``server_error``; one line on stderr), after which the
+server keeps serving. Concurrent requests go through :class:`marlow.serving.batcher.Batcher`.
+uvicorn stops on SIGINT or SIGTERM after the requests in flight are answered; the engine is
+closed then.
+
+Limits (:class:`Limits`, ``marlow serve`` options): a body of at most ``max_body_bytes`` (413
+past it, read no further); ``max_tokens`` at most ``max_tokens`` and within the model's context
+beside the question, where the model states it (400 naming ``max_tokens``); at most
+``max_waiting`` questions waiting for the engine (503 at once past it); each request answered
+within ``timeout_s`` of its arrival or given up with a 503 (dropped before its engine call where
+that has not started). A request whose client disconnects while it waits is dropped likewise.
+The body is parsed and the question tokenised off the event loop, in one thread with its own copy
+of the tokenizer (a fast tokenizer is not safe to share between threads).
 
 Choices of marlow: the system and earlier messages are not read (a workflow's roles have their
 own prompts); ``max_tokens`` caps each turn of every role, as ``rollout.max_new_tokens`` does;
 ``finish_reason`` is the final answer's turn's (``stop`` or ``length``).
 """
 
+import asyncio
+import copy
 import json
+import secrets
 import signal
+import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from marlow.serving.batcher import Batcher, Settings
-from marlow.serving.workflow import TrainedWorkflow
+from marlow.serving.batcher import Batcher, Overloaded, Pending, Settings
+from marlow.serving.limits import Limits
+from marlow.serving.workflow import TrainedWorkflow, question_tokens
 
 UNSUPPORTED = {
     "top_p": 1,
@@ -60,13 +80,17 @@ UNSUPPORTED = {
     "prediction": None,
 }
 """Request fields marlow cannot honour, with the value that means "off" (accepted)."""
-IGNORED = ("user", "metadata", "store", "stream_options", "parallel_tool_calls", "service_tier")
+IGNORED = ("user", "metadata", "store", "parallel_tool_calls", "service_tier")
 """Fields accepted and ignored: they change nothing about the answer."""
 MAX_N = 16
+POLL_S = 0.1
+"""How often a waiting request checks whether its client is still there."""
+RETRY_AFTER_S = 1
+"""The Retry-After of a 503."""
 
 
 class RequestError(Exception):
-    """A bad request: its HTTP status, message and the parameter at fault."""
+    """A failed request: its HTTP status, message and the parameter at fault."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str = ""):
         super().__init__(message)
@@ -75,14 +99,75 @@ class RequestError(Exception):
 
 def error_body(status: int, message: str, param: str | None = None, code: str = "") -> dict:
     kind = {401: "authentication_error", 404: "not_found_error"}.get(
-        status, "invalid_request_error"
+        status, "server_error" if status >= 500 else "invalid_request_error"
     )
     return {"error": {"message": message, "type": kind, "param": param, "code": code or None}}
 
 
-def create_app(workflow: TrainedWorkflow, *, api_key: str | None = None):
+def error_response(err: RequestError) -> JSONResponse:
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if err.status == 503 else None
+    body = error_body(err.status, err.message, err.param, err.code)
+    return JSONResponse(body, err.status, headers=headers)
+
+
+class _Guard:
+    """The outermost layer of the app (pure ASGI, so a waiting request still sees its client
+    leave): the API key of every request but /health, compared in constant time; and any
+    exception the app lets through answered as a 500 in OpenAI's shape, in one line on stderr,
+    where the response has not started."""
+
+    def __init__(self, app, api_key: str | None) -> None:
+        self.app = app
+        self.key = None if api_key is None else f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        if self.key is not None and scope["path"] != "/health":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not secrets.compare_digest(given, self.key):
+                err = RequestError(
+                    401, "a valid API key is required (Authorization: Bearer KEY)",
+                    code="invalid_api_key",
+                )  # fmt: skip
+                return await error_response(err)(scope, receive, send)
+        started = False
+
+        async def tracked(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as err:  # noqa: BLE001 - a fault is a 500, never a dead connection
+            line = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            print(f"marlow serve: {scope['path']}: {line}", file=sys.stderr)
+            if not started:
+                failure = RequestError(500, f"the server failed: {line}", code="server_error")
+                await error_response(failure)(scope, receive, send)
+
+
+class _ClientGone(Exception):  # noqa: N818 - control flow, not an error
+    """The client disconnected while its request waited."""
+
+
+def create_app(
+    workflow: TrainedWorkflow, *, api_key: str | None = None, limits: Limits | None = None
+):
     """The FastAPI application serving ``workflow`` (module docstring)."""
-    batcher = Batcher(workflow, max_questions=max(workflow.config.rollout.max_batch, MAX_N))
+    limits = limits or Limits()
+    batcher = Batcher(
+        workflow,
+        max_questions=max(workflow.config.rollout.max_batch, MAX_N),
+        max_waiting=limits.max_waiting,
+    )
+    # one thread parses bodies and counts tokens, with a tokenizer no other thread uses
+    parser = ThreadPoolExecutor(1, thread_name_prefix="marlow-parse")
+    tokenizer = copy.deepcopy(workflow.tokenizer)
+
+    def count(question: str) -> int:
+        return question_tokens(tokenizer, question)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -91,13 +176,13 @@ def create_app(workflow: TrainedWorkflow, *, api_key: str | None = None):
             yield
         finally:
             await batcher.stop()
+            parser.shutdown(wait=False)
             workflow.close()
 
     app = FastAPI(title="marlow", lifespan=lifespan)
     app.state.batcher = batcher
-
-    def fail(err: RequestError) -> JSONResponse:
-        return JSONResponse(error_body(err.status, err.message, err.param, err.code), err.status)
+    app.add_middleware(_Guard, api_key=api_key)
+    fail = error_response
 
     @app.exception_handler(RequestError)
     async def _request_error(_request: Request, err: RequestError) -> JSONResponse:
@@ -112,18 +197,17 @@ def create_app(workflow: TrainedWorkflow, *, api_key: str | None = None):
     async def _http(_request: Request, err: HTTPException) -> JSONResponse:
         return fail(RequestError(err.status_code, str(err.detail)))
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
-        if api_key is not None and request.url.path != "/health":
-            given = request.headers.get("authorization", "")
-            if given != f"Bearer {api_key}":
-                return fail(RequestError(401, "a valid API key is required (Authorization: "
-                                         "Bearer KEY)", code="invalid_api_key"))  # fmt: skip
-        return await call_next(request)
-
     @app.get("/health")
-    async def health() -> dict:
-        return {"status": "ok", "model": workflow.name, "batches": batcher.batches}
+    async def health():
+        if not batcher.alive:
+            why = "the batching worker has stopped: no question is answered; restart the server"
+            return fail(RequestError(503, why, code="worker_stopped"))
+        return {
+            "status": "ok",
+            "model": workflow.name,
+            "batches": batcher.batches,
+            "waiting": batcher.waiting,
+        }
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -131,36 +215,112 @@ def create_app(workflow: TrainedWorkflow, *, api_key: str | None = None):
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
+        arrived = asyncio.get_running_loop().time()
+        raw = await _read_body(request, limits.max_body_bytes)
+        loop = asyncio.get_running_loop()
+        asked = await loop.run_in_executor(parser, parse_chat, raw, workflow, limits, count)
         try:
-            body = json.loads(await request.body())
-        except ValueError as err:
-            raise RequestError(400, f"the body is not valid JSON ({err})") from None
-        question, settings, n, stream = parse_chat(body, workflow)
+            pending = batcher.submit([asked.question] * asked.n, asked.settings)
+        except Overloaded as err:
+            raise RequestError(503, str(err), code="overloaded") from None
         try:
-            answers = await batcher.answer([question] * n, settings)
-        except ValueError as err:  # a setting the workflow refused
-            raise RequestError(400, str(err)) from None
-        reply = completion(workflow, answers, settings.trace)
-        if not stream:
+            answers = await _wait(request, pending, arrived + limits.timeout_s, limits.timeout_s)
+        except _ClientGone:
+            return Response(status_code=499)  # nobody reads it
+        reply = completion(workflow, answers, asked.settings.trace)
+        if not asked.stream:
             return reply
-        return StreamingResponse(_chunks(reply), media_type="text/event-stream")
+        chunks = _chunks(reply, asked.include_usage)
+        return StreamingResponse(chunks, media_type="text/event-stream")
 
     return app
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, or a 413 as soon as it is known to pass ``limit`` bytes (read no further)."""
+    too_big = RequestError(
+        413, f"the body is over {limit} bytes (marlow serve --max-body-bytes)", code="too_large"
+    )
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_big
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _wait(request: Request, pending: Pending, deadline: float, timeout_s: float) -> list:
+    """``pending``'s answers; given up (its future cancelled: no engine call where its batch has
+    not started) when its client leaves or ``deadline`` (the loop's clock) passes."""
+    loop = asyncio.get_running_loop()
+    while not pending.future.done():
+        left = deadline - loop.time()
+        if left <= 0:
+            pending.future.cancel()
+            raise RequestError(
+                503,
+                f"not answered within {timeout_s:g} s (marlow serve --timeout-s); the server "
+                "is busy, try again",
+                code="timeout",
+            )
+        await asyncio.wait({pending.future}, timeout=min(POLL_S, left))
+        if not pending.future.done() and await request.is_disconnected():
+            pending.future.cancel()
+            raise _ClientGone
+    if pending.future.cancelled():
+        raise _ClientGone
+    err = pending.future.exception()
+    if err is not None:  # the workflow's fault, not the client's
+        line = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        print(f"marlow serve: the workflow failed to answer: {line}", file=sys.stderr)
+        raise RequestError(500, f"the workflow failed to answer: {line}", code="engine_error")
+    return pending.future.result()
 
 
 def _model_card(workflow: TrainedWorkflow) -> dict[str, Any]:
     return {"id": workflow.name, "object": "model", "created": 0, "owned_by": "marlow"}
 
 
-def parse_chat(body: Any, workflow: TrainedWorkflow) -> tuple[str, Settings, int, bool]:
-    """The question, its sampling settings, n and stream of a chat request, or a RequestError."""
+@dataclass(frozen=True)
+class Chat:
+    """What a chat request asks: the question, its sampling settings, how many answers, and
+    whether they stream (with a usage chunk)."""
+
+    question: str
+    settings: Settings
+    n: int
+    stream: bool
+    include_usage: bool
+
+
+def parse_chat(
+    raw: bytes | Any,
+    workflow: TrainedWorkflow,
+    limits: Limits | None = None,
+    count: Callable[[str], int] | None = None,
+) -> Chat:
+    """A chat request's body (bytes, or its parsed JSON) as a :class:`Chat`, or a RequestError
+    naming the field at fault. ``count``: the question's tokens (default: the workflow's)."""
+    limits = limits or Limits()
+    if isinstance(raw, bytes | bytearray):
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError) as err:
+            why = str(err) if isinstance(err, ValueError) else "nested too deep"
+            raise RequestError(400, f"the body is not valid JSON ({why})") from None
+    else:
+        body = raw
     if not isinstance(body, dict):
         raise RequestError(400, "the body must be a JSON object")
     model = body.get("model")
     if model != workflow.name:
         raise RequestError(
             404,
-            f"model {model!r} is not served here; valid: {workflow.name}",
+            f"model {_short(model)} is not served here; valid: {workflow.name}",
             "model",
             "model_not_found",
         )
@@ -184,45 +344,104 @@ def parse_chat(body: Any, workflow: TrainedWorkflow) -> tuple[str, Settings, int
     temperature = _number(body, "temperature", 0.0, 2.0)
     tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if tokens is not None and (
-        isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1
+        isinstance(tokens, bool)
+        or not isinstance(tokens, int)
+        or not 1 <= tokens <= limits.max_tokens
     ):
-        raise RequestError(400, "max_tokens must be an integer >= 1", "max_tokens")
+        raise RequestError(
+            400,
+            f"max_tokens must be an integer from 1 to {limits.max_tokens} "
+            "(marlow serve --max-tokens)",
+            "max_tokens",
+        )
     n = body.get("n", 1)
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
         raise RequestError(400, f"n must be an integer from 1 to {MAX_N}", "n")
     seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise RequestError(400, "seed must be an integer", "seed")
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63
+    ):
+        raise RequestError(400, "seed must be an integer from 0 to 2**63 - 1", "seed")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise RequestError(400, "stream must be true or false", "stream")
+    include_usage = _stream_options(body.get("stream_options"), stream)
     trace = body.get("trace", False)
     if not isinstance(trace, bool):
         raise RequestError(400, "trace must be true or false", "trace")
-    limit = workflow.question_limit(tokens)
-    if limit is not None and workflow.question_tokens(question) > limit:
+    _within_context(workflow, (count or workflow.question_tokens)(question), tokens)
+    return Chat(question, Settings(temperature, tokens, seed, trace), n, stream, include_usage)
+
+
+def _within_context(workflow: TrainedWorkflow, question: int, tokens: int | None) -> None:
+    """A 400 where the question and the new tokens do not fit the model's context: naming
+    ``max_tokens`` where the request's own value is what does not fit, else the question."""
+    if workflow.positions is None:
+        return
+    room = workflow.positions - question  # for new tokens, beside this question
+    if tokens is not None and tokens > room > 0:
         raise RequestError(
             400,
-            f"the question is {workflow.question_tokens(question)} tokens; this model's context "
-            f"leaves {limit} for a question beside {tokens or workflow.config.rollout.max_new_tokens}"
-            " new tokens",
+            f"max_tokens is {tokens}; this model's context holds {workflow.positions} tokens, "
+            f"{question} of them the question: at most {room}",
+            "max_tokens",
+            "context_length_exceeded",
+        )
+    new = tokens or workflow.config.rollout.max_new_tokens
+    if question > workflow.positions - new:
+        raise RequestError(
+            400,
+            f"the question is {question} tokens; this model's context leaves "
+            f"{max(workflow.positions - new, 0)} for a question beside {new} new tokens",
             "messages",
             "context_length_exceeded",
         )
-    return question, Settings(temperature, tokens, seed, trace), n, stream
+
+
+def _stream_options(options: Any, stream: bool) -> bool:
+    """Whether a streamed reply ends with a usage chunk (``stream_options.include_usage``)."""
+    if options is None:
+        return False
+    if not stream:
+        raise RequestError(
+            400, "stream_options is allowed only with stream: true", "stream_options"
+        )
+    usage = options.get("include_usage", False) if isinstance(options, dict) else None
+    if not isinstance(usage, bool):
+        raise RequestError(
+            400, "stream_options must be an object whose include_usage is true or false",
+            "stream_options",
+        )  # fmt: skip
+    return usage
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """``value``'s repr, cut to ``limit`` characters (an error message quotes it)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _text(content: Any) -> str:
-    """A message's text: a string, or the text parts of a list of content parts."""
+    """A message's text: a string, or the text parts of a list of content parts; valid unicode
+    (JSON's escapes can spell a lone surrogate, which no tokenizer takes)."""
+    text = None
     if isinstance(content, str):
-        return content
-    if isinstance(content, list):
+        text = content
+    elif isinstance(content, list):
         parts = [
-            p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
+            p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"
         ]
-        if len(parts) == len(content):
-            return "\n".join(parts)
-    raise RequestError(400, "a user message's content must be text", "messages")
+        if len(parts) == len(content) and all(isinstance(t, str) for t in parts):
+            text = "\n".join(parts)
+    if text is None:
+        raise RequestError(400, "a user message's content must be text", "messages")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise RequestError(
+            400, "a user message's content is not valid unicode (a lone surrogate)", "messages"
+        ) from None
+    return text
 
 
 def _number(body: dict, key: str, lo: float, hi: float) -> float | None:
@@ -263,8 +482,9 @@ def completion(workflow: TrainedWorkflow, answers: list, trace: bool) -> dict[st
     }
 
 
-async def _chunks(reply: dict[str, Any]) -> AsyncIterator[str]:
-    """The reply as server-sent chunks: each choice's answer in one delta, then its end."""
+async def _chunks(reply: dict[str, Any], include_usage: bool) -> AsyncIterator[str]:
+    """The reply as server-sent chunks: each choice's answer in one delta, then its end; a last
+    chunk of no choices with the usage where the request's ``stream_options`` asked for it."""
     base = {k: reply[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
     for c in reply["choices"]:
         delta = {"role": "assistant", "content": c["message"]["content"]}
@@ -273,7 +493,8 @@ async def _chunks(reply: dict[str, Any]) -> AsyncIterator[str]:
         )
         end = {"index": c["index"], "delta": {}, "finish_reason": c["finish_reason"]}
         yield _event({**base, "choices": [end]})
-    yield _event({**base, "choices": [], "usage": reply["usage"]})
+    if include_usage:
+        yield _event({**base, "choices": [], "usage": reply["usage"]})
     yield "data: [DONE]\n\n"
 
 
@@ -281,14 +502,21 @@ def _event(obj: dict) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
-def serve(workflow: TrainedWorkflow, *, host: str, port: int, api_key: str | None = None) -> None:
+def serve(
+    workflow: TrainedWorkflow,
+    *,
+    host: str,
+    port: int,
+    api_key: str | None = None,
+    limits: Limits | None = None,
+) -> None:
     """Serve until SIGINT or SIGTERM: uvicorn stops taking requests, answers those in flight,
     closes the engine (the app's lifespan), and returns. uvicorn hands the signal back to the
     handler it found once it is done; a handler that does nothing makes that a plain return
     (exit 0), where Python's own would raise KeyboardInterrupt or kill the process."""
     import uvicorn
 
-    app = create_app(workflow, api_key=api_key)
+    app = create_app(workflow, api_key=api_key, limits=limits)
     previous = {s: signal.signal(s, _done) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning")

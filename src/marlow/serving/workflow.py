@@ -208,15 +208,7 @@ class TrainedWorkflow:
 
     def question_tokens(self, question: str) -> int:
         """How many tokens ``question`` is, alone (its roles' prompts add their templates)."""
-        return len(self.tokenizer(question, add_special_tokens=False)["input_ids"])
-
-    def question_limit(self, max_new_tokens: int | None = None) -> int | None:
-        """The most tokens a question may have beside ``max_new_tokens`` new ones in the model's
-        context (None: the model states no limit). A question within it can still make a role's
-        prompt too long (templates, earlier turns): that episode ends early (``prompt_cap``)."""
-        if self.positions is None:
-            return None
-        return self.positions - (max_new_tokens or self.config.rollout.max_new_tokens)
+        return question_tokens(self.tokenizer, question)
 
     def sampling(
         self, temperature: float | None = None, max_new_tokens: int | None = None
@@ -282,6 +274,11 @@ class TrainedWorkflow:
                 )
             )
         return out[0] if one else out
+
+
+def question_tokens(tokenizer, question: str) -> int:
+    """How many tokens ``question`` is under ``tokenizer``, alone (no special tokens)."""
+    return len(tokenizer(question, add_special_tokens=False)["input_ids"])
 
 
 def _no_reward(_text: str, _problem: Problem) -> float:

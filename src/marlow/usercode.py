@@ -4,21 +4,39 @@ user's reward (``task.reward``) and a workflow's tool stage (``call:``) share.
 * :func:`load_callable` imports ``package.module:function`` or ``path/to/file.py:function`` (a
   file, relative to the working directory) and refuses, in one line naming the setting, a path
   that does not import or a name that is not a function.
-* :func:`call_guarded` calls it (awaiting a coroutine it returns) in a daemon thread for at most
-  a number of seconds; an exception becomes :class:`CallFailed` with the error's first line, and
-  an overrun :class:`CallTimedOut`. A timed-out call is abandoned, not stopped (Python cannot
-  stop a thread): a function that never returns keeps its thread until the process ends, and
-  the next call gets a thread of its own.
+* :func:`call_guarded` calls it in a daemon thread for at most a number of seconds; an exception
+  (anything it raises, a thread that cannot start) becomes :class:`CallFailed` with the error's
+  first line, and an overrun :class:`CallTimedOut`.
+
+A coroutine it returns is awaited on one event loop that lives as long as the process (its own
+thread), as TRL keeps one: an ``asyncio.Semaphore``, a client or a lock made at import or on the
+first call works on every later call. A coroutine past its time is cancelled. A loop held up by
+blocking code inside a coroutine (cancelling cannot stop it) is left behind and later calls get
+a new loop.
+
+A sync call past its time cannot be stopped the way a process can; it is stopped the way Python
+allows: :class:`Abandoned` is raised inside its thread (``PyThreadState_SetAsyncExc``), which ends
+a call busy in Python code (a spinning loop) at its next bytecode, so that it does not go on
+taking the interpreter from the run. A call blocked inside C (a sleep, a socket read) costs no
+CPU and ends when that returns; at most :data:`MAX_ABANDONED` calls of one function may be left
+running so, and past that the function is not called again until one ends (each call refused is
+a :class:`CallTimedOut`), so hung calls never pile up. Chosen over running user code in a worker
+process that could be killed: no process to start, no pickling of every call's arguments, and
+the user's module state (clients, caches) shared with the run as TRL shares it; what it cannot
+end is code that catches :class:`Abandoned` or spins inside C, which a process would.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import ctypes
 import importlib
 import importlib.util
 import inspect
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,6 +54,18 @@ class CallFailed(Exception):  # noqa: N818 - the outcome of one call, with its o
 
 class CallTimedOut(Exception):  # noqa: N818
     """The user's function ran past its time limit."""
+
+
+class Abandoned(BaseException):  # noqa: N818 - raised in a user's thread to end it
+    """Raised inside a user's call that ran past its time (module docstring); a BaseException so
+    that ``except Exception`` in the user's code lets it through."""
+
+
+MAX_ABANDONED = 4
+"""Calls of one function (by name) that may still run past their time; past that it is not
+called until one ends."""
+STOP_GRACE_S = 0.5
+"""How long a cancelled coroutine may take to end before its loop is left behind."""
 
 
 def first_line(err: BaseException) -> str:
@@ -87,28 +117,112 @@ def load_callable(spec: str, setting: str) -> Callable[..., Any]:
 
 
 def call_guarded(fn: Callable[[], Any], timeout_s: float, name: str = "marlow-user") -> Any:
-    """``fn()`` (awaited when it returns a coroutine) in a daemon thread, at most ``timeout_s``
-    seconds: its value, or :class:`CallFailed` / :class:`CallTimedOut`."""
+    """``fn()`` in a daemon thread named ``name``, a coroutine it returns awaited on the
+    process's user loop, for at most ``timeout_s`` seconds in all: its value, or
+    :class:`CallFailed` / :class:`CallTimedOut` (module docstring)."""
+    end = time.monotonic() + timeout_s
+    running = _ABANDONED.running(name)
+    if running >= MAX_ABANDONED:
+        raise CallTimedOut(f"not called: {running} earlier calls still run past their time limit")
     box: dict[str, Any] = {}
 
     def target() -> None:
         try:
-            value = fn()
-            if inspect.isawaitable(value):
-                value = asyncio.run(_awaited(value))
-            box["value"] = value
+            box["value"] = fn()
         except BaseException as err:  # noqa: BLE001 - the user's code: reported, never raised here
             box["error"] = err
 
     thread = threading.Thread(target=target, name=name, daemon=True)
-    thread.start()
-    thread.join(timeout_s)
+    try:
+        thread.start()
+    except RuntimeError as err:  # no thread to be had
+        raise CallFailed(first_line(err)) from None
+    thread.join(max(end - time.monotonic(), 0.0))
     if thread.is_alive():
+        _ABANDONED.add(name, thread)
         raise CallTimedOut(f"took longer than {timeout_s:g} s")
     if "error" in box:
         raise CallFailed(first_line(box["error"]))
-    return box["value"]
+    value = box["value"]
+    if inspect.isawaitable(value):
+        return _await(value, end, timeout_s)
+    return value
+
+
+def _await(value: Any, end: float, timeout_s: float) -> Any:
+    """``value`` awaited on the user loop until ``end`` (time.monotonic); cancelled past it."""
+    loop = _LOOP.get()
+    future = asyncio.run_coroutine_threadsafe(_awaited(value), loop)
+    try:
+        return future.result(max(end - time.monotonic(), 0.0))
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        probe = asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop)
+        try:  # the loop runs the cancellation and the probe unless blocking code holds it
+            probe.result(STOP_GRACE_S)
+        except concurrent.futures.TimeoutError:  # held: later calls get a new loop
+            probe.cancel()
+            _LOOP.leave(loop)
+        raise CallTimedOut(f"took longer than {timeout_s:g} s") from None
+    except concurrent.futures.CancelledError:
+        raise CallTimedOut(f"took longer than {timeout_s:g} s") from None
+    except Exception as err:  # the coroutine raised
+        raise CallFailed(first_line(err)) from None
 
 
 async def _awaited(value: Any) -> Any:
     return await value
+
+
+class _UserLoop:
+    """The process's event loop for users' coroutines, in a daemon thread of its own, made on
+    first use (and again in a forked child, or after :meth:`leave`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def get(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None or self._thread is None or not self._thread.is_alive():
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(
+                    target=loop.run_forever, name="marlow-user-loop", daemon=True
+                )
+                thread.start()
+                self._loop, self._thread = loop, thread
+            return self._loop
+
+    def leave(self, loop: asyncio.AbstractEventLoop) -> None:
+        """``loop`` is held up: stop it once it can, and make a new one for later calls."""
+        with self._lock:
+            if loop is self._loop:
+                loop.call_soon_threadsafe(loop.stop)
+                self._loop = self._thread = None
+
+
+class _Registry:
+    """Calls that ran past their time, by function name: each has :class:`Abandoned` raised in
+    its thread; :meth:`running` counts those still alive."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._threads: dict[str, list[threading.Thread]] = {}
+
+    def add(self, name: str, thread: threading.Thread) -> None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(thread.ident), ctypes.py_object(Abandoned)
+        )
+        with self._lock:
+            self._threads.setdefault(name, []).append(thread)
+
+    def running(self, name: str) -> int:
+        with self._lock:
+            alive = [t for t in self._threads.get(name, []) if t.is_alive()]
+            self._threads[name] = alive
+            return len(alive)
+
+
+_LOOP = _UserLoop()
+_ABANDONED = _Registry()

@@ -157,3 +157,47 @@ def test_a_grid_cell_folder_is_a_run_folder_for_answer_and_eval(trained_voting, 
         assert wf.answer("1+1", temperature=0).text
     record = evaluate(cell, ["rollout.val_temperature=0"], out=tmp_path / "eval")
     assert record["step"] == 2
+
+
+TOOL_WORKFLOW = """roles:
+  solver: {kind: answer}
+  fixer: {kind: answer}
+stages:
+  - {role: solver, prompt: generator/answer}
+  - {tool: check, call: "checks/judge.py:check", reads: {program: last.solver}}
+  - {role: fixer, prompt: generator/revise, reads: {answer: last.solver, critique: last.check}}
+answer: latest
+"""
+
+
+def test_a_bundle_carries_the_tool_files_its_workflow_calls_by_path(
+    tiny_cache, tmp_path, monkeypatch
+):
+    """A workflow whose tool is a file by path (relative to the run's working folder): the bundle
+    holds the file as a module of its own and answers, calling it, from another folder after the
+    original file is gone."""
+    from marlow.training.trainer import Trainer
+    from tests.conftest import shrunk_config
+
+    work = tmp_path / "work"
+    (work / "checks").mkdir(parents=True)
+    (work / "checks" / "judge.py").write_text(
+        "def check(reads, problem, episode):\n"
+        "    return {'text': 'judged ' + str(len(reads['program'])), 'ok': False}\n"
+    )
+    (work / "wf.yaml").write_text(TOOL_WORKFLOW)
+    monkeypatch.chdir(work)
+    cfg = shrunk_config(workflow={"name": "wf.yaml"}, policy={"routing": "ip"}, steps=1)
+    Trainer(cfg, work / "run").run()
+    bundle = export_run(work / "run", tmp_path / "bundle")
+    (module,) = (bundle / "tools").iterdir()
+    assert module.name.startswith("marlow_tool_") and module.suffix == ".py"
+    assert "checks/judge.py" not in (bundle / "workflow.yaml").read_text()
+    moved = shutil.move(str(bundle), str(tmp_path / "elsewhere" / "b"))
+    shutil.rmtree(work / "checks")
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    with load_workflow(moved) as wf:
+        answer = wf.answer("1+1", trace=True, temperature=0)
+    (call,) = [t for t in answer.turns if t.get("tool") == "check"]
+    assert call["status"] == "ok" and call["output"].startswith("judged ")

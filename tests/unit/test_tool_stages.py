@@ -51,6 +51,23 @@ def number(reads, problem, episode):
     return 42
 
 
+class Opaque:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+def odd_report(reads, problem, episode):
+    import numpy as np
+
+    return {
+        "text": "x" * 300_000,
+        "ok": np.bool_(False),
+        "score": np.float32(0.5),
+        "counts": np.int64(3),
+        "nested": {"deep": [np.bool_(True), Opaque(), "y" * 50_000]},
+    }
+
+
 async def later(reads, problem, episode):
     await asyncio.sleep(0)
     return "awaited"
@@ -156,6 +173,24 @@ def test_tool_conditions_and_structured_fields(tmp_path):
     _, passed = episodes(workflow_file(tmp_path, "passing_report", when="tool_failed"))
     assert [t.role for t in passed[0].turns] == ["writer", "judge"]  # no fix needed
     assert passed[0].final_answer == "<writer output 1>"
+
+
+def test_odd_returned_fields_are_plain_json_and_a_huge_text_is_cut(tmp_path):
+    import json
+
+    from marlow.workflows.tools import MAX_FIELD, MAX_TEXT
+
+    _, eps = episodes(workflow_file(tmp_path, "odd_report", when="tool_failed"))
+    call = eps[0].tools[0]
+    assert call.status == "ok" and call.ok is False  # numpy's False read as False
+    assert [t.role for t in eps[0].turns] == ["writer", "fixer", "judge"]
+    assert call.completion_text.endswith("[cut: 200000 more characters]")
+    assert len(call.completion_text) < MAX_TEXT + 100
+    fields = json.loads(json.dumps(call.record()))["fields"]  # what samples.jsonl writes
+    assert fields["ok"] is False and fields["score"] == 0.5 and fields["counts"] == 3
+    deep = fields["nested"]["deep"]
+    assert deep[0] is True and "repr failed: RuntimeError: no repr" in deep[1]
+    assert len(deep[2]) < MAX_FIELD + 100
 
 
 def test_tool_metrics_count_calls_failures_time_and_revisions(tmp_path):

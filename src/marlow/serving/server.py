@@ -428,9 +428,7 @@ def _text(content: Any) -> str:
     if isinstance(content, str):
         text = content
     elif isinstance(content, list):
-        parts = [
-            p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"
-        ]
+        parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
         if len(parts) == len(content) and all(isinstance(t, str) for t in parts):
             text = "\n".join(parts)
     if text is None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ from marlow.policy.adapters import LoraSpec, attach_adapters, load_adapter_weigh
 from marlow.policy.routing import make_routing
 from marlow.rollout.base import check_backend, engine_for_run, served_positions
 from marlow.training import checkpoint as ckpt
+from marlow.training.export import TOOLS_DIR
 from marlow.training.trainer import step_seed
 from marlow.types import Problem, SamplingParams
 from marlow.workflows.check import check_run_config, workflow_copy
@@ -133,6 +135,9 @@ def load_workflow(
     root = src.config.parent
     if bundle:
         extra = [f"workflow.name={root / 'workflow.yaml'}", *extra]
+        tools = root / TOOLS_DIR  # the tool files it carries, as modules (marlow export)
+        if tools.is_dir() and str(tools) not in sys.path:
+            sys.path.insert(0, str(tools))
         if (root / "prompts.yaml").is_file():
             extra = [f"workflow.prompts={root / 'prompts.yaml'}", *extra]
     if src.adapters is None:

@@ -8,6 +8,8 @@ The folder ``DIR`` holds::
                           adapter_config.json naming "base" (or the hub id) as its base
     export.json           the run, the step, the run's dtype and its base record (base.json)
     config.yaml           the run's config, for the record
+    workflow.yaml         the workflow file answering reads (prompts.yaml: a prompt set of one's own)
+    tools/                the files of tools the workflow calls by path, as modules of their own
 
 so that, from ``DIR`` as the working folder (or with ``DIR/base`` spelled out)::
 
@@ -120,9 +122,9 @@ def _answering(run_dir: Path, cfg: RunConfig, folder: Path) -> dict[str, Any]:
     from marlow.workflows.spec import workflow_path
 
     spec = run_workflow(run_dir, cfg)
-    shutil.copyfile(
-        workflow_copy(run_dir) or workflow_path(cfg.workflow.name), folder / "workflow.yaml"
-    )
+    source = workflow_copy(run_dir) or workflow_path(cfg.workflow.name)
+    text = _carry_tools(Path(source).read_text(), spec.tools, folder)
+    (folder / "workflow.yaml").write_text(text)
     if is_workflow_file(cfg.workflow.prompts):
         shutil.copyfile(cfg.workflow.prompts, folder / "prompts.yaml")
     routing = make_routing(cfg.policy.routing, spec.roles, cfg.policy.role_map)
@@ -138,6 +140,50 @@ def _answering(run_dir: Path, cfg: RunConfig, folder: Path) -> dict[str, Any]:
             "max_new_tokens": r.max_new_tokens,
         },
     }
+
+
+TOOLS_DIR = "tools"
+"""A bundle's folder of the tool files its workflow calls by path (on ``sys.path`` when it
+answers)."""
+
+
+def _carry_tools(text: str, tools: dict[str, str], folder: Path) -> str:
+    """The workflow file's ``text`` for a bundle: each tool that calls a file by path
+    (``path/file.py:function``, relative to the working folder, as the run read it) has its file
+    copied into ``folder/tools`` as a module of a name of its own (``marlow_tool_<sha>``), and
+    its ``call:`` rewritten to that module, so the bundle answers from any folder. The file is
+    copied alone: modules it imports must be installed where the bundle answers. A file that is
+    not found from here is an :class:`ExportError`."""
+    import hashlib
+
+    import yaml
+
+    by_path = {name: call.rpartition(":") for name, call in tools.items() if ".py:" in call}
+    if not by_path:
+        return text
+    renamed: dict[str, str] = {}
+    for name, (where, _, function) in by_path.items():
+        path = Path(where).expanduser()
+        if not path.is_file():
+            raise ExportError(
+                f"tool {name} calls {where}, which is not found from {Path.cwd()}; export from "
+                "the folder the run was started in"
+            )
+        module = "marlow_tool_" + hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+        (folder / TOOLS_DIR).mkdir(exist_ok=True)
+        shutil.copyfile(path, folder / TOOLS_DIR / f"{module}.py")
+        renamed[tools[name]] = f"{module}:{function}"
+    data = yaml.safe_load(text)
+
+    def rewrite(stages: list) -> None:
+        for stage in stages or []:
+            if isinstance(stage, dict):
+                if stage.get("call") in renamed:
+                    stage["call"] = renamed[stage["call"]]
+                rewrite(stage.get("stages"))
+
+    rewrite(data.get("stages"))
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
 
 
 def _checkpoint(run_dir: Path, step: int | None) -> Path:

@@ -12,9 +12,11 @@ slots, the function is called with keywords:
 * ``episode``: the episode so far, as the records of its turns and earlier tool calls (role,
   prompt, completion; tool, inputs, output).
 
-It may be ``async def``. It returns text, or a mapping whose ``"text"`` is the text and whose
-other keys are fields kept with the call (``ok``: a bool saying whether what it checked passed;
-the revision rate reads it). Later stages read the text as they read a role's output
+It may be ``async def`` (awaited on one event loop for the whole run: :mod:`marlow.usercode`). It
+returns text, or a mapping whose ``"text"`` is the text and whose other keys are fields kept with
+the call (``ok``: a bool saying whether what it checked passed; the revision rate reads it).
+Fields are kept as plain JSON values (a numpy bool as a bool, an object as its repr); a text over
+:data:`MAX_TEXT` characters is cut, with a note saying how much. Later stages read the text as they read a role's output
 (``last.NAME``, ``outputs.NAME``, ...).
 
 What can go wrong costs one call, never the run: an exception gives the text
@@ -32,6 +34,7 @@ must not run or ``eval`` that text itself; marlow's built-in code tool
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -39,12 +42,23 @@ from functools import cache
 from typing import Any
 
 from marlow.types import Episode, Problem, ToolCall
-from marlow.usercode import CallFailed, CallTimedOut, UserCodeError, call_guarded, load_callable
+from marlow.usercode import (
+    CallFailed,
+    CallTimedOut,
+    UserCodeError,
+    call_guarded,
+    first_line,
+    load_callable,
+)
 
 TOOL_SOURCES = ("last", "own", "outputs", "others")
 """The read sources that may name a tool (a tool has no plan)."""
 TOOL_WORKERS = 8
 """Calls of one stage that run at once (each in a thread, each with its own time limit)."""
+MAX_TEXT = 100_000
+"""The most characters of a call's text that later stages read; the rest is cut, with a note."""
+MAX_FIELD = 10_000
+"""The most characters of a string field a call returns (or of a field's repr)."""
 
 
 @cache
@@ -65,14 +79,45 @@ def check_tools(tools: Mapping[str, str], workflow: str) -> None:
 
 
 def _as_output(tool: str, value: Any) -> tuple[str, dict[str, Any], str]:
-    """A returned value as (text, fields, status)."""
+    """A returned value as (text, fields, status): the text cut to :data:`MAX_TEXT` characters,
+    the fields as plain JSON values (:func:`_plain`)."""
     if isinstance(value, str):
-        return value, {}, "ok"
+        return _cut(value), {}, "ok"
     if isinstance(value, Mapping) and isinstance(value.get("text"), str):
-        fields = {str(k): v for k, v in value.items() if k != "text"}
-        return value["text"], fields, "ok"
+        fields = {_cut(str(k), 200): _plain(v) for k, v in value.items() if k != "text"}
+        return _cut(value["text"]), fields, "ok"
     what = type(value).__name__
     return f"tool {tool} returned a {what}, not text (or a mapping with 'text')", {}, "error"
+
+
+def _cut(text: str, most: int | None = None) -> str:
+    most = MAX_TEXT if most is None else most
+    if len(text) <= most:
+        return text
+    return text[:most] + f" [cut: {len(text) - most} more characters]"
+
+
+def _plain(value: Any, depth: int = 0) -> Any:
+    """A returned field as a plain JSON value: numpy and torch scalars as Python numbers and
+    bools, mappings and sequences element by element (8 levels deep), strings cut, anything
+    else as its repr (cut)."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, str):
+        return _cut(value, MAX_FIELD)
+    item = getattr(value, "item", None)
+    if callable(item) and getattr(value, "ndim", None) == 0:
+        with contextlib.suppress(Exception):
+            return _plain(item(), depth)
+    if depth < 8 and isinstance(value, Mapping):
+        return {_cut(str(k), 200): _plain(v, depth + 1) for k, v in list(value.items())[:100]}
+    if depth < 8 and isinstance(value, list | tuple):
+        return [_plain(v, depth + 1) for v in value[:100]]
+    try:
+        text = repr(value)
+    except Exception as err:  # noqa: BLE001 - a user's __repr__ may raise anything
+        text = f"<{type(value).__name__}: repr failed: {first_line(err)}>"
+    return _cut(text, MAX_FIELD)
 
 
 def call_tools(

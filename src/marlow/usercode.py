@@ -20,7 +20,10 @@ a call busy in Python code (a spinning loop) at its next bytecode, so that it do
 taking the interpreter from the run. A call blocked inside C (a sleep, a socket read) costs no
 CPU and ends when that returns; at most :data:`MAX_ABANDONED` calls of one function may be left
 running so, and past that the function is not called again until one ends (each call refused is
-a :class:`CallTimedOut`), so hung calls never pile up. Chosen over running user code in a worker
+a :class:`CallTimedOut`), so hung calls never pile up. A function whose last
+:data:`MAX_ABANDONED` calls all ran past their time is not called for :data:`COOLDOWN_S`
+seconds, then tried again: a tool that hangs on every call costs a run a few timeouts, not one
+per call. Chosen over running user code in a worker
 process that could be killed: no process to start, no pickling of every call's arguments, and
 the user's module state (clients, caches) shared with the run as TRL shares it; what it cannot
 end is code that catches :class:`Abandoned` or spins inside C, which a process would.
@@ -66,6 +69,9 @@ MAX_ABANDONED = 4
 called until one ends."""
 STOP_GRACE_S = 0.5
 """How long a cancelled coroutine may take to end before its loop is left behind."""
+COOLDOWN_S = 60.0
+"""How long a function whose last :data:`MAX_ABANDONED` calls all ran past their time is not
+called (each call refused at once, as a timeout) before it is tried again."""
 
 
 def first_line(err: BaseException) -> str:
@@ -121,9 +127,9 @@ def call_guarded(fn: Callable[[], Any], timeout_s: float, name: str = "marlow-us
     process's user loop, for at most ``timeout_s`` seconds in all: its value, or
     :class:`CallFailed` / :class:`CallTimedOut` (module docstring)."""
     end = time.monotonic() + timeout_s
-    running = _ABANDONED.running(name)
-    if running >= MAX_ABANDONED:
-        raise CallTimedOut(f"not called: {running} earlier calls still run past their time limit")
+    refused = _CALLS.refusal(name)
+    if refused is not None:
+        raise CallTimedOut(refused)
     box: dict[str, Any] = {}
 
     def target() -> None:
@@ -139,17 +145,19 @@ def call_guarded(fn: Callable[[], Any], timeout_s: float, name: str = "marlow-us
         raise CallFailed(first_line(err)) from None
     thread.join(max(end - time.monotonic(), 0.0))
     if thread.is_alive():
-        _ABANDONED.add(name, thread)
+        _CALLS.timed_out(name, thread)
         raise CallTimedOut(f"took longer than {timeout_s:g} s")
     if "error" in box:
+        _CALLS.answered(name)
         raise CallFailed(first_line(box["error"]))
     value = box["value"]
     if inspect.isawaitable(value):
-        return _await(value, end, timeout_s)
+        value = _await(value, end, timeout_s, name)
+    _CALLS.answered(name)
     return value
 
 
-def _await(value: Any, end: float, timeout_s: float) -> Any:
+def _await(value: Any, end: float, timeout_s: float, name: str) -> Any:
     """``value`` awaited on the user loop until ``end`` (time.monotonic); cancelled past it."""
     loop = _LOOP.get()
     future = asyncio.run_coroutine_threadsafe(_awaited(value), loop)
@@ -157,16 +165,19 @@ def _await(value: Any, end: float, timeout_s: float) -> Any:
         return future.result(max(end - time.monotonic(), 0.0))
     except concurrent.futures.TimeoutError:
         future.cancel()
-        probe = asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop)
+        probe: concurrent.futures.Future = concurrent.futures.Future()
+        loop.call_soon_threadsafe(probe.set_result, None)
         try:  # the loop runs the cancellation and the probe unless blocking code holds it
             probe.result(STOP_GRACE_S)
         except concurrent.futures.TimeoutError:  # held: later calls get a new loop
-            probe.cancel()
             _LOOP.leave(loop)
+        _CALLS.timed_out(name)
         raise CallTimedOut(f"took longer than {timeout_s:g} s") from None
     except concurrent.futures.CancelledError:
+        _CALLS.timed_out(name)
         raise CallTimedOut(f"took longer than {timeout_s:g} s") from None
     except Exception as err:  # the coroutine raised
+        _CALLS.answered(name)
         raise CallFailed(first_line(err)) from None
 
 
@@ -204,25 +215,47 @@ class _UserLoop:
 
 class _Registry:
     """Calls that ran past their time, by function name: each has :class:`Abandoned` raised in
-    its thread; :meth:`running` counts those still alive."""
+    its thread; a function with :data:`MAX_ABANDONED` calls still running, or whose last
+    :data:`MAX_ABANDONED` calls all ran past their time, is refused (:meth:`refusal`), the
+    latter for :data:`COOLDOWN_S` seconds, then tried again."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._threads: dict[str, list[threading.Thread]] = {}
+        self._late: dict[str, int] = {}  # consecutive calls past their time
+        self._until: dict[str, float] = {}  # refused until (time.monotonic)
 
-    def add(self, name: str, thread: threading.Thread) -> None:
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(
-            ctypes.c_ulong(thread.ident), ctypes.py_object(Abandoned)
-        )
+    def timed_out(self, name: str, thread: threading.Thread | None = None) -> None:
+        if thread is not None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(thread.ident), ctypes.py_object(Abandoned)
+            )
         with self._lock:
-            self._threads.setdefault(name, []).append(thread)
+            if thread is not None:
+                self._threads.setdefault(name, []).append(thread)
+            self._late[name] = self._late.get(name, 0) + 1
+            if self._late[name] >= MAX_ABANDONED:
+                self._until[name] = time.monotonic() + COOLDOWN_S
 
-    def running(self, name: str) -> int:
+    def answered(self, name: str) -> None:
+        with self._lock:
+            self._late.pop(name, None)
+
+    def refusal(self, name: str) -> str | None:
+        """Why ``name`` is not called now, or None."""
         with self._lock:
             alive = [t for t in self._threads.get(name, []) if t.is_alive()]
             self._threads[name] = alive
-            return len(alive)
+            if len(alive) >= MAX_ABANDONED:
+                return f"not called: {len(alive)} earlier calls still run past their time limit"
+            left = self._until.get(name, 0.0) - time.monotonic()
+            if left > 0:
+                return (
+                    f"not called: its last {self._late[name]} calls ran past their time limit; "
+                    f"tried again in {left:.0f} s"
+                )
+            return None
 
 
 _LOOP = _UserLoop()
-_ABANDONED = _Registry()
+_CALLS = _Registry()

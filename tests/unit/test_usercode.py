@@ -80,7 +80,8 @@ def test_a_spinning_call_past_its_time_is_stopped():
     assert not alive("marlow-test-spin")
 
 
-def test_calls_blocked_past_their_time_are_capped_then_called_again_once_they_end():
+def test_calls_blocked_past_their_time_are_capped_then_called_again_once_they_end(monkeypatch):
+    monkeypatch.setattr(usercode, "COOLDOWN_S", 0.0)  # the cap alone
     release = threading.Event()
 
     def blocked() -> str:
@@ -115,3 +116,26 @@ def test_anything_raised_is_one_line_and_a_thread_that_cannot_start_is_a_failure
     monkeypatch.setattr(threading.Thread, "start", no_thread)
     with pytest.raises(CallFailed, match="can't start new thread"):
         call_guarded(lambda: 1, 5)
+
+
+def test_a_function_whose_calls_all_time_out_rests_then_is_tried_again(monkeypatch):
+    monkeypatch.setattr(usercode, "COOLDOWN_S", 0.5)
+    calls = []
+
+    def spins() -> None:
+        calls.append(1)
+        while len(calls) < 100:
+            pass
+
+    name = "marlow-test-rest"
+    for _ in range(usercode.MAX_ABANDONED):
+        with pytest.raises(CallTimedOut, match="longer than"):
+            call_guarded(spins, 0.05, name)
+    with pytest.raises(CallTimedOut, match="its last 4 calls ran past their time limit"):
+        call_guarded(spins, 5, name)  # refused at once: not called
+    assert len(calls) == usercode.MAX_ABANDONED
+    time.sleep(0.6)
+    assert call_guarded(lambda: "back", 5, name) == "back"
+    with pytest.raises(CallTimedOut, match="longer than"):
+        call_guarded(spins, 0.05, name)  # one late call after an answer: no rest
+    assert call_guarded(lambda: "again", 5, name) == "again"

@@ -1031,6 +1031,7 @@ def serve(
         float,
         typer.Option(min=0.001, help="seconds a request may wait for its answer; then a 503"),
     ] = Limits.timeout_s,
+    quiet: Annotated[bool, typer.Option(help="no access line per request on stderr")] = False,
 ) -> None:
     """Serve a trained workflow as an OpenAI-compatible API (/v1/chat/completions, /v1/models,
     /health); concurrent requests are answered in shared batches. Ctrl-C stops it once the
@@ -1055,7 +1056,7 @@ def serve(
              + ("" if api_key else "; no --api-key is set"))  # fmt: skip
     _log(f"serving {workflow.name} ({workflow.source.label}) on http://{host}:{port}/v1")
     limits = Limits(max_body_bytes, max_tokens, max_waiting, timeout_s)
-    serve_app(workflow, host=host, port=port, api_key=api_key, limits=limits)
+    serve_app(workflow, host=host, port=port, api_key=api_key, limits=limits, quiet=quiet)
 
 
 def _is_setting(arg: str) -> bool:

@@ -2,8 +2,9 @@
 user's reward (``task.reward``) and a workflow's tool stage (``call:``) share.
 
 * :func:`load_callable` imports ``package.module:function`` or ``path/to/file.py:function`` (a
-  file, relative to the working directory) and refuses, in one line naming the setting, a path
-  that does not import or a name that is not a function.
+  file, relative to the working directory, whose own folder goes on ``sys.path`` so that it can
+  import the modules beside it, as pytest does for a test file) and refuses, in one line naming
+  the setting, a path that does not import or a name that is not a function.
 * :func:`call_guarded` calls it in a daemon thread for at most a number of seconds; an exception
   (anything it raises, a thread that cannot start) becomes :class:`CallFailed` with the error's
   first line, and an overrun :class:`CallTimedOut`.
@@ -93,6 +94,9 @@ def load_callable(spec: str, setting: str) -> Callable[..., Any]:
         if not path.is_file():
             raise UserCodeError(f"{setting} {spec!r}: file {where} does not exist")
         module_name = f"marlow_user_{abs(hash(str(path.resolve())))}"
+        folder = str(path.resolve().parent)  # its own folder importable, as pytest makes it
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
         try:
             found = importlib.util.spec_from_file_location(module_name, path)
             module = importlib.util.module_from_spec(found)

@@ -88,7 +88,7 @@ def good(url: str) -> bool:
 
 
 def test_generated_bad_requests_get_json_errors_and_the_server_keeps_answering(trained_voting):
-    with server(trained_voting, "--max-body-bytes", "65536") as (proc, url):
+    with server(trained_voting, "--max-body-bytes", "65536", "--quiet") as (proc, url):
         statuses: dict[int, int] = {}
         for i, (method, path, body, headers) in enumerate(cases()):
             got = send(url, method, path, body, headers)

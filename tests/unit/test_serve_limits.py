@@ -50,6 +50,12 @@ class Stand:
         self.hold = threading.Event()
         self.hold.set()
         self.fail: Exception | None = None
+        self.characters: str | None = None  # None: reads any text
+
+    def unreadable(self, question: str) -> str:
+        return (
+            "" if self.characters is None else "".join(sorted(set(question) - set(self.characters)))
+        )
 
     def question_tokens(self, question: str) -> int:
         return len(self.tokenizer(question)["input_ids"])
@@ -69,10 +75,9 @@ def ask(question: str = "1 + 1", **extra) -> dict:
     return {"model": "stand", "messages": [{"role": "user", "content": question}], **extra}
 
 
-def client_for(stand: Stand, **limits) -> TestClient:
-    return TestClient(
-        server.create_app(stand, limits=Limits(**limits)), raise_server_exceptions=False
-    )
+def client_for(stand: Stand, quiet: bool = True, **limits) -> TestClient:
+    app = server.create_app(stand, limits=Limits(**limits), quiet=quiet)
+    return TestClient(app, raise_server_exceptions=False)
 
 
 def is_openai_error(reply, status: int, param: str | None = None) -> dict:
@@ -208,7 +213,7 @@ def test_a_request_past_its_deadline_is_a_503_and_costs_no_engine_call_if_not_st
 def test_a_client_that_leaves_is_dropped_before_its_engine_call():
     stand = Stand()
     stand.hold.clear()
-    app = server.create_app(stand)
+    app = server.create_app(stand, quiet=True)
     with TestClient(app) as client:
         first, _ = in_thread(lambda: client.post("/v1/chat/completions", json=ask("a")))
         wait_until(lambda: len(stand.calls) == 1)
@@ -254,7 +259,7 @@ def test_the_api_key_is_compared_in_constant_time(monkeypatch):
     monkeypatch.setattr(
         server.secrets, "compare_digest", lambda a, b: compared.append(1) or real(a, b)
     )
-    app = server.create_app(Stand(), api_key="s3cret")
+    app = server.create_app(Stand(), api_key="s3cret", quiet=True)
     with TestClient(app) as client:
         assert client.get("/v1/models").status_code == 401
         headers = {"Authorization": "Bearer s3cret"}
@@ -285,3 +290,29 @@ def test_the_question_is_tokenised_once_off_the_event_loop():
         assert client.post("/v1/chat/completions", json=ask("two words")).status_code == 200
     assert len(stand.tokenizer.threads) == 1
     assert stand.tokenizer.threads[0].startswith("marlow-parse")
+
+
+def test_characters_the_model_cannot_read_are_a_400_naming_them():
+    stand = Stand()
+    stand.characters = "0123456789+ "
+    with client_for(stand) as client:
+        error = is_openai_error(
+            client.post("/v1/chat/completions", json=ask("12+13+é")), 400, "messages"
+        )
+        assert error["code"] == "unsupported_characters" and "'é'" in error["message"]
+        assert client.post("/v1/chat/completions", json=ask("12+13")).status_code == 200
+    assert stand.calls == [["12+13"]]
+
+
+def test_one_access_line_per_request_unless_quiet(capsys):
+    for quiet in (False, True):
+        with client_for(Stand(), quiet=quiet) as client:
+            client.post("/v1/chat/completions", json=ask())
+            client.get("/nope")
+        lines = [ln for ln in capsys.readouterr().err.splitlines() if "marlow serve:" in ln]
+        if quiet:
+            assert lines == []
+        else:
+            assert len(lines) == 2
+            assert " POST /v1/chat/completions 200 " in lines[0] and lines[0].endswith(" s")
+            assert " GET /nope 404 " in lines[1]

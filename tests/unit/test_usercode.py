@@ -139,3 +139,19 @@ def test_a_function_whose_calls_all_time_out_rests_then_is_tried_again(monkeypat
     with pytest.raises(CallTimedOut, match="longer than"):
         call_guarded(spins, 0.05, name)  # one late call after an answer: no rest
     assert call_guarded(lambda: "again", 5, name) == "again"
+
+
+def test_a_file_can_import_the_modules_beside_it(tmp_path, monkeypatch):
+    from marlow.usercode import load_callable
+
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "helpers_for_marlow_test.py").write_text("def double(x):\n    return 2 * x\n")
+    (folder / "my_reward.py").write_text(
+        "from helpers_for_marlow_test import double\n\n"
+        "def score(prompts, completions, **kw):\n    return [double(0.5) for _ in completions]\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))
+    fn = load_callable("mine/my_reward.py:score", "task.reward")
+    assert fn(["q"], ["a", "b"]) == [1.0, 1.0]

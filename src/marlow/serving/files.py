@@ -4,8 +4,9 @@ Each row's question is its ``field`` column (default: the task's prompt column,
 :func:`marlow.tasks.loaders.prompt_column`). Rows go through the workflow ``batch`` at a time
 (every stage of a batch in one request list to the engine), and each row is written back as it
 was with ``answer`` added (and ``turns`` with ``trace``), in input order. A row that is not a JSON
-object, or lacks the field as text, is skipped and counted by reason, never written with a made-up
-answer. The output goes to a ``.partial`` sibling, renamed into place when every batch is done,
+object, lacks the field as text, or holds characters the model cannot read (a tiny model:
+``outside_vocabulary``, as training skips such rows) is skipped and counted by reason, never
+written with a made-up answer. The output goes to a ``.partial`` sibling, renamed into place when every batch is done,
 so an existing file is never half-overwritten; an existing output is refused without
 ``overwrite``.
 """
@@ -64,6 +65,8 @@ def answer_file(
                 report.skipped["bad_json"] += 1
             elif not isinstance(row.get(field), str) or not row[field].strip():
                 report.skipped[f"missing_field:{field}"] += 1
+            elif workflow.unreadable(row[field]):
+                report.skipped["outside_vocabulary"] += 1
             else:
                 rows.append(row)
     partial = out.with_name(out.name + ".partial")

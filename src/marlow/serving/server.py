@@ -112,17 +112,41 @@ def error_response(err: RequestError) -> JSONResponse:
 
 class _Guard:
     """The outermost layer of the app (pure ASGI, so a waiting request still sees its client
-    leave): the API key of every request but /health, compared in constant time; and any
-    exception the app lets through answered as a 500 in OpenAI's shape, in one line on stderr,
-    where the response has not started."""
+    leave): the API key of every request but /health, compared in constant time; any exception
+    the app lets through answered as a 500 in OpenAI's shape, in one line on stderr, where the
+    response has not started; and, unless ``quiet``, one access line per request on stderr
+    (client, method, path, status, seconds; status ``-`` where no response was sent)."""
 
-    def __init__(self, app, api_key: str | None) -> None:
+    def __init__(self, app, api_key: str | None, quiet: bool = False) -> None:
         self.app = app
         self.key = None if api_key is None else f"Bearer {api_key}".encode()
+        self.quiet = quiet
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        start = time.perf_counter()
+        status: int | None = None
+
+        async def tracked(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self._answer(scope, receive, tracked, lambda: status is not None)
+        finally:
+            if not self.quiet:
+                client = (scope.get("client") or ("-",))[0]
+                path = scope["path"] if len(scope["path"]) <= 200 else scope["path"][:200] + "..."
+                print(
+                    f"marlow serve: {client} {scope['method']} {path} {status or '-'} "
+                    f"{time.perf_counter() - start:.3f} s",
+                    file=sys.stderr,
+                )
+
+    async def _answer(self, scope, receive, send, started: Callable[[], bool]) -> None:
         if self.key is not None and scope["path"] != "/health":
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not secrets.compare_digest(given, self.key):
@@ -131,19 +155,12 @@ class _Guard:
                     code="invalid_api_key",
                 )  # fmt: skip
                 return await error_response(err)(scope, receive, send)
-        started = False
-
-        async def tracked(message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
         try:
-            await self.app(scope, receive, tracked)
+            await self.app(scope, receive, send)
         except Exception as err:  # noqa: BLE001 - a fault is a 500, never a dead connection
             line = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
             print(f"marlow serve: {scope['path']}: {line}", file=sys.stderr)
-            if not started:
+            if not started():
                 failure = RequestError(500, f"the server failed: {line}", code="server_error")
                 await error_response(failure)(scope, receive, send)
 
@@ -153,7 +170,11 @@ class _ClientGone(Exception):  # noqa: N818 - control flow, not an error
 
 
 def create_app(
-    workflow: TrainedWorkflow, *, api_key: str | None = None, limits: Limits | None = None
+    workflow: TrainedWorkflow,
+    *,
+    api_key: str | None = None,
+    limits: Limits | None = None,
+    quiet: bool = False,
 ):
     """The FastAPI application serving ``workflow`` (module docstring)."""
     limits = limits or Limits()
@@ -181,7 +202,7 @@ def create_app(
 
     app = FastAPI(title="marlow", lifespan=lifespan)
     app.state.batcher = batcher
-    app.add_middleware(_Guard, api_key=api_key)
+    app.add_middleware(_Guard, api_key=api_key, quiet=quiet)
     fail = error_response
 
     @app.exception_handler(RequestError)
@@ -341,6 +362,15 @@ def parse_chat(
     question = _text(users[-1].get("content"))
     if not question.strip():
         raise RequestError(400, "the last user message is empty", "messages")
+    odd = workflow.unreadable(question)
+    if odd:
+        raise RequestError(
+            400,
+            f"the question holds characters this model cannot read: {_short(odd)} (a tiny "
+            "model reads printable ASCII and newlines)",
+            "messages",
+            "unsupported_characters",
+        )
     temperature = _number(body, "temperature", 0.0, 2.0)
     tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if tokens is not None and (
@@ -507,6 +537,7 @@ def serve(
     port: int,
     api_key: str | None = None,
     limits: Limits | None = None,
+    quiet: bool = False,
 ) -> None:
     """Serve until SIGINT or SIGTERM: uvicorn stops taking requests, answers those in flight,
     closes the engine (the app's lifespan), and returns. uvicorn hands the signal back to the
@@ -514,7 +545,7 @@ def serve(
     (exit 0), where Python's own would raise KeyboardInterrupt or kill the process."""
     import uvicorn
 
-    app = create_app(workflow, api_key=api_key, limits=limits)
+    app = create_app(workflow, api_key=api_key, limits=limits, quiet=quiet)
     previous = {s: signal.signal(s, _done) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning")

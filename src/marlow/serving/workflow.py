@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from marlow.config import ConfigError, RunConfig, load_config
-from marlow.models import is_tiny, load_base, resolve_device, task_family
+from marlow.models import is_tiny, load_base, resolve_device, task_family, vocabulary
 from marlow.policy.adapters import LoraSpec, attach_adapters, load_adapter_weights
 from marlow.policy.routing import make_routing
 from marlow.rollout.base import check_backend, engine_for_run, served_positions
@@ -191,6 +191,7 @@ class TrainedWorkflow:
                 )
             load_adapter_weights(self.model, source.adapters, adapters)
         self.model.requires_grad_(False).eval()  # answering never trains
+        self.characters = vocabulary(config.model.name)  # None: it reads any text
         self.positions = served_positions(config, self.base)  # None: the model does not say
         self.rules = EpisodeRules.of(config).within_context(
             self.positions, config.rollout.max_new_tokens
@@ -210,6 +211,13 @@ class TrainedWorkflow:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def unreadable(self, question: str) -> str:
+        """The characters of ``question`` the model cannot read (a tiny model reads printable
+        ASCII and newlines; training skips such rows), sorted; "" when it reads them all."""
+        if self.characters is None:
+            return ""
+        return "".join(sorted(set(question) - set(self.characters)))
 
     def question_tokens(self, question: str) -> int:
         """How many tokens ``question`` is, alone (its roles' prompts add their templates)."""
@@ -246,6 +254,12 @@ class TrainedWorkflow:
         bad = [q for q in items if not isinstance(q, str) or not q.strip()]
         if bad:
             raise ValueError(f"a question must be non-empty text, got {bad[0]!r}")
+        odd = next((q for q in items if self.unreadable(q)), None)
+        if odd is not None:
+            raise ValueError(
+                f"question {odd[:60]!r} holds characters this model cannot read: "
+                f"{self.unreadable(odd)!r} (a tiny model reads printable ASCII and newlines)"
+            )
         params = self.sampling(temperature, max_new_tokens)
         if seed is not None:
             params = SamplingParams(params.temperature, params.max_new_tokens, int(seed))

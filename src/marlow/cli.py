@@ -1187,8 +1187,14 @@ class _StepProgress:
         acc = record.get("val/all/accuracy")
         reward = record.get("train/all/reward")
         words = [f"reward {reward:.3f}"] if reward is not None else []
+        missing = _no_reward(record, "train")
+        if missing:
+            words.append(f"{missing} episodes without a reward")
         if acc is not None:
             words.append(f"val acc {acc:.3f}")
+            missing = _no_reward(record, "val")
+            if missing:  # accuracy is over the graded episodes alone
+                words[-1] += f" (of the graded; {missing} without a reward)"
         self.bar.update(self.task, completed=step, description="  ".join(words))
         due = acc is not None or now - self.said >= PLAIN_EVERY_S or step == self.total
         if self.tty or not due:
@@ -1198,6 +1204,13 @@ class _StepProgress:
             rate = (now - self.start) / (step - self.first)
             words += [f"{rate:.2f} s/step", f"ETA {_clock(rate * (self.total - step))}"]
         print(f"step {step}/{self.total}  " + "  ".join(words), file=sys.stderr, flush=True)
+
+
+def _no_reward(record: dict, split: str) -> int:
+    """How many of a step's ``split`` episodes have no reward (a user's reward that failed)."""
+    from marlow.types import REWARD_MISSING
+
+    return int(sum(record.get(f"{split}/all/{reason}", 0) for reason in REWARD_MISSING))
 
 
 class _CellProgress:

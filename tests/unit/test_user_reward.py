@@ -86,7 +86,7 @@ def test_numpy_and_tensor_returns_are_numbers():
     assert grade(reward_of(as_tensor), ["1", "2", "3"]) == [0.25, 0.5, 0.75]
 
 
-def test_a_raising_reward_costs_its_batch_and_is_recorded_with_its_name_and_first_line():
+def test_a_raising_reward_is_graded_one_by_one_and_recorded_with_its_name_and_first_line():
     def broken(prompts, completions, **kwargs):
         raise ValueError("no column 'gold'\nsecond line")
 
@@ -95,13 +95,28 @@ def test_a_raising_reward_costs_its_batch_and_is_recorded_with_its_name_and_firs
     assert reward.events == [
         {
             "event": "reward_error",
-            "function": "test_a_raising_reward_costs_its_batch_and_is_recorded_with_its_name_"
+            "function": "test_a_raising_reward_is_graded_one_by_one_and_recorded_with_its_name_"
             "and_first_line.<locals>.broken",
             "error": "ValueError: no column 'gold'",
             "items": 3,
+            "batch": 3,
+            "then": "graded one by one: 3 of 3 failed (first: ValueError: no column 'gold')",
         }
     ]
     assert reward.last_error.endswith("ValueError: no column 'gold'")
+
+
+def test_a_reward_raising_on_some_rows_costs_those_rows_alone():
+    def picky(prompts, completions, **kwargs):
+        return [1.0 / int(c) for c in completions]  # "0" raises ZeroDivisionError
+
+    reward = reward_of(picky)
+    got = grade(reward, ["1", "0", "4"])
+    assert got[0] == 1.0 and got[2] == 0.25
+    assert reasons(got) == [None, "reward_error", None]
+    (event,) = reward.events
+    assert event["items"] == 1 and event["batch"] == 3
+    assert event["then"].startswith("graded one by one: 1 of 3 failed (first: ZeroDivisionError")
 
 
 @pytest.mark.parametrize(
@@ -320,3 +335,45 @@ def test_metrics_leave_a_missing_reward_out_and_count_it_per_role():
     assert "train/aggregator/reward_nonfinite" not in out
     merged = Meter.merge([meter, meter]).result("train")  # data-parallel ranks add counts
     assert merged["train/all/reward_timeout"] == 2
+
+
+def test_the_progress_line_says_how_many_episodes_have_no_reward(capsys):
+    from marlow.cli import _StepProgress
+
+    progress = _StepProgress(total=4)
+    progress.tty = False  # the plain line, as in a log file
+    record = {
+        "train/all/reward": 0.5,
+        "train/all/reward_error": 3.0,
+        "train/all/reward_none": 2.0,
+        "val/all/accuracy": 0.75,
+        "val/all/reward_timeout": 4.0,
+    }
+    progress.update(1, record)
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "5 episodes without a reward" in line
+    assert "val acc 0.750 (of the graded; 4 without a reward)" in line
+    progress.update(2, {"train/all/reward": 0.5, "val/all/accuracy": 0.5})
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "without a reward" not in line
+
+
+def test_inspect_shows_the_turns_and_episodes_left_without_a_reward(tmp_path):
+    import json
+
+    import marlow
+    from marlow.config.loading import dump_config
+    from marlow.report.inspect import inspect_run
+
+    cfg = marlow.make_config(preset="tiny", workflow={"name": "voting"})
+    (tmp_path / "config.yaml").write_text(dump_config(cfg))
+    records = [
+        {"step": 1, "train/all/reward": 0.5, "train/all/reward_error": 6.0,
+         "train/generator/reward_error": 18.0, "train/aggregator/reward": 0.5,
+         "val/all/accuracy": 0.5, "val/all/reward_timeout": 2.0},
+    ]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    report = inspect_run(tmp_path)
+    assert report["roles"]["all"]["latest"]["reward_error"] == 6.0
+    assert report["roles"]["generator"]["latest"]["reward_error"] == 18.0
+    assert report["roles"]["all"]["val"]["reward_timeout"] == 2.0

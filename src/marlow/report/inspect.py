@@ -29,11 +29,13 @@ from marlow.diagnostics.runstats import run_statistics
 from marlow.diagnostics.signatures import latest_signatures, read_signatures
 from marlow.diagnostics.sinks import read_jsonl
 from marlow.policy.routing import make_routing
+from marlow.types import REWARD_MISSING
 from marlow.workflows.check import run_workflow
 
 ROLE_METRICS = (
     "reward",
     "own_reward",
+    *REWARD_MISSING,  # turns (all: episodes) a step left without a reward, by reason
     "accuracy",
     "entropy",
     "perplexity",

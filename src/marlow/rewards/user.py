@@ -78,21 +78,22 @@ def _columns(problem: Problem) -> dict[str, Any]:
 
 
 class _Failed(Exception):  # noqa: N818 - a whole call failed: its reason and one line
-    def __init__(self, reason: str, message: str):
+    def __init__(self, reason: str, message: str, raised: bool = False):
         super().__init__(message)
         self.reason = reason
+        self.raised = raised  # the function raised (not: timed out, returned the wrong shape)
 
 
 def _call_in_thread(fn: Callable[[], Any], timeout_s: float) -> Any:
     """``fn()`` under :func:`marlow.usercode.call_guarded`, its failures as the reward's reasons."""
     try:
         return call_guarded(fn, timeout_s, "marlow-reward")
-    except CallTimedOut:
+    except CallTimedOut as err:
         raise _Failed(
-            "reward_timeout", f"took longer than task.reward_timeout_s={timeout_s:g}"
+            "reward_timeout", f"took longer than task.reward_timeout_s={timeout_s:g} ({err})"
         ) from None
     except CallFailed as err:
-        raise _Failed("reward_error", str(err)) from None
+        raise _Failed("reward_error", str(err), raised=True) from None
 
 
 def _as_reward(value: Any) -> float:
@@ -107,6 +108,46 @@ def _as_reward(value: Any) -> float:
         raise TypeError(type(value).__name__)
     value = float(value)
     return value if math.isfinite(value) else NoReward("reward_nonfinite")
+
+
+def _trl_kwargs(items: list[tuple[str, Problem]]) -> dict[str, Any]:
+    """The keywords of one TRL-form call over ``items``: prompts, completions, problem_ids and
+    every dataset column, aligned."""
+    rows = [_columns(p) for _, p in items]
+    names = sorted({k for row in rows for k in row})
+    return {
+        "prompts": [p.prompt for _, p in items],
+        "completions": [text for text, _ in items],
+        "problem_ids": [p.id for _, p in items],
+        **{name: [row.get(name) for row in rows] for name in names},
+    }
+
+
+def _trl_rewards(returned: Any, count: int) -> list[float]:
+    """A TRL-form call's return as ``count`` rewards, or :class:`_Failed` naming what is wrong."""
+    if hasattr(returned, "tolist") and not isinstance(returned, list | tuple):
+        returned = returned.tolist()  # a numpy array or a tensor of rewards
+    if not isinstance(returned, list | tuple):
+        raise _Failed(
+            "reward_error",
+            f"returned a {type(returned).__name__}; expected a list of {count} float or None",
+        )
+    if len(returned) != count:
+        raise _Failed(
+            "reward_error",
+            f"returned {len(returned)} values for {count} completions; expected one float or "
+            "None per completion",
+        )
+    out = []
+    for i, value in enumerate(returned):
+        try:
+            out.append(_as_reward(value))
+        except TypeError as err:
+            raise _Failed(
+                "reward_error",
+                f"returned a {err} at index {i}; expected float or None per completion",
+            ) from None
+    return out
 
 
 class UserReward:
@@ -185,40 +226,45 @@ class UserReward:
             return [NoReward(failed.reason)] * len(items)
 
     def _grade_trl(self, items: list[tuple[str, Problem]]) -> list[float]:
-        rows = [_columns(p) for _, p in items]
-        names = sorted({k for row in rows for k in row})
-        columns = {name: [row.get(name) for row in rows] for name in names}
-        kwargs = {
-            "prompts": [p.prompt for _, p in items],
-            "completions": [text for text, _ in items],
-            "problem_ids": [p.id for _, p in items],
-            **columns,
-        }
-        returned = _call_in_thread(lambda: self.fn(**kwargs), self.timeout_s)
-        if hasattr(returned, "tolist") and not isinstance(returned, list | tuple):
-            returned = returned.tolist()  # a numpy array or a tensor of rewards
-        if not isinstance(returned, list | tuple):
-            raise _Failed(
-                "reward_error",
-                f"returned a {type(returned).__name__}; expected a list of {len(items)} "
-                "float or None",
-            )
-        if len(returned) != len(items):
-            raise _Failed(
-                "reward_error",
-                f"returned {len(returned)} values for {len(items)} completions; expected one "
-                "float or None per completion",
-            )
-        out = []
-        for i, value in enumerate(returned):
-            try:
-                out.append(_as_reward(value))
-            except TypeError as err:
-                raise _Failed(
-                    "reward_error",
-                    f"returned a {err} at index {i}; expected float or None per completion",
-                ) from None
-        return out
+        try:
+            returned = _call_in_thread(lambda: self.fn(**_trl_kwargs(items)), self.timeout_s)
+        except _Failed as failed:
+            if not failed.raised or len(items) == 1:
+                raise
+            return self._grade_trl_each(items, str(failed))
+        return _trl_rewards(returned, len(items))
+
+    def _grade_trl_each(self, items: list[tuple[str, Problem]], error: str) -> list[float]:
+        """The items of a batch whose call raised, graded one call each (in one guarded thread,
+        within the one time limit), so that only the items the function fails on lose their
+        reward; one event names the batch's error and how many items failed alone."""
+
+        def each() -> list[tuple[float, str | None]]:
+            out: list[tuple[float, str | None]] = []
+            for item in items:
+                try:
+                    out.append((_trl_rewards(self.fn(**_trl_kwargs([item])), 1)[0], None))
+                except _Failed as failed:
+                    out.append((NoReward("reward_error"), str(failed)))
+                except Exception as err:  # noqa: BLE001 - the user's code: this item's failure
+                    out.append((NoReward("reward_error"), first_line(err)))
+            return out
+
+        graded = _call_in_thread(each, self.timeout_s)
+        failed = [e for _, e in graded if e is not None]
+        self.last_error = f"{self.name}: {error}"
+        self.events.append(
+            {
+                "event": "reward_error",
+                "function": self.name,
+                "error": error,
+                "items": len(failed),
+                "batch": len(items),
+                "then": f"graded one by one: {len(failed)} of {len(items)} failed"
+                + (f" (first: {failed[0]})" if failed else ""),
+            }
+        )
+        return [reward for reward, _ in graded]
 
     def _grade_verl(self, items: list[tuple[str, Problem]]) -> list[float]:
         def each() -> list[tuple[float, str | None]]:

@@ -122,8 +122,27 @@ def test_gsm8k_bad_rows_skipped_and_strict(tmp_path):
     assert [(p.id, p.answer) for p in problems] == [("gsm8k/0", "1234"), ("gsm8k/4", "-5")]
     assert report.rows_read == 5 and report.kept == 2
     assert report.skipped == {"no_gold_marker": 1, "missing_field:question": 1, "bad_json": 1}
-    with pytest.raises(DatasetError, match="row 1 of gsm8k rejected .no_gold_marker."):
+    assert "bad_json=1 (line 4)" in report.summary()
+    assert "no_gold_marker=1 (line 2)" in report.summary()
+    with pytest.raises(DatasetError, match="line 2 of gsm8k rejected .no_gold_marker."):
         load_gsm8k(path, strict=True)
+
+
+def test_skipped_rows_are_located_by_line_and_id_and_blank_lines_counted(tmp_path):
+    from marlow.tasks.loaders import load_columns
+
+    path = tmp_path / "mine.jsonl"
+    lines = ['{"id": "s-1", "q": "1+1"}', "", '{"id": "s-2"}', "   ", '{"id": "s-3", "q": "2+2"}',
+             '{"id": "s-4", "q": ""}', '{"id": "s-5"}', '{"id": "s-6"}', '{"id": "s-7"}']  # fmt: skip
+    path.write_text("\n".join(lines) + "\n")
+    problems, report = load_columns(path, prompt_field="q")
+    assert [p.id for p in problems] == ["s-1", "s-3"]
+    assert report.rows_read == 7 and report.skipped["blank_line"] == 2
+    summary = report.summary()
+    assert "blank_line=2 (line 2, line 4)" in summary
+    assert "missing_field:q=5 (line 3 (id s-2), line 6 (id s-4), line 7 (id s-5), ...)" in summary
+    with pytest.raises(DatasetError, match=r"line 3 \(id s-2\) of custom rejected"):
+        load_columns(path, prompt_field="q", strict=True)
 
 
 # ----------------------------------------------------------------------------- DAPO
@@ -273,7 +292,7 @@ def test_deepcoder_subsets(tmp_path, subset, fmt):
 
 def test_deepcoder_strict_raises(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [GOOD["taco"][0][0], dc_row([])])
-    with pytest.raises(DatasetError, match="row 1 of deepcoder rejected .empty_tests."):
+    with pytest.raises(DatasetError, match="line 2 of deepcoder rejected .empty_tests."):
         load_deepcoder(path, subset="taco", strict=True)
 
 

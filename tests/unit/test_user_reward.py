@@ -246,7 +246,7 @@ def test_columns_become_the_prompt_the_answer_the_id_and_the_rewards_keywords(tm
 
 def test_strict_makes_the_first_bad_row_an_error_naming_it(tmp_path):
     src = write_rows(tmp_path / "t.jsonl", [{"prompt": "1+1"}, {"text": "x"}])
-    with pytest.raises(DatasetError, match=r"row 1 of custom rejected \(missing_field:prompt\)"):
+    with pytest.raises(DatasetError, match=r"line 2 of custom rejected \(missing_field:prompt\)"):
         load_columns(src, strict=True)
 
 

@@ -50,12 +50,14 @@ Choices the spec leaves open:
   ``task_id``, DAPO ``extra_info.index``), else ``<dataset>/<row number in the source>`` (0-based,
   counted over all rows read, so skipping a row does not renumber the others). DeepCoder ids are
   ``deepcoder/<subset>/<row>``. A repeated id is skipped under ``duplicate_id``.
-* Skip reasons: ``bad_json`` (a jsonl line that is not a JSON object), ``missing_field:<name>``
+* Skip reasons: ``blank_line`` (a jsonl line of whitespace; not a row: not in ``rows_read``),
+  ``bad_json`` (a jsonl line that is not a JSON object), ``missing_field:<name>``
   (absent, null, or blank text), ``no_gold_marker`` (GSM8K), ``duplicate_prompt``,
   ``duplicate_id``, ``empty_tests``, ``unparseable_tests``, ``no_passing_tests``,
   ``outside_vocabulary`` (custom, on the tiny world).
-* ``strict=True`` turns the first skipped row into a ``DatasetError``; by default rows
-  are skipped and counted. A source with no rows, or where *no* row could be kept, is a wrong file:
+* ``strict=True`` turns the first skipped row into a ``DatasetError`` naming its line (or table
+  row) and id; by default rows are skipped and counted, the summary naming the first
+  :data:`SHOWN` of each reason. A source with no rows, or where *no* row could be kept, is a wrong file:
   ``DatasetError`` naming the first skip reason, the fields the dataset needs and the fields found.
 * ``limit`` caps the number of *kept* problems (reading stops there).
 * ``split(problems, val_size, seed)``: each problem's key is ``sha256(f"{seed}:{id}")``; the
@@ -115,15 +117,34 @@ class LoadReport:
     # those a runtime filter drops), and how many such rows were read: ``permutation_split``.
     positions: list[int] = field(default_factory=list)
     n_positions: int = 0
+    where: dict[str, list[str]] = field(default_factory=dict)  # reason -> the first rows skipped
 
     @property
     def n_skipped(self) -> int:
         return sum(self.skipped.values())
 
+    def skip(self, reason: str, where: str) -> None:
+        """Count a row skipped for ``reason``; the first :data:`SHOWN` say where it was."""
+        self.skipped[reason] += 1
+        shown = self.where.setdefault(reason, [])
+        if len(shown) < SHOWN:
+            shown.append(where)
+
     def summary(self) -> str:
-        why = ", ".join(f"{k}={v}" for k, v in sorted(self.skipped.items())) or "none"
+        def reason(k: str) -> str:
+            at = self.where.get(k, [])
+            more = ", ..." if self.skipped[k] > len(at) else ""
+            return f"{k}={self.skipped[k]}" + (f" ({', '.join(at)}{more})" if at else "")
+
+        why = ", ".join(reason(k) for k in sorted(self.skipped)) or "none"
         read = f"read {self.rows_read}, kept {self.kept}, skipped {why}"
         return f"{self.dataset} from {self.source}: {read}"
+
+
+SHOWN = 3
+"""Skipped rows a data line locates per reason (``line 12 (id sum-0011)``)."""
+BLANK = object()
+"""What reading yields for a blank line of a jsonl file: counted under ``blank_line``."""
 
 
 class _Skip(Exception):  # noqa: N818 - control flow, never escapes this module
@@ -137,21 +158,23 @@ class _Skip(Exception):  # noqa: N818 - control flow, never escapes this module
 
 def read_rows(
     source: str | Path, *, config: str | None = None, split: str = "train"
-) -> Iterator[dict | None]:
-    """Rows of a local file or hub dataset; a jsonl line that is not a JSON object yields None."""
+) -> Iterator[tuple[str, Any]]:
+    """(where, row) of a local file or hub dataset: ``where`` is ``line N`` of a jsonl file (from
+    1, as an editor numbers it) or ``row N`` of a table (from 1); a jsonl line that is not a JSON
+    object yields None, a blank one :data:`BLANK`."""
     path = Path(source)
     text = str(source)
     if path.exists() or text.endswith(FILE_SUFFIXES):
         return _read_file(path)
     if isinstance(source, str) and _HUB_ID.match(text):
-        return _read_hub(text, config, split)
+        return ((f"row {i + 1}", row) for i, row in enumerate(_read_hub(text, config, split)))
     raise DatasetError(
         f"source {text!r} is neither an existing file ({', '.join(FILE_SUFFIXES)}) "
         "nor a hub id 'owner/name'"
     )
 
 
-def _read_file(path: Path) -> Iterator[dict | None]:
+def _read_file(path: Path) -> Iterator[tuple[str, Any]]:
     name = path.name
     if not name.endswith(FILE_SUFFIXES):
         raise DatasetError(
@@ -160,7 +183,7 @@ def _read_file(path: Path) -> Iterator[dict | None]:
     if not path.is_file():
         raise DatasetError(f"{path}: file not found")
     if name.endswith(".parquet"):
-        return iter(_read_parquet(path))
+        return ((f"row {i + 1}", row) for i, row in enumerate(_read_parquet(path)))
     return _read_jsonl(path)
 
 
@@ -175,18 +198,20 @@ def _read_parquet(path: Path) -> list[dict]:
         raise DatasetError(f"{path}: not a readable parquet file ({_first_line(e)})") from None
 
 
-def _read_jsonl(path: Path) -> Iterator[dict | None]:
+def _read_jsonl(path: Path) -> Iterator[tuple[str, Any]]:
     opener = gzip.open if path.name.endswith(".gz") else open
     try:
         with opener(path, "rt", encoding="utf-8") as f:
-            for line in f:
+            for number, line in enumerate(f, start=1):
+                where = f"line {number}"
                 if not line.strip():
+                    yield where, BLANK
                     continue
                 try:
                     row = json.loads(line)
                 except ValueError:
                     row = None
-                yield row if isinstance(row, dict) else None
+                yield where, row if isinstance(row, dict) else None
     except (OSError, UnicodeDecodeError, EOFError) as e:
         raise DatasetError(f"{path}: not a readable jsonl file ({_first_line(e)})") from None
 
@@ -204,6 +229,17 @@ def _read_hub(hub_id: str, config: str | None, split: str) -> Iterator[dict]:
             f"{_first_line(e)}"
         ) from None
     return iter(ds)
+
+
+def _located(where: str, row: Any, needs: tuple[str, ...]) -> str:
+    """``where`` with the row's id where it has one (an ``id`` column, or the first of ``needs``
+    naming an id), so that a user finds it: ``line 301 (id sum-0300)``."""
+    if isinstance(row, dict):
+        for key in ("id", *(k for k in needs if "id" in k)):
+            value = row.get(key)
+            if isinstance(value, str | int) and not isinstance(value, bool) and str(value):
+                return f"{where} (id {str(value)[:40]})"
+    return where
 
 
 def _first_line(e: BaseException) -> str:
@@ -420,9 +456,14 @@ def _run(
     seen_ids: set[str] = set()
     seen_prompts: set[str] = set()
     keys: set[str] = set()
-    for i, row in enumerate(read_rows(source, config=config, split=split)):
+    i = -1  # the row's number among the source's rows (blank lines are none)
+    for where, row in read_rows(source, config=config, split=split):
         if limit is not None and len(problems) >= limit:
             break
+        if row is BLANK:
+            report.skip("blank_line", where)
+            continue
+        i += 1
         report.rows_read += 1
         try:
             if row is None:
@@ -441,12 +482,13 @@ def _run(
             if p.id in seen_ids:
                 raise _Skip("duplicate_id")
         except _Skip as s:
+            located = _located(where, row, needs)
             if strict:
                 raise DatasetError(
-                    f"{source}: row {i} of {dataset} rejected ({s.reason}); "
+                    f"{source}: {located} of {dataset} rejected ({s.reason}); "
                     f"{dataset} rows need fields: {', '.join(needs)}"
                 ) from None
-            report.skipped[s.reason] += 1
+            report.skip(s.reason, located)
             continue
         seen_ids.add(p.id)
         problems.append(p)

@@ -1077,6 +1077,7 @@ app.add_typer(task_app, name="task")
     epilog=_examples(
         "marlow task check examples/sums/config.yaml",
         "marlow task check task.source=my.jsonl task.reward=my_rewards.py:score --problems 8",
+        "marlow task check examples/sums/config.yaml --show 2",
     ),
 )
 def task_check(
@@ -1085,15 +1086,20 @@ def task_check(
         typer.Argument(help="\\[CONFIG.yaml] \\[key=value ...]", show_default=False),
     ] = None,
     problems: Annotated[int, typer.Option(min=1, help="training problems to sample")] = 4,
+    show: Annotated[
+        int, typer.Option(min=0, help="print this many sampled episodes as text (the base model's)")
+    ] = 0,
 ) -> None:
     """Load the task, grade its gold answers, and sample a few episodes on the model: whether the
-    rewards vary within groups. Exits 1 with one line on any problem."""
+    rewards vary within groups; --show N prints N of them as text. Exits 1 with one line on any
+    problem."""
     from marlow.config import load_config
     from marlow.training.taskcheck import check_task
 
     config, overrides = _split_args(args)
     try:
-        report = check_task(load_config(config, overrides), problems=problems, log=_log)
+        cfg = load_config(config, overrides)
+        report = check_task(cfg, problems=problems, show=show, log=_log)
     except _user_errors() as err:
         _fail(str(err))
     for line in report.lines:

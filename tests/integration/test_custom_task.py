@@ -264,6 +264,15 @@ def test_task_check_passes_a_task_whose_gold_scores_and_whose_groups_vary(small_
     assert report.lines[4] == "groups whose rewards vary: 2 of 2"
 
 
+def test_task_check_shows_the_base_models_episodes_as_text(small_config, task_files):
+    report = check_task(task_config(small_config, task_files, "fair"), problems=2, show=2)
+    text = "\n".join(report.lines)
+    assert text.count("--- episode ") == 2 and "--- episode 1 of " in text
+    assert " prompt:\n" in text and " completion:\n" in text and "final answer:\n" in text
+    quiet = check_task(task_config(small_config, task_files, "fair"), problems=2)
+    assert "--- episode" not in "\n".join(quiet.lines)
+
+
 def test_task_check_reports_a_reward_that_cannot_teach(small_config, task_files):
     report = check_task(task_config(small_config, task_files, "stingy"), problems=2)
     assert len(report.problems) == 2

@@ -14,7 +14,8 @@ In order, each a line of the report:
    group's rewards vary: GRPO's advantage is zero in a group of equal rewards, so such a task
    teaches the model nothing until some group varies.
 
-The adapters are new (LoRA's B is zero), so the episodes are the base model's. Nothing is written
+The adapters are new (LoRA's B is zero), so the episodes are the base model's; ``show`` prints
+some of them as text, to read what the base model writes before writing a reward. Nothing is written
 outside a temporary folder. Choices of marlow, not fixed by the spec: the number of problems
 (``problems``, 4) and of gold answers graded (``GOLD_LIMIT``).
 """
@@ -47,9 +48,15 @@ def gold_completion(problem: Problem, family: str) -> str:
 
 
 def check_task(
-    config: RunConfig, *, problems: int = 4, log: Callable[[str], None] | None = None
+    config: RunConfig,
+    *,
+    problems: int = 4,
+    show: int = 0,
+    log: Callable[[str], None] | None = None,
 ) -> TaskReport:
-    """The report of the module docstring for ``config``'s task, model and workflow."""
+    """The report of the module docstring for ``config``'s task, model and workflow; ``show``:
+    that many of the sampled episodes also as text (every turn's prompt and completion, and each
+    tool call), so that the base model's answers can be read before the reward is written."""
     report = TaskReport()
     with (
         tempfile.TemporaryDirectory(prefix="marlow-task-check-") as tmp,
@@ -66,7 +73,7 @@ def check_task(
                 f"skipped {skipped}; {len(task.train_problems())} train, {len(trainer.val_set)} validation"
             )
         _gold(report, trainer, family, config.task.correct_threshold)
-        _episodes(report, trainer, problems)
+        _episodes(report, trainer, problems, show)
     return report
 
 
@@ -96,10 +103,22 @@ def _gold(report: TaskReport, trainer: Trainer, family: str, threshold: float) -
         )
 
 
-def _episodes(report: TaskReport, trainer: Trainer, problems: int) -> None:
+def _episodes(report: TaskReport, trainer: Trainer, problems: int, show: int = 0) -> None:
     cfg = trainer.cfg
     batch = trainer.task.train_batch(cfg.seed, 1, problems)
     episodes = trainer.rollout(batch, cfg.grpo.group_size, cfg.rollout.temperature, seed=cfg.seed)
+    for i, ep in enumerate(episodes[:show]):
+        reward = "none" if math.isnan(ep.reward) else f"{ep.reward:g}"
+        report.lines.append(f"--- episode {i + 1} of {batch[ep.group].id} (reward {reward})")
+        for t in ep.transcript():
+            if "tool" in t:
+                report.lines.append(f"tool {t['tool']} ({t['status']}):\n{t['output']}")
+            else:
+                report.lines.append(f"{t['role']} prompt:\n{t['prompt']}")
+                report.lines.append(f"{t['role']} completion:\n{t['completion']}")
+        report.lines.append(f"final answer:\n{ep.final_answer}")
+    if show:
+        report.lines.append("---")
     groups: dict[int, list[float]] = {}
     for ep in episodes:
         groups.setdefault(ep.group, []).append(ep.reward)

@@ -208,7 +208,9 @@ METRICS: tuple[MetricDoc, ...] = (
         "role",
         "train, val",
         EVERY,
-        "grpo.credit=role: mean reward of the role's own turns, what it is trained on",
+        "under grpo.credit=role (the tiny and quickstart presets' setting; the paper's is "
+        "broadcast): mean reward of the role's own turns, what it is trained on; absent under "
+        "broadcast credit",
     ),
     MetricDoc(
         "truncation_rate",
@@ -288,7 +290,8 @@ METRICS: tuple[MetricDoc, ...] = (
         "train",
         EVERY,
         "chi-square divergence between the "
-        "sampler's and the trainer's token distributions, on the sampled tokens",
+        "sampler's and the trainer's token distributions, on the sampled tokens (mean(ratio^2) "
+        "- 1: a small negative value is a difference too small to measure)",
     ),
     MetricDoc(
         "rollout_abs_dlogp",
@@ -303,7 +306,9 @@ METRICS: tuple[MetricDoc, ...] = (
         "train",
         DIAGNOSED,
         "chi-square divergence of the updated "
-        "policy from the one that sampled (the step's update size)",
+        "policy from the one that sampled (the step's update size), estimated on the step's "
+        "sampled tokens as mean(ratio^2) - 1: >= 0 in expectation, so a small negative value "
+        "(e.g. -1e-4) is an update too small to measure",
     ),
     MetricDoc(
         "kl_to_base",
@@ -414,7 +419,14 @@ METRICS: tuple[MetricDoc, ...] = (
     MetricDoc("grad_norm_max", "adapter", "train", EVERY, "its largest over the step's updates"),
     MetricDoc("loss", "adapter", "train", EVERY, "the policy loss, averaged over the updates"),
     MetricDoc("lr", "adapter", "train", EVERY, "the adapter's learning rate after the step"),
-    MetricDoc("updates", "adapter", "train", EVERY, "optimizer updates the adapter has taken"),
+    MetricDoc(
+        "updates",
+        "adapter",
+        "train",
+        EVERY,
+        "optimizer updates the adapter took in this step (its mini-batches x grpo.epochs), not "
+        "since the run began",
+    ),
     MetricDoc(
         "nonfinite_skips",
         "adapter",

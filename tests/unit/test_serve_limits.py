@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
@@ -173,13 +174,24 @@ def test_max_tokens_is_bounded_by_the_limit_and_the_context():
         assert error["code"] == "context_length_exceeded"
 
 
-def test_a_full_queue_answers_503_with_retry_after_at_once():
+@contextmanager
+def engine_held(**limits):
+    """A server whose engine is held by a first request ("a"), in a thread until released:
+    yields (stand, client, post, that thread, its reply box)."""
     stand = Stand()
     stand.hold.clear()
-    with client_for(stand, max_waiting=2) as client:
+    with client_for(stand, **limits) as client:
         post = lambda body: client.post("/v1/chat/completions", json=body)  # noqa: E731
         first, one = in_thread(lambda: post(ask("a")))
         wait_until(lambda: len(stand.calls) == 1)  # in the engine: the queue is empty again
+        try:
+            yield stand, client, post, first, one
+        finally:
+            stand.hold.set()
+
+
+def test_a_full_queue_answers_503_with_retry_after_at_once():
+    with engine_held(max_waiting=2) as (stand, client, post, first, one):
         second, two = in_thread(lambda: post(ask("b", n=2)))
         wait_until(lambda: client.get("/health").json()["waiting"] == 2)
         full = post(ask("c"))
@@ -193,12 +205,7 @@ def test_a_full_queue_answers_503_with_retry_after_at_once():
 
 
 def test_a_request_past_its_deadline_is_a_503_and_costs_no_engine_call_if_not_started():
-    stand = Stand()
-    stand.hold.clear()
-    with client_for(stand, timeout_s=0.5) as client:
-        post = lambda body: client.post("/v1/chat/completions", json=body)  # noqa: E731
-        first, one = in_thread(lambda: post(ask("a")))
-        wait_until(lambda: len(stand.calls) == 1)
+    with engine_held(timeout_s=0.5) as (stand, client, post, first, one):
         late = post(ask("b"))  # queued behind the held call until its deadline
         assert is_openai_error(late, 503)["code"] == "timeout"
         first.join(10)

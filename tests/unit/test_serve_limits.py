@@ -58,9 +58,6 @@ class Stand:
             "" if self.characters is None else "".join(sorted(set(question) - set(self.characters)))
         )
 
-    def question_tokens(self, question: str) -> int:
-        return len(self.tokenizer(question)["input_ids"])
-
     def answer(self, questions, *, trace, temperature, max_new_tokens, seed):
         self.calls.append(list(questions))
         self.hold.wait(30)

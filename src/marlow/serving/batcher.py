@@ -23,7 +23,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from marlow.serving.workflow import Answer, TrainedWorkflow
+from marlow.serving.workflow import TrainedWorkflow
 
 
 class Overloaded(Exception):  # noqa: N818 - the server's 503
@@ -100,9 +100,6 @@ class Batcher:
         self.waiting += len(questions)
         self._queue.put_nowait(pending)
         return pending
-
-    async def answer(self, questions: list[str], settings: Settings) -> list[Answer]:
-        return await self.submit(questions, settings).future
 
     async def _run(self) -> None:
         while True:

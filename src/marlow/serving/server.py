@@ -319,22 +319,15 @@ class Chat:
 
 
 def parse_chat(
-    raw: bytes | Any,
-    workflow: TrainedWorkflow,
-    limits: Limits | None = None,
-    count: Callable[[str], int] | None = None,
+    raw: bytes, workflow: TrainedWorkflow, limits: Limits, count: Callable[[str], int]
 ) -> Chat:
-    """A chat request's body (bytes, or its parsed JSON) as a :class:`Chat`, or a RequestError
-    naming the field at fault. ``count``: the question's tokens (default: the workflow's)."""
-    limits = limits or Limits()
-    if isinstance(raw, bytes | bytearray):
-        try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError) as err:
-            why = str(err) if isinstance(err, ValueError) else "nested too deep"
-            raise RequestError(400, f"the body is not valid JSON ({why})") from None
-    else:
-        body = raw
+    """A chat request's body as a :class:`Chat`, or a RequestError naming the field at fault;
+    ``count`` gives the question's tokens."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as err:
+        why = str(err) if isinstance(err, ValueError) else "nested too deep"
+        raise RequestError(400, f"the body is not valid JSON ({why})") from None
     if not isinstance(body, dict):
         raise RequestError(400, "the body must be a JSON object")
     model = body.get("model")
@@ -399,7 +392,7 @@ def parse_chat(
     trace = body.get("trace", False)
     if not isinstance(trace, bool):
         raise RequestError(400, "trace must be true or false", "trace")
-    _within_context(workflow, (count or workflow.question_tokens)(question), tokens)
+    _within_context(workflow, count(question), tokens)
     return Chat(question, Settings(temperature, tokens, seed, trace), n, stream, include_usage)
 
 

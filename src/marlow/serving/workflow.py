@@ -219,10 +219,6 @@ class TrainedWorkflow:
             return ""
         return "".join(sorted(set(question) - set(self.characters)))
 
-    def question_tokens(self, question: str) -> int:
-        """How many tokens ``question`` is, alone (its roles' prompts add their templates)."""
-        return question_tokens(self.tokenizer, question)
-
     def sampling(
         self, temperature: float | None = None, max_new_tokens: int | None = None
     ) -> SamplingParams:

@@ -206,9 +206,6 @@ def test_a_bundle_carries_the_tool_files_its_workflow_calls_by_path(
 def test_a_question_the_tiny_model_cannot_read_is_refused_or_skipped(trained_voting, tmp_path):
     with load_workflow(trained_voting) as wf, pytest.raises(ValueError, match="cannot read: 'é'"):
         wf.answer("12+13+é")
-    done = cli("answer", str(trained_voting), "12+é")
-    assert done.returncode != 0 and "cannot read" in done.stderr
-    assert "Traceback" not in done.stderr
     rows = tmp_path / "in.jsonl"
     rows.write_text('{"question": "1+1"}\n{"question": "2+é"}\n')
     done = cli(

@@ -191,21 +191,31 @@ def test_concurrent_requests_share_engine_batches(trained_voting):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_lets_the_request_in_flight_finish_then_exits_0(trained_voting, sig):
+def test_a_signal_drains_answering_the_request_in_flight_and_refusing_new_ones(trained_voting, sig):
     with server(trained_voting, "rollout.max_new_tokens=96") as (proc, url):
-        result: dict = {}
-
-        def slow() -> None:
-            body = ask("12*7", temperature=0, n=16)
-            result["reply"] = post(url, json.dumps(body).encode())
-
-        t = threading.Thread(target=slow)
-        t.start()
-        time.sleep(0.5)  # the request is in flight
+        port = int(url.rsplit(":", 1)[1])
+        body = json.dumps(ask("12*7", temperature=0, n=16)).encode()
+        # in flight: its headers are in, its body is still coming when the signal arrives
+        held = socket.create_connection(("127.0.0.1", port), timeout=60)
+        held.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
+            b"\r\ncontent-length: %d\r\n\r\n" % len(body) + body[:10]
+        )
+        time.sleep(0.3)
         proc.send_signal(sig)
-        t.join(timeout=120)
+        time.sleep(0.2)
+        late, said = post(url, json.dumps(ask("1+1")).encode())  # arrives while it stops
+        held.sendall(body[10:])
+        reply = b""
+        while chunk := held.recv(65536):
+            reply += chunk
+        held.close()
         assert proc.wait(timeout=60) == 0
-        status, reply = result["reply"]
-        assert status == 200 and len(reply["choices"]) == 16
+        head, _, payload = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), head
+        assert len(json.loads(payload)["choices"]) == 16
+        assert late == 503 and said["error"]["code"] == "shutting_down"
         err = proc.stderr.read()
         assert "Traceback" not in err, err
+        assert "stopping: answering the 1 request(s) in flight" in err, err[-600:]
+        assert "1 request(s) were answered and 1 told 503" in err

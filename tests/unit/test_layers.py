@@ -4,6 +4,7 @@ interpreter, and must not load any of the packages named beside it."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -60,3 +61,14 @@ def test_the_sandbox_and_its_pipes_share_their_limits_from_below_in_no_circle():
     assert "marlow.rewards.sandbox" not in imports("_channel")
     assert {"marlow.rewards.sandbox", "marlow.rewards._channel"}.isdisjoint(imports("limits"))
     assert "marlow.rewards.limits" in imports("_channel") & imports("sandbox")
+
+
+def test_importing_marlow_shortens_openmp_spinning_unless_the_user_chose():
+    code = "import os, marlow; print(os.environ.get('GOMP_SPINCOUNT'))"
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    run = lambda extra: subprocess.run(  # noqa: E731
+        [sys.executable, "-c", code], env={**env, **extra}, capture_output=True, text=True
+    ).stdout.strip()
+    assert run({}) == "1000"
+    assert run({"GOMP_SPINCOUNT": "300000"}) == "300000"
+    assert run({"OMP_WAIT_POLICY": "ACTIVE"}) == "None"  # a wait policy of the user's stands

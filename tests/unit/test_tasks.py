@@ -56,3 +56,26 @@ def test_a_run_trains_on_a_dataset_file(small_config, tmp_path):
     records = read_metrics(out)
     assert [r["step"] for r in records] == [0, 1]
     assert records[0]["val/all/n_problems"] == 4
+    said: list[str] = []
+    with Trainer(cfg, out, log=said.append):  # a later command of the run: a resume, an eval
+        pass
+    assert "data as at the run's start: kept 1319, skipped 0" in said
+
+
+def test_a_runs_data_warning_is_given_once_and_again_when_the_data_change(tmp_path):
+    rows = (DATA / "gsm8k_test.jsonl").read_text().splitlines()[:40]
+    path = tmp_path / "gsm.jsonl"
+    path.write_text("\n".join([*rows[:20], "not json", *rows[20:]]) + "\n")
+    cfg = task_config(source=str(path), dataset="gsm8k", val_size=4)
+    first: list[str] = []
+    task = build_task(cfg, log=first.append)
+    assert first[0].startswith("WARNING data") and "line 21" in first[0]
+    event = {"step": 0, "action": "data", **task.data_report}  # as the run records it
+    again: list[str] = []
+    build_task(cfg, log=again.append, recorded=event)
+    assert again == ["data as at the run's start: kept 40, skipped 1"]
+    path.write_text("\n".join([*rows, "not json", ""]) + "\n")  # a row more, the bad one moved
+    changed: list[str] = []
+    build_task(cfg, log=changed.append, recorded=event)
+    assert changed[0].startswith("WARNING data") and "line 41" in changed[0]
+    assert "differ from what the run started with" in changed[-1]

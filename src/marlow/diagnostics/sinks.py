@@ -108,6 +108,14 @@ def read_jsonl(path: Path) -> Iterable[dict]:
             yield record
 
 
+def first_event(run: Path, action: str) -> dict | None:
+    """The first record of ``action`` in the run's ``events.jsonl`` (None without one)."""
+    events = run / "events.jsonl"
+    if not events.exists():
+        return None
+    return next((e for e in read_jsonl(events) if e.get("action") == action), None)
+
+
 # -- shared helpers -----------------------------------------------------------------------------
 
 

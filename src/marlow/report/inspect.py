@@ -113,6 +113,10 @@ def inspect_run(run_dir: str | Path, overrides: list[str] | None = None) -> dict
     verdicts = run_detectors(records, signatures, slots, cfg.detect)
     events = list(read_jsonl(run / "events.jsonl")) if (run / "events.jsonl").exists() else []
     latest_sigs = latest_signatures(run)
+    n_val = val.get("val/all/n_problems")
+    sig_problems = cfg.diagnostics.signature_problems
+    if n_val is not None:
+        sig_problems = min(sig_problems, int(n_val))
     return {
         "run": str(run),
         "workflow": cfg.workflow.name,
@@ -141,8 +145,11 @@ def inspect_run(run_dir: str | Path, overrides: list[str] | None = None) -> dict
             for name in workflow.tools
         },
         "signatures": (
-            {"step": latest_sigs[0], "roles": latest_sigs[1]} if latest_sigs is not None else None
+            {"step": latest_sigs[0], "roles": latest_sigs[1], "problems": sig_problems}
+            if latest_sigs is not None
+            else None
         ),
+        "detect": cfg.detect.model_dump(),
         "detectors": [{**asdict(v), "message": describe(v) if v.fired else None} for v in verdicts],
         "events": events,
     }
@@ -172,7 +179,12 @@ def render(report: dict) -> list:
             f"{v['terminal_drop']:.3f}"
         )
     rl = report["run_level"]
-    head += "\n" + ", ".join(f"{k} {_fmt(val)}" for k, val in rl.items())
+    head += (
+        f"\nover the whole run: largest chi2_update peak of any role {_fmt(rl['max_chi2'])}; "
+        f"largest grad_norm_max of any adapter at any step {_fmt(rl['max_grad_norm'])} (the "
+        "adapters table shows the latest step's); entropy collapse depth "
+        f"{_fmt(rl['entropy_collapse_depth'])}"
+    )
     out.append(Text(head))
 
     roles = report["roles"]
@@ -191,7 +203,17 @@ def render(report: dict) -> list:
         table.add_row(f"val {m}", *(_fmt(r["val"].get(m)) for r in roles.values()))
     out.append(table)
 
-    table = Table(title="run level per role (peak over first positive value after warmup)")
+    table = Table(
+        title="run level per role: each metric's peak over its first positive value after warmup",
+        caption=(
+            "peak/first is the raw ratio; gradient_amplification fires when a multi-slot role's "
+            f"grad_norm median of {report['detect']['amp_window']} reaches "
+            f"{_fmt(report['detect']['amp_rise'])}x its first while single-slot roles stay under "
+            f"{_fmt(report['detect']['amp_flat'])}x, so a lone spike can read high unalarmed"
+        ),
+        title_justify="left",
+        caption_justify="left",
+    )
     for col in ("role", "metric", "first (step)", "peak (step)", "peak/first"):
         table.add_column(col)
     for role, r in roles.items():
@@ -230,7 +252,13 @@ def render(report: dict) -> list:
     sig = report["signatures"]
     if sig:
         sroles = sig["roles"]
-        table = Table(title=f"trajectory signatures (validation, step {sig['step']})")
+        table = Table(
+            title=(
+                f"trajectory signatures (validation, step {sig['step']}, the first "
+                f"{sig['problems']} problems: n_turns counts a role's turns in their episodes)"
+            ),
+            title_justify="left",
+        )
         table.add_column("signature")
         for role in sroles:
             table.add_column(role, justify="right")
@@ -246,9 +274,41 @@ def render(report: dict) -> list:
         table.add_row(d["name"], verdict, _fmt(d["step"]), d["message"] or _brief(d["evidence"]))
     out.append(table)
     for e in report["events"]:
-        what = e.get("detector") or e.get("action")
-        out.append(Text(f"event at step {e['step']}: {what}"))
+        out.append(Text(f"event at step {e['step']}: {event_line(e)}"))
     return out
+
+
+def event_line(event: dict) -> str:
+    """One readable line of an ``events.jsonl`` record."""
+    action = event.get("action")
+    if "detector" in event:
+        return f"alarm {event['detector']} (fired at step {event.get('fired_at')})"
+    if action == "data":
+        skipped = ", ".join(f"{k} {v}" for k, v in event.get("skipped", {}).items()) or "none"
+        return (
+            f"data read {event.get('rows_read')} rows of {event.get('source')}, kept "
+            f"{event.get('kept')}, skipped {skipped}"
+        )
+    if action == "resume":
+        changed = event.get("changed") or []
+        return f"resumed from {event.get('checkpoint')}" + (
+            f" (changed: {', '.join(changed)})" if changed else ""
+        )
+    if action == "rollback":
+        return f"rolled back to the checkpoint of step {event.get('to_step')} (detect.on_alarm)"
+    if action == "nonfinite_skip":
+        return (
+            f"update of adapter {event.get('adapter')} skipped ({event.get('reason')}), "
+            f"{event.get('consecutive')} in a row"
+        )
+    if action == "nonfinite_stop":
+        return f"stopped: adapter {event.get('adapter')} had train.max_nonfinite skips in a row"
+    if "event" in event:
+        return (
+            f"{event['event']} ({event.get('split')}): {event.get('items')} item(s) without a "
+            f"reward" + (f"; {event['error']}" if event.get("error") else "")
+        )
+    return _brief({k: v for k, v in event.items() if k != "step"})
 
 
 def _at(role: dict, metric: str, step: int | None) -> str:

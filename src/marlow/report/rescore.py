@@ -26,7 +26,7 @@ from typing import Any
 
 from marlow.config import ConfigError, load_config
 from marlow.diagnostics.answers import read_answers
-from marlow.diagnostics.sinks import read_jsonl
+from marlow.diagnostics.sinks import first_event, read_jsonl
 from marlow.fileio import write_json
 from marlow.models import vocabulary
 from marlow.rewards.user import UserReward, load_reward
@@ -63,7 +63,12 @@ def rescore(
     out = run / "rescore" / f"{name or fn.__name__}.json"
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} exists; pass --overwrite to replace it, or --name")
-    task = build_task(config.task, log=log, vocabulary=vocabulary(config.model.name))
+    task = build_task(
+        config.task,
+        log=log,
+        vocabulary=vocabulary(config.model.name),
+        recorded=first_event(run, "data"),
+    )
     problems = {p.id: p for p in task.val_problems()}
     grade = UserReward(
         fn,

@@ -22,8 +22,11 @@ past the model's context, a missing or wrong API key, a body over the limit), a 
 ``Retry-After`` when the server is full or a request waited past its deadline, and a 500 for a
 fault of the server or the workflow (type ``server_error``; one line on stderr), after which the
 server keeps serving. Concurrent requests go through :class:`marlow.serving.batcher.Batcher`.
-uvicorn stops on SIGINT or SIGTERM after the requests in flight are answered; the engine is
-closed then.
+Stopping (SIGINT or SIGTERM) drains: the requests in flight are answered, and for at least
+:data:`DRAIN_S` the server keeps accepting connections and answers every new request with a 503
+``shutting_down`` (``Retry-After``, ``Connection: close``), so a client that was already
+connecting is told rather than cut off; then uvicorn stops and the engine is closed. A second
+signal stops at once. One line on stderr says the drain began and one what it answered.
 
 Limits (:class:`Limits`, ``marlow serve`` options): a body of at most ``max_body_bytes`` (413
 past it, read no further); ``max_tokens`` at most ``max_tokens`` and within the model's context
@@ -110,6 +113,38 @@ def error_response(err: RequestError) -> JSONResponse:
     return JSONResponse(body, err.status, headers=headers)
 
 
+DRAIN_S = 1.0
+"""The least time a stopping server keeps answering new requests with a 503."""
+
+
+class Drain:
+    """A stopping server's state, shared by the app (:class:`_Guard`) and :func:`serve`:
+    requests in flight, and since when (monotonic seconds) the server has been stopping."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.since: float | None = None
+        self.refused = 0
+        self.answered = 0
+
+    def begin(self) -> None:
+        if self.since is None:
+            self.since = time.monotonic()
+            print(
+                f"marlow serve: stopping: answering the {self.in_flight} request(s) in flight; "
+                "new requests get a 503 (signal again to stop now)",
+                file=sys.stderr,
+            )
+
+    def over(self) -> bool:
+        """Stopping, :data:`DRAIN_S` gone and nothing in flight."""
+        return (
+            self.since is not None
+            and time.monotonic() - self.since >= DRAIN_S
+            and self.in_flight == 0
+        )
+
+
 class _Guard:
     """The outermost layer of the app (pure ASGI, so a waiting request still sees its client
     leave): the API key of every request but /health, compared in constant time; any exception
@@ -117,9 +152,10 @@ class _Guard:
     response has not started; and, unless ``quiet``, one access line per request on stderr
     (client, method, path, status, seconds; status ``-`` where no response was sent)."""
 
-    def __init__(self, app, api_key: str | None, quiet: bool = False) -> None:
+    def __init__(self, app, api_key: str | None, drain: Drain, quiet: bool = False) -> None:
         self.app = app
         self.key = None if api_key is None else f"Bearer {api_key}".encode()
+        self.drain = drain
         self.quiet = quiet
 
     async def __call__(self, scope, receive, send) -> None:
@@ -134,9 +170,16 @@ class _Guard:
                 status = message["status"]
             await send(message)
 
+        self.drain.in_flight += 1
         try:
-            await self._answer(scope, receive, tracked, lambda: status is not None)
+            if self.drain.since is not None:  # stopping: a new request is told so
+                self.drain.refused += 1
+                await _stopping(scope, receive, tracked)
+            else:
+                await self._answer(scope, receive, tracked, lambda: status is not None)
+                self.drain.answered += self.drain.since is not None
         finally:
+            self.drain.in_flight -= 1
             if not self.quiet:
                 client = (scope.get("client") or ("-",))[0]
                 path = scope["path"] if len(scope["path"]) <= 200 else scope["path"][:200] + "..."
@@ -165,6 +208,14 @@ class _Guard:
                 await error_response(failure)(scope, receive, send)
 
 
+async def _stopping(scope, receive, send) -> None:
+    """The 503 of a request that arrived while the server stops; the connection is closed."""
+    err = RequestError(503, "the server is stopping; try again shortly", code="shutting_down")
+    response = error_response(err)
+    response.headers["connection"] = "close"
+    await response(scope, receive, send)
+
+
 class _ClientGone(Exception):  # noqa: N818 - control flow, not an error
     """The client disconnected while its request waited."""
 
@@ -175,8 +226,10 @@ def create_app(
     api_key: str | None = None,
     limits: Limits | None = None,
     quiet: bool = False,
+    drain: Drain | None = None,
 ):
-    """The FastAPI application serving ``workflow`` (module docstring)."""
+    """The FastAPI application serving ``workflow`` (module docstring); ``drain`` is the state
+    :func:`serve` stops it by."""
     limits = limits or Limits()
     batcher = Batcher(
         workflow,
@@ -202,7 +255,7 @@ def create_app(
 
     app = FastAPI(title="marlow", lifespan=lifespan)
     app.state.batcher = batcher
-    app.add_middleware(_Guard, api_key=api_key, quiet=quiet)
+    app.add_middleware(_Guard, api_key=api_key, drain=drain or Drain(), quiet=quiet)
     fail = error_response
 
     @app.exception_handler(RequestError)
@@ -532,19 +585,41 @@ def serve(
     limits: Limits | None = None,
     quiet: bool = False,
 ) -> None:
-    """Serve until SIGINT or SIGTERM: uvicorn stops taking requests, answers those in flight,
-    closes the engine (the app's lifespan), and returns. uvicorn hands the signal back to the
-    handler it found once it is done; a handler that does nothing makes that a plain return
-    (exit 0), where Python's own would raise KeyboardInterrupt or kill the process."""
+    """Serve until SIGINT or SIGTERM, then drain (module docstring), close the engine (the
+    app's lifespan) and return. uvicorn hands the signal back to the handler it found once it is
+    done; a handler that does nothing makes that a plain return (exit 0), where Python's own
+    would raise KeyboardInterrupt or kill the process."""
     import uvicorn
 
-    app = create_app(workflow, api_key=api_key, limits=limits, quiet=quiet)
+    class Draining(uvicorn.Server):
+        """uvicorn's server, whose first signal starts a drain instead of the stop."""
+
+        def handle_exit(self, sig, frame) -> None:
+            if drain.since is None:
+                self._captured_signals.append(sig)
+                drain.begin()
+            else:  # a second signal: stop now
+                super().handle_exit(sig, frame)
+
+        async def on_tick(self, counter: int) -> bool:
+            if drain.over():
+                self.should_exit = True
+            return await super().on_tick(counter)
+
+    drain = Drain()
+    app = create_app(workflow, api_key=api_key, limits=limits, quiet=quiet, drain=drain)
     previous = {s: signal.signal(s, _done) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        Draining(uvicorn.Config(app, host=host, port=port, log_level="warning")).run()
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+    if drain.since is not None:
+        print(
+            f"marlow serve: stopped; while stopping {drain.answered} request(s) were answered "
+            f"and {drain.refused} told 503",
+            file=sys.stderr,
+        )
 
 
 def _done(_signum: int, _frame: object) -> None:

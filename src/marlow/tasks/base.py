@@ -227,11 +227,17 @@ def build_task(
     config: TaskConfig,
     log: Callable[[str], None] | None = None,
     vocabulary: str | None = None,
+    recorded: dict | None = None,
 ) -> Task:
     """The task of ``config``; a dataset is loaded and split here, and ``log`` gets one line of
     its row counts (``WARNING`` first when rows were skipped). ``vocabulary``: the characters
     the model reads (the tiny world's); a custom task's prompt with any other character is
-    skipped and counted, and the characters logged."""
+    skipped and counted, and the characters logged.
+
+    ``recorded``: the ``data`` event of the run this command works on (a resume, an eval, a
+    rescore), if it has one: data that read the same are then said in one quiet line, so a
+    run's data warning is given once, when it starts; data that changed since are said in full,
+    with the change named."""
     if config.source == "tiny":
         return Task(config.name, config)
     from marlow.tasks.loaders import (
@@ -301,7 +307,16 @@ def build_task(
     except DatasetError as err:
         strict = "task.strict is true and " if config.strict and "rejected" in str(err) else ""
         raise ConfigError(f"{strict}{err}") from None
-    if log is not None:
+    data = {
+        "dataset": report.dataset,
+        "source": report.source,
+        "rows_read": report.rows_read,
+        "kept": report.kept,
+        "skipped": dict(sorted(report.skipped.items())),
+    }
+    if log is not None and recorded is not None and _same_data(recorded, data):
+        log(f"data as at the run's start: kept {report.kept}, skipped {report.n_skipped}")
+    elif log is not None:
         hint = "; task.strict=true makes a skipped row an error" if report.n_skipped else ""
         log(f"{'WARNING ' if report.n_skipped else ''}data {report.summary()}{hint}")
         if outside:
@@ -310,11 +325,10 @@ def build_task(
                 f"WARNING the tiny world reads printable ASCII only: prompts holding {chars} "
                 "were skipped (outside_vocabulary), not rewritten"
             )
-    data = {
-        "dataset": report.dataset,
-        "source": report.source,
-        "rows_read": report.rows_read,
-        "kept": report.kept,
-        "skipped": dict(sorted(report.skipped.items())),
-    }
+        if recorded is not None:
+            log("WARNING the data differ from what the run started with (events.jsonl: data)")
     return Task(config.name, config, train, val, data)
+
+
+def _same_data(recorded: dict, data: dict) -> bool:
+    return {k: v for k, v in recorded.items() if k not in ("step", "action")} == data

@@ -41,7 +41,7 @@ from marlow.diagnostics.detectors import describe, run_detectors
 from marlow.diagnostics.metrics import Meter, episode_metrics
 from marlow.diagnostics.runstats import series
 from marlow.diagnostics.signatures import read_signatures, trajectory_signatures, write_signatures
-from marlow.diagnostics.sinks import JsonlSink, open_sinks, read_jsonl
+from marlow.diagnostics.sinks import JsonlSink, first_event, open_sinks, read_jsonl
 from marlow.diagnostics.truncation import truncation_warnings
 from marlow.fileio import write_json, write_text
 from marlow.logs import Phase
@@ -119,7 +119,8 @@ class Trainer:
         torch.manual_seed(config.seed)
         # What can be refused without the model is refused first: role-level settings, the
         # device, data.
-        copy = workflow_copy(Path(run_dir) if run_dir is not None else self.out)
+        run = Path(run_dir) if run_dir is not None else self.out
+        copy = workflow_copy(run)
         self.workflow = check_run_config(config, copy)
         check_backend(config)  # registered, and able to run here (vLLM imports)
         self.rules = EpisodeRules.of(config)
@@ -134,7 +135,12 @@ class Trainer:
         # the prompts' family, which on a tiny model is the world it loads; a tiny model reads
         # printable ASCII only, so a custom task's prompts are checked against that
         self.family = task_family(config.model, config.task)
-        self.task = build_task(config.task, log=self.log, vocabulary=vocabulary(config.model.name))
+        self.task = build_task(
+            config.task,
+            log=self.log,
+            vocabulary=vocabulary(config.model.name),
+            recorded=first_event(run, "data"),  # said in full once per run
+        )
         # the code sandbox's isolation, logged, where grading runs model code
         self.isolation = sandbox_isolation(config, self.log) if self.task.sandboxed else None
         self.grade = self.task.grader()  # a user's reward is imported here, before the model

@@ -178,7 +178,47 @@ def metrics_page() -> str:
             keys += " (and `val/...`)"
         cells = [f"`{m.name}`", keys, m.splits, m.when, m.meaning]
         out.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    out += _inspect_sections()
     return "\n".join(out) + "\n"
+
+
+def _inspect_sections() -> list[str]:
+    """What ``marlow inspect`` shows beside the metrics: run-level figures, signatures, events."""
+    from marlow.diagnostics.runstats import RUN_LEVEL
+    from marlow.diagnostics.signatures import SIGNATURES
+    from marlow.report.inspect import EVENTS
+
+    def table(head: str, rows: dict[str, str]) -> list[str]:
+        lines = [f"| {head} | meaning |", "|---|---|"]
+        return lines + [f"| `{k}` | {_cell(v)} |" for k, v in rows.items()]
+
+    return [
+        "",
+        "## What `marlow inspect` adds",
+        "",
+        "Beside each role's latest metrics (above), `marlow inspect RUN` shows figures of the "
+        "whole run, the trajectory signatures of the latest validation and the run's events.",
+        "",
+        "### The whole run",
+        "",
+        "The header's figures and the run-level table's columns, computed from `metrics.jsonl`.",
+        "",
+        *table("figure", RUN_LEVEL),
+        "",
+        "### Trajectory signatures",
+        "",
+        "Shape statistics of each role's turns, taken at every validation on the first "
+        "`diagnostics.signature_problems` validation problems and written to "
+        "`signatures/step_N.json`; rates are shares of the role's turns.",
+        "",
+        *table("signature", SIGNATURES),
+        "",
+        "### Events",
+        "",
+        "`events.jsonl` holds one record per event; inspect lists each as `event at step N: ...`.",
+        "",
+        *table("event", EVENTS),
+    ]
 
 
 def run_folder_page() -> str:

@@ -8,8 +8,9 @@ import json
 
 import marlow
 from marlow.config.loading import dump_config
+from marlow.diagnostics.runstats import RUN_LEVEL, run_statistics
 from marlow.diagnostics.signatures import write_signatures
-from marlow.report.inspect import event_line, inspect_run, render
+from marlow.report.inspect import EVENTS, event_line, inspect_run, render
 
 
 def _text(report: dict) -> str:
@@ -67,3 +68,18 @@ def test_every_event_kind_reads_as_a_sentence():
     )
     assert "step 4" in event_line({"action": "rollback", "to_step": 4})
     assert event_line({"step": 1, "action": "new_kind", "x": 1}) == "action=new_kind, x=1"
+
+
+def test_every_event_kind_and_run_level_figure_is_described():
+    for kind in EVENTS:  # each has a sentence of its own, not the fallback's key=value list
+        record = {"step": 1, "detector": kind} if kind == "detector" else {"step": 1}
+        if kind.startswith("reward_"):
+            record["event"] = kind
+        elif kind != "detector":
+            record["action"] = kind
+        assert "=" not in event_line(record), kind
+    shown = set(run_statistics([{"step": 1, "train/all/entropy": 1.0}])) - {
+        "roles",
+        "warmup_end_step",
+    }
+    assert shown | {"peak/first"} == set(RUN_LEVEL)

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from marlow.diagnostics.signatures import (
+    SIGNATURES,
     evaluator_class,
     latest_signatures,
     read_signatures,
@@ -269,3 +270,12 @@ def test_write_read_round_trip(tmp_path):
     ]  # no .tmp of our own left behind
     with pytest.raises(ValueError, match="step"):
         write_signatures(tmp_path, -1, b)
+
+
+def test_every_signature_a_role_can_have_is_described():
+    every_kind = ep(
+        turn("orchestrator", "STRATEGY 1: try"), *workers(2), turn("evaluator", "Correct"),
+        turn("aggregator", "\\boxed{1}"), turn("synthesizer", "s"),
+    )  # fmt: skip
+    names = {k for sig in trajectory_signatures([every_kind]).values() for k in sig}
+    assert names == set(SIGNATURES)

@@ -28,6 +28,18 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
+RUN_LEVEL = {
+    "max_chi2": "the largest chi2_update peak of any role over the run",
+    "max_grad_norm": "the largest grad_norm_max (a micro-batch's gradient norm) of any adapter "
+    "at any step; an adapter's latest is in its row",
+    "entropy_collapse_depth": "train/all/entropy's first value less its lowest (nats; 0 when it "
+    "never fell below the first)",
+    "peak/first": "a metric's peak over its first positive value after warmup: 1 is flat; a "
+    "multi-slot role's grad_norm at detect.amp_rise (3) over a median of 3 fires "
+    "gradient_amplification",
+}
+"""What ``marlow inspect`` shows of the whole run, beside the metrics of its steps."""
+
 RATIO_METRICS = ("chi2_update", "perplexity", "grad_norm")
 
 

@@ -74,6 +74,28 @@ from marlow.types import Episode, Turn
 
 Signatures = dict[str, dict[str, float]]  # role -> signature name -> value
 
+SIGNATURES = {
+    "n_turns": "the role's turns in the episodes the signatures were taken on (every round and "
+    "slot: a 3-slot generator has 3 per episode)",
+    "length_mean": "mean sampled tokens of a turn",
+    "length_p50": "median sampled tokens of a turn",
+    "length_p95": "95th percentile of a turn's sampled tokens",
+    "truncation_rate": "share of turns cut at rollout.max_new_tokens",
+    "boxed_rate": "share of turns with a parseable `\\boxed{}` answer",
+    "hedge_rate": "share of turns with a hedging word (wait, actually, hmm, ...)",
+    "slot_jaccard_3gram": "roles with several slots: how alike same-round turns are (mean "
+    "pairwise word 3-gram Jaccard, 1 = identical)",
+    "terse_rate": "select roles (aggregator): share of turns of at most 30 tokens with a box",
+    "class_python_code_fence": "judge roles (evaluator): share of turns holding a code block",
+    "class_bare_stamp": "judge roles: share of short turns that only give a verdict",
+    "class_other": "judge roles: share of the other turns",
+    "verdict_parse_rate": "judge roles: share of turns whose verdict the workflow could read",
+    "strategy_openers_unique": "plan roles (orchestrator): distinct first three words of the "
+    "strategies",
+    "strategy_diversity": "plan roles: distinct openers over strategies parsed",
+}
+"""Every signature a role can have, with what it measures (the metrics reference shows them)."""
+
 TERSE_MAX_TOKENS = 30
 STAMP_MAX_TOKENS = 200
 FENCE_MIN_BODY_LINES = 3

@@ -278,8 +278,22 @@ def render(report: dict) -> list:
     return out
 
 
+EVENTS = {
+    "data": "the data's rows read, kept and skipped by reason, when the run started",
+    "resume": "the run went on from a checkpoint, with the settings that changed",
+    "detector": "a detector fired (an alarm; the detectors table says why)",
+    "rollback": "detect.on_alarm=rollback went back to the best checkpoint",
+    "nonfinite_skip": "an adapter's update was skipped for a NaN or inf loss or gradient",
+    "nonfinite_stop": "the run stopped after train.max_nonfinite skips in a row",
+    "reward_error": "a user's reward call raised: its items got no reward",
+    "reward_timeout": "a user's reward call ran past task.reward_timeout_s",
+}
+"""The kinds of record in ``events.jsonl``, as ``marlow inspect`` lists them under ``event at
+step N``."""
+
+
 def event_line(event: dict) -> str:
-    """One readable line of an ``events.jsonl`` record."""
+    """One readable line of an ``events.jsonl`` record (:data:`EVENTS`)."""
     action = event.get("action")
     if "detector" in event:
         return f"alarm {event['detector']} (fired at step {event.get('fired_at')})"

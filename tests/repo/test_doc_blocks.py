@@ -53,6 +53,18 @@ RUNS = (
 
 # Commands not run here, by their first words, and why. The first rule that matches wins.
 NOT_RUN: dict[str, str] = {
+    **{
+        command: "a command of the real-model page: tests/e2e/test_real_model_page.py runs the "
+        "page in order, on a random Qwen3 in a local folder"
+        for command in (
+            "marlow plan my-qwen.yaml",
+            "marlow task check my-qwen.yaml",
+            "marlow train my-qwen.yaml",
+            "marlow inspect runs/qwen-ip",
+            "marlow answer runs/qwen-ip",
+            "marlow serve runs/qwen-ip",
+        )
+    },
     "marlow eval runs/a/checkpoints/step_000016": "names step 16; the stand-in run has 2 steps",
     "marlow eval workflow.name=voting": "evaluates the base model on 500 problems",
     "marlow train": "trains a model: a minute or more (the e2e and integration tests train "

@@ -31,7 +31,7 @@ from marlow.diagnostics.sinks import read_jsonl
 from marlow.logs import quiet
 
 if TYPE_CHECKING:
-    from marlow.serving.workflow import TrainedWorkflow
+    from marlow.serving.trained import TrainedWorkflow
 
 ConfigLike = str | Path | dict | RunConfig | None
 
@@ -217,9 +217,9 @@ def load_workflow(path: str | Path, *, verbose: bool = False, **settings: Any) -
     """A trained workflow to answer with (a run folder, a checkpoint, or a bundle from ``marlow
     export``), loaded once: ``wf.answer("question")`` returns an :class:`marlow.serving.Answer`
     (``.text`` the final answer), ``wf.answer([...], trace=True)`` one per question with every
-    role's turns (:mod:`marlow.serving.workflow`). ``settings`` as everywhere
+    role's turns (:mod:`marlow.serving.trained`). ``settings`` as everywhere
     (``rollout={"max_new_tokens": 64}``). Close it (or use ``with``) to stop a vLLM engine."""
-    from marlow.serving.workflow import load_workflow as load
+    from marlow.serving.trained import load_workflow as load
 
     with _quiet(verbose) as log:
         return load(Path(path), _dotted(_nested(settings)), log=log)

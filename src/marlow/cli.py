@@ -949,7 +949,7 @@ def answer(
 ) -> None:
     """Answer a question, or a file of them, with a trained workflow (its roles, prompts and
     adapters, through the engine that trained it)."""
-    from marlow.serving.workflow import load_workflow
+    from marlow.serving.trained import load_workflow
     from marlow.tasks.loaders import prompt_column
 
     settings = [a for a in args or [] if _is_setting(a)]
@@ -1042,7 +1042,7 @@ def serve(
     except ImportError:
         _fail("marlow serve needs FastAPI and uvicorn: pip install 'marlow[serve]'")
     from marlow.serving.server import serve as serve_app
-    from marlow.serving.workflow import load_workflow
+    from marlow.serving.trained import load_workflow
 
     bad = [a for a in settings or [] if not _is_setting(a)]
     if bad:

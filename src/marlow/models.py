@@ -262,19 +262,24 @@ def load_base(
     *,
     dtype: str = "float32",
     device: torch.device | str = "cpu",
+    folder: Path | None = None,
 ):
     """(model, tokenizer) with every base weight frozen, in ``dtype`` (a torch dtype's name,
     config ``dtype``) and moved to ``device``. ``task`` picks the tiny world (:func:`tiny_world`;
     ignored for a Hugging Face model). Pre-training, when the world is not shipped, runs with
     the recipe's threads (``marlow.tiny.pretrain.THREADS``), never the run's: ``threads`` is a
     machine setting (resume-safe) and must not change the base model. It is float32 on the CPU;
-    only the loaded copy is cast."""
+    only the loaded copy is cast. ``folder``: a saved copy of the model ``config.name`` names
+    (an export's), loaded instead."""
     torch_dtype = getattr(torch, dtype)
     if is_tiny(config.name):
         from marlow.tiny.pretrain import load_tiny
 
-        model, tokenizer = load_tiny(tiny_world(config, task, log), dtype=torch_dtype)
+        world = folder if folder is not None else tiny_world(config, task, log)
+        model, tokenizer = load_tiny(world, dtype=torch_dtype)
     else:
+        if folder is not None:
+            config = config.model_copy(update={"name": str(folder)})
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from marlow.tiny.pretrain import quiet_hf

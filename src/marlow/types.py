@@ -164,6 +164,7 @@ class Episode:
     sample: int  # index of the episode within its group (0..n-1)
     turns: list[Turn] = field(default_factory=list)
     final_answer: str = ""
+    final: int | None = None  # the index in ``turns`` of the turn that wrote the final answer
     reward: float = 0.0
     correct: bool = False
     counters: dict[str, int] = field(default_factory=dict)  # parse failures, fallbacks, ...
@@ -183,6 +184,15 @@ class Episode:
             out.append(turn.record())
         out += [c.record() for c in tools[at:]]
         return out
+
+    def set_final(self, turn: Turn | None) -> None:
+        """Make ``turn`` (one of this episode's, or None: no answer) the final answer's."""
+        self.final = next(i for i, t in enumerate(self.turns) if t is turn) if turn else None
+        self.final_answer = turn.completion_text if turn else ""
+
+    def final_turn(self) -> Turn | None:
+        """The turn that wrote the final answer (None: the episode has none)."""
+        return None if self.final is None else self.turns[self.final]
 
     def reward_of(self, turn: Turn) -> float:
         """What ``turn`` is trained on: its own reward under per-role credit, else the episode's

@@ -20,7 +20,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from marlow.serving.workflow import load_workflow  # noqa: E402
+from marlow.serving.trained import load_workflow  # noqa: E402
 
 
 def free_port() -> int:

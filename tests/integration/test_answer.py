@@ -13,7 +13,7 @@ import sys
 import pytest
 
 import marlow
-from marlow.serving.workflow import load_workflow
+from marlow.serving.trained import load_workflow
 from marlow.tasks import build_task
 from marlow.training.evaluate import evaluate
 from marlow.training.export import export_run
@@ -62,7 +62,7 @@ def test_the_trained_adapters_are_the_ones_that_answer(trained_voting):
         checkpoint.latest(trained_voting) / "adapters" / "shared" / "adapter_model.safetensors"
     )
     with load_workflow(trained_voting) as wf:
-        loaded = adapter_parameters(wf.model, "shared")
+        loaded = adapter_parameters(wf.agents.model, "shared")
     assert len(loaded) == len(saved) > 0
     b = [v for k, v in loaded.items() if "lora_B" in k]
     assert b and any(float(v.abs().max()) > 0 for v in b)  # trained: LoRA B is no longer zero
@@ -74,7 +74,7 @@ def test_the_trained_adapters_are_the_ones_that_answer(trained_voting):
         )
         assert (loaded[name].detach() == value).all(), name
     with load_workflow(trained_voting, ["policy.routing=base"]) as wf:
-        assert wf.routing.adapters == [] and wf.model is wf.base
+        assert wf.agents.adapters == [] and wf.agents.model is wf.agents.base
 
 
 def test_marlow_answer_prints_the_final_answer_and_the_turns_with_trace(trained_voting):

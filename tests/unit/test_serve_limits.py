@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from marlow.serving import server  # noqa: E402
 from marlow.serving.limits import Limits  # noqa: E402
-from marlow.serving.workflow import Answer  # noqa: E402
+from marlow.serving.trained import Answer  # noqa: E402
 
 
 class Tokenizer:

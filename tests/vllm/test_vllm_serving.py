@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from marlow.serving.workflow import load_workflow
+from marlow.serving.trained import load_workflow
 from tests.e2e.test_serve import server
 
 pytestmark = pytest.mark.vllm

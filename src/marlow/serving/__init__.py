@@ -7,7 +7,7 @@ def __getattr__(name: str):
     """The workflow's names, imported on first use: the CLI reads :mod:`marlow.serving.limits`
     without loading torch."""
     if name in __all__:
-        from marlow.serving import workflow
+        from marlow.serving import trained
 
-        return getattr(workflow, name)
+        return getattr(trained, name)
     raise AttributeError(f"module 'marlow.serving' has no attribute {name!r}")

@@ -23,7 +23,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from marlow.serving.workflow import TrainedWorkflow
+from marlow.serving.trained import TrainedWorkflow
 
 
 class Overloaded(Exception):  # noqa: N818 - the server's 503

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from marlow.serving.workflow import TrainedWorkflow
+from marlow.serving.trained import TrainedWorkflow
 
 
 @dataclass

@@ -63,7 +63,7 @@ from starlette.exceptions import HTTPException
 
 from marlow.serving.batcher import Batcher, Overloaded, Pending, Settings
 from marlow.serving.limits import Limits
-from marlow.serving.workflow import TrainedWorkflow, question_tokens
+from marlow.serving.trained import TrainedWorkflow, question_tokens
 
 UNSUPPORTED = {
     "top_p": 1,

@@ -45,18 +45,15 @@ from marlow.diagnostics.sinks import JsonlSink, first_event, open_sinks, read_js
 from marlow.diagnostics.truncation import truncation_warnings
 from marlow.fileio import write_json, write_text
 from marlow.logs import Phase
-from marlow.models import load_base, prompt_style, resolve_device, task_family, vocabulary
+from marlow.models import resolve_device, vocabulary
 from marlow.policy.adapters import (
-    LoraSpec,
     adapter_parameters,
-    attach_adapters,
     can_fold,
     load_adapter_weights,
 )
-from marlow.policy.routing import Routing, make_routing
 from marlow.rewards.sandbox import Isolation, SandboxUnavailable, isolation_in_force
 from marlow.rewards.user import RewardsMissing
-from marlow.rollout.base import check_backend, engine_for_run, served_positions
+from marlow.rollout.base import check_backend
 from marlow.tasks import build_task
 from marlow.training import checkpoint, runbase
 from marlow.training import resume as resume_lib
@@ -82,17 +79,14 @@ from marlow.training.grpo import (
 from marlow.training.memory import phase_peaks, start_phase
 from marlow.training.nonfinite import NonFiniteGuard
 from marlow.training.optim import AdapterOptimizers
+from marlow.training.seeds import SHUFFLE, step_seed, validation_seed
 from marlow.training.sync import check_sync, engine_drift
 from marlow.types import Episode, SamplingParams, missing_reason
+from marlow.workflows.agents import build_agents
 from marlow.workflows.check import check_run_config, workflow_copy
 from marlow.workflows.engine import run_episodes
-from marlow.workflows.spec import EpisodeRules
 
 Log = Callable[[str], None]
-
-
-def step_seed(seed: int, step: int, salt: int = 0) -> int:
-    return (seed * 2_147_483_647 + step * 65_537 + salt * 101) % (2**62)
 
 
 class Trainer:
@@ -123,7 +117,6 @@ class Trainer:
         copy = workflow_copy(run)
         self.workflow = check_run_config(config, copy)
         check_backend(config)  # registered, and able to run here (vLLM imports)
-        self.rules = EpisodeRules.of(config)
         bind_local_device()  # under torchrun: one GPU per process
         self.device = resolve_device(config.device)
         self.ranks = join_ranks(self.device)  # one process unless torchrun started N
@@ -132,37 +125,28 @@ class Trainer:
             self.log = lambda _msg: None
         if seeding is not None and self.ranks.size > 1:  # a one-process run samples as ever
             self.log(seeding)
-        # the prompts' family, which on a tiny model is the world it loads; a tiny model reads
-        # printable ASCII only, so a custom task's prompts are checked against that
-        self.family = task_family(config.model, config.task)
         self.task = build_task(
             config.task,
             log=self.log,
-            vocabulary=vocabulary(config.model.name),
+            vocabulary=vocabulary(config.model.name),  # a tiny model reads printable ASCII only
             recorded=first_event(run, "data"),  # said in full once per run
         )
         # the code sandbox's isolation, logged, where grading runs model code
         self.isolation = sandbox_isolation(config, self.log) if self.task.sandboxed else None
         self.grade = self.task.grader()  # a user's reward is imported here, before the model
-        self.base, self.tokenizer = load_base(
-            config.model,
-            log=self.log,
-            task=self.family,
-            dtype=config.dtype,
-            device=self.device,
-        )
-        positions = served_positions(config, self.base)
-        self.rules = self.rules.within_context(positions, config.rollout.max_new_tokens)
-        self.style = prompt_style(config.model.name)
-        pol = config.policy
-        self.routing: Routing = make_routing(pol.routing, self.workflow.roles, pol.role_map)
-        spec = LoraSpec(pol.lora_rank, pol.lora_alpha, pol.lora_dropout, pol.target_modules)
-        self.adapters = self.routing.adapters
-        self.model = (
-            attach_adapters(self.base, self.adapters, spec, seed=config.seed)
-            if self.adapters
-            else self.base
-        )
+        self.agents = build_agents(config, self.workflow, self.device, log=self.log)
+        try:
+            self._learner(config)
+        except BaseException:
+            self.close()  # the engine may have started processes
+            raise
+
+    def _learner(self, config: RunConfig) -> None:
+        """What the update needs beside the agents: folding, optimizers, sinks, the guard."""
+        a = self.agents
+        self.base, self.tokenizer, self.model, self.engine = a.base, a.tokenizer, a.model, a.engine
+        self.routing, self.adapters, self.family = a.routing, a.adapters, a.family
+        self.style, self.rules = a.style, a.rules
         # float32 on the CPU: folding (update) is exact enough and faster
         cpu_float32 = self.device.type == "cpu" and config.dtype == "float32"
         self.fold = self._fold_adapters(config, cpu_float32)
@@ -190,14 +174,12 @@ class Trainer:
         self.step = 0
         self._sandbox_errors = 0  # programs whose sandbox failed to set up, up to the last step
         self._truncation_warned: set[tuple[str, str]] = set()  # (split, role) warned of cut turns
-        # last: an engine may start processes, which close() stops (the caller's with-block)
-        self.engine = engine_for_run(config, self.model, self.tokenizer, self.device)
 
     def close(self) -> None:
         """Stop the rollout engine (a vLLM engine's processes); safe to call twice."""
-        engine = getattr(self, "engine", None)
-        if engine is not None:
-            engine.close()
+        agents = getattr(self, "agents", None)
+        if agents is not None:
+            agents.close()
 
     def __enter__(self) -> Trainer:
         return self
@@ -306,7 +288,7 @@ class Trainer:
         meter = Meter()
         self.model.train()
         # the mini-batch order: host indices, from a CPU generator (module docstring)
-        gen = torch.Generator(device="cpu").manual_seed(step_seed(self.cfg.seed, step, salt=1))
+        gen = torch.Generator(device="cpu").manual_seed(step_seed(self.cfg.seed, step, SHUFFLE))
         for adapter in self.adapters:
             if trained[adapter]:  # undone if non-finite (marlow.training.nonfinite)
                 self.nonfinite.update(
@@ -402,7 +384,7 @@ class Trainer:
             self.val_set[shard.start : shard.stop],
             1,
             temperature,
-            step_seed(self.cfg.seed, 0, salt=2),
+            validation_seed(self.cfg.seed),
             first_group=shard.start,
         )
         episodes = [e for rank in self.ranks.gather(episodes) for e in rank]  # in problem order

@@ -98,11 +98,13 @@ def parse(
         )
     elif stage.parser == "selection":
         source = next(r for r in stage.reads if r.source == "outputs")
-        state.candidates = [t.completion_text for t in state.latest.get(source.role, [])]
+        turns = state.latest.get(source.role, [])
+        state.candidates = [t.completion_text for t in turns]
         choice = selection_of(text, len(state.candidates), rule)
         if choice is None:
             state.count("selection_fallback")  # the first candidate
-        state.selected = state.candidates[choice or 0] if state.candidates else ""
+        state.selected_turn = turns[choice or 0] if turns else None
+        state.selected = state.selected_turn.completion_text if turns else ""
     elif stage.parser == "strategies" and workers == "parsed":
         state.plans[stage.role] = plan_of(text, stage.count)
         state.count("strategies_parsed", len(state.plans[stage.role]))
@@ -115,14 +117,15 @@ def parse(
         state.plans[stage.role] = strategies  # None: generic
 
 
-def final_answer(workflow: WorkflowSpec, state: EpisodeState) -> str:
+def final_turn(workflow: WorkflowSpec, state: EpisodeState) -> Turn | None:
+    """The turn whose text is the episode's answer (``workflow.answer``), None without one."""
     if workflow.answer == "selected":
-        return state.selected
+        return state.selected_turn
     if workflow.answer == "latest":
         turns = [t for t in state.episode.turns if t.kind == "answer"]
-        return turns[-1].completion_text if turns else ""
-    turns = state.turns_of(workflow.answer.split(".", 1)[1])
-    return turns[-1].completion_text if turns else ""
+    else:
+        turns = state.turns_of(workflow.answer.split(".", 1)[1])
+    return turns[-1] if turns else None
 
 
 def extras(
@@ -305,7 +308,7 @@ def run_episodes(
             if stage.parser is not None:
                 parse(stage, st, new_turns[id(st)][-1], rules.parse, rules.workers)
     for st in states:
-        st.episode.final_answer = final_answer(workflow, st)
+        st.episode.set_final(final_turn(workflow, st))
     prefetch = getattr(grade, "prefetch", None)
     if prefetch is not None:  # the final answers and every answering turn (role credit, extras)
         prefetch(

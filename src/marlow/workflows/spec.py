@@ -34,6 +34,7 @@ class EpisodeState:
     plans: dict[str, list[str | None]] = field(default_factory=dict)  # plan role -> strategies
     candidates: list[str] = field(default_factory=list)  # what the latest selection chose among
     selected: str = ""  # the candidate it chose
+    selected_turn: Turn | None = None  # the turn that wrote it
     # role (or tool) -> its latest stage's turns (or calls)
     latest: dict[str, list[Turn | ToolCall]] = field(default_factory=dict)
     ended: bool = False  # a call's prompt passed rollout.max_prompt_tokens: no later stage runs

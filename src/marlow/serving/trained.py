@@ -32,17 +32,15 @@ from pathlib import Path
 from typing import Any
 
 from marlow.config import ConfigError, RunConfig, load_config
-from marlow.models import is_tiny, load_base, resolve_device, task_family, vocabulary
-from marlow.policy.adapters import LoraSpec, attach_adapters, load_adapter_weights
-from marlow.policy.routing import make_routing
-from marlow.rollout.base import check_backend, engine_for_run, served_positions
+from marlow.models import resolve_device, vocabulary
+from marlow.rollout.base import check_backend, served_positions
 from marlow.training import checkpoint as ckpt
 from marlow.training.export import TOOLS_DIR
-from marlow.training.trainer import step_seed
+from marlow.training.seeds import validation_seed
 from marlow.types import Problem, SamplingParams
+from marlow.workflows.agents import build_agents
 from marlow.workflows.check import check_run_config, workflow_copy
 from marlow.workflows.engine import run_episodes
-from marlow.workflows.spec import EpisodeRules
 
 BUNDLE_JSON = "export.json"
 """The record of an export folder; with the workflow and routing in it, a bundle."""
@@ -158,45 +156,19 @@ class TrainedWorkflow:
         self.spec = check_run_config(config, copy)
         check_backend(config)
         self.device = resolve_device(config.device)
-        tiny = is_tiny(config.model.name)
-        self.family = task_family(config.model, config.task)
-        self.style = source.style or ("tiny" if tiny else "chat")
-        if source.base is not None and tiny:
-            import torch
-
-            from marlow.tiny.pretrain import load_tiny
-
-            self.base, self.tokenizer = load_tiny(source.base, dtype=getattr(torch, config.dtype))
-            self.base.to(self.device).requires_grad_(False)
-        else:
-            model = config.model
-            if source.base is not None:  # a bundle's own copy of the base
-                model = model.model_copy(update={"name": str(source.base)})
-            self.base, self.tokenizer = load_base(
-                model, log=log, task=self.family, dtype=config.dtype, device=self.device
-            )
-        pol = config.policy
-        self.routing = make_routing(pol.routing, self.spec.roles, pol.role_map)
-        adapters = self.routing.adapters
-        self.model = self.base
-        if adapters:
-            spec = LoraSpec(pol.lora_rank, pol.lora_alpha, pol.lora_dropout, pol.target_modules)
-            self.model = attach_adapters(self.base, adapters, spec, seed=config.seed)
-            missing = [a for a in adapters if not (source.adapters / a).is_dir()]
-            if missing:
-                raise ConfigError(
-                    f"{source.label} has no adapter {missing[0]!r} for its routing "
-                    f"({pol.routing}); adapters there: "
-                    f"{', '.join(p.name for p in source.adapters.iterdir() if p.is_dir())}"
-                )
-            load_adapter_weights(self.model, source.adapters, adapters)
-        self.model.requires_grad_(False).eval()  # answering never trains
-        self.characters = vocabulary(config.model.name)  # None: it reads any text
-        self.positions = served_positions(config, self.base)  # None: the model does not say
-        self.rules = EpisodeRules.of(config).within_context(
-            self.positions, config.rollout.max_new_tokens
+        self.agents = build_agents(
+            config,
+            self.spec,
+            self.device,
+            log=log,
+            base_folder=source.base,
+            style=source.style,
+            weights=source.adapters,
         )
-        self.engine = engine_for_run(config, self.model, self.tokenizer, self.device)
+        self.agents.model.requires_grad_(False).eval()  # answering never trains
+        self.tokenizer = self.agents.tokenizer
+        self.characters = vocabulary(config.model.name)  # None: it reads any text
+        self.positions = served_positions(config, self.agents.base)  # None: the model does not say
 
     @property
     def name(self) -> str:
@@ -204,7 +176,7 @@ class TrainedWorkflow:
         return self.source.workflow or self.spec.name
 
     def close(self) -> None:
-        self.engine.close()
+        self.agents.close()
 
     def __enter__(self) -> TrainedWorkflow:
         return self
@@ -232,7 +204,7 @@ class TrainedWorkflow:
         tokens = r.max_new_tokens if max_new_tokens is None else max_new_tokens
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {tokens!r}")
-        return SamplingParams(float(temperature), tokens, step_seed(self.config.seed, 0, salt=2))
+        return SamplingParams(float(temperature), tokens, validation_seed(self.config.seed))
 
     def answer(
         self,
@@ -260,24 +232,23 @@ class TrainedWorkflow:
         if seed is not None:
             params = SamplingParams(params.temperature, params.max_new_tokens, int(seed))
         problems = [Problem(f"q{i}", q, "") for i, q in enumerate(items)]
+        a = self.agents
         episodes = run_episodes(
             self.spec,
             problems,
             1,
-            engine=self.engine,
-            tokenizer=self.tokenizer,
-            routing=self.routing,
+            engine=a.engine,
+            tokenizer=a.tokenizer,
+            routing=a.routing,
             grade=_no_reward,
-            task=self.family,
-            style=self.style,
+            task=a.family,
+            style=a.style,
             sampling=params,
-            rules=self.rules,
+            rules=a.rules,
         )
         out = []
         for q, ep in zip(items, episodes, strict=True):
-            final = next(
-                (t for t in reversed(ep.turns) if t.completion_text == ep.final_answer), None
-            )
+            final = ep.final_turn()
             out.append(
                 Answer(
                     question=q,

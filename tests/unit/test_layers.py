@@ -11,7 +11,9 @@ import sys
 import pytest
 
 RULES = {
-    "marlow.config": ("marlow.workflows", "marlow.rollout", "marlow.training"),
+    # a config is read and checked without torch (what names a loss imports it then)
+    "marlow.config": ("marlow.workflows", "marlow.rollout", "marlow.training", "torch"),
+    "marlow.registry": ("torch", "marlow.config"),
     "marlow.tiny.pretrain": ("marlow.rollout", "marlow.rewards", "marlow.workflows"),
     "marlow.tiny.codecorpus": ("marlow.rollout", "marlow.rewards", "marlow.workflows"),
     "marlow.diagnostics.signatures": ("marlow.workflows", "marlow.training", "marlow.report"),

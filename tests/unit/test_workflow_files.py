@@ -3,6 +3,8 @@ world's cache key."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from marlow.tiny.corpus import CorpusConfig
@@ -77,7 +79,7 @@ def test_declaring_or_registering_a_workflow_leaves_the_tiny_cache_key(tmp_path,
     a workflow's own (the pinned value is the default tiny-s math world's)."""
     before = cache_key("tiny-s", 1200, 0, CorpusConfig())
     assert before == "5f26d65acb7f"
-    monkeypatch.setattr(spec, "_REGISTRY", dict(spec._REGISTRY))
+    monkeypatch.setattr(spec, "_REGISTRY", copy.deepcopy(spec._REGISTRY))
     path = tmp_path / "echo.yaml"
     path.write_text(ECHO)
     register_workflow("echo", path)

@@ -56,6 +56,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from marlow.registry import Registry
+
 __all__ = [
     "AGGREGATIONS",
     "SurrogateOut",
@@ -143,17 +145,8 @@ def clipped_surrogate(
 # --- aggregation modes -------------------------------------------------------------------------
 
 WeightFn = Callable[[Tensor], Tensor]  # (T, L) float 0/1 mask -> (T, L) weights
-_AGGREGATIONS: dict[str, WeightFn] = {}
-
-
-def _register(name: str) -> Callable[[WeightFn], WeightFn]:
-    def deco(fn: WeightFn) -> WeightFn:
-        if name in _AGGREGATIONS:
-            raise ValueError(f"aggregation mode {name!r} is registered twice")
-        _AGGREGATIONS[name] = fn
-        return fn
-
-    return deco
+_AGGREGATIONS: Registry[WeightFn] = Registry("aggregation mode")
+_register = _AGGREGATIONS.register
 
 
 def _safe_reciprocal(x: Tensor) -> Tensor:
@@ -200,12 +193,7 @@ def token_weights(mask: Tensor, mode: str, dtype: torch.dtype | None = None) -> 
         (T, L) weights, zero wherever the mask is zero, no gradient. Compute them on the full
         mini-batch before cutting it into micro-batches.
     """
-    try:
-        weight_fn = _AGGREGATIONS[mode]
-    except KeyError:
-        raise ValueError(
-            f"unknown aggregation mode {mode!r}; valid modes: {', '.join(AGGREGATIONS)}"
-        ) from None
+    weight_fn = _AGGREGATIONS.get(mode)
     if mask.dim() != 2:
         raise ValueError(f"mask must be (T, L), got shape {tuple(mask.shape)}")
     if dtype is None:

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from marlow.algo.estimators import k3_tokens
 from marlow.algo.losses import SurrogateOut, clipped_surrogate, rollout_is_weights
+from marlow.registry import Registry
 
 __all__ = [
     "LossInputs",
@@ -68,30 +69,18 @@ class LossOutput(NamedTuple):
 
 
 PolicyLoss = Callable[[LossInputs, LossSettings], LossOutput]
-_POLICY_LOSSES: dict[str, PolicyLoss] = {}
-
-
-def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
-    """Register a policy loss under ``name`` (a decorator); a name is registered once."""
-
-    def add(fn: PolicyLoss) -> PolicyLoss:
-        if name in _POLICY_LOSSES:
-            raise ValueError(f"policy loss {name!r} is already registered")
-        _POLICY_LOSSES[name] = fn
-        return fn
-
-    return add
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
+register_policy_loss = POLICY_LOSSES.register
+"""Register a policy loss under ``name`` (a decorator); a name is registered once."""
 
 
 def policy_loss_names() -> list[str]:
-    return sorted(_POLICY_LOSSES)
+    return POLICY_LOSSES.names()
 
 
 def policy_loss(name: str) -> PolicyLoss:
     """The policy loss registered as ``name``; a ValueError lists the valid names."""
-    if name not in _POLICY_LOSSES:
-        raise ValueError(f"unknown policy loss {name!r}; valid: {', '.join(policy_loss_names())}")
-    return _POLICY_LOSSES[name]
+    return POLICY_LOSSES.get(name)
 
 
 @register_policy_loss("ppo-clip")

@@ -24,8 +24,6 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from marlow.algo.losses import AGGREGATIONS
-from marlow.algo.policy_loss import policy_loss_names
 from marlow.choices import (
     AdvantageScope,
     BuiltinTask,
@@ -580,13 +578,17 @@ class GRPOConfig(_Section):
     @field_validator("policy_loss")
     @classmethod
     def _policy_loss(cls, v: str) -> str:
-        if v not in policy_loss_names():
-            raise ValueError(f"unknown policy loss {v!r}; valid: {', '.join(policy_loss_names())}")
+        from marlow.algo.policy_loss import POLICY_LOSSES  # torch: imported where one is named
+
+        if v not in POLICY_LOSSES:
+            raise ValueError(POLICY_LOSSES.unknown(v))
         return v
 
     @field_validator("aggregation")
     @classmethod
     def _agg(cls, v: str) -> str:
+        from marlow.algo.losses import AGGREGATIONS
+
         if v not in AGGREGATIONS:
             raise ValueError(f"unknown aggregation {v!r}; valid: {', '.join(AGGREGATIONS)}")
         return v

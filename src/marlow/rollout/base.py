@@ -12,6 +12,7 @@ import importlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from marlow.registry import Registry
 from marlow.types import BASE, Completion, GenRequest, SamplingParams
 
 if TYPE_CHECKING:
@@ -83,38 +84,32 @@ EngineFactory = Callable[..., RolloutEngine]
 
 # name -> "module:attribute" (imported on first use) or an already imported factory: vLLM is
 # imported only by get_backend("vllm").
-_BACKENDS: dict[str, str | EngineFactory] = {
-    "hf": "marlow.rollout.hf:HFEngine",
-    "vllm": "marlow.rollout.vllm:VLLMEngine",
-}
+_BACKENDS: Registry[str | EngineFactory] = Registry(
+    "rollout backend",
+    {"hf": "marlow.rollout.hf:HFEngine", "vllm": "marlow.rollout.vllm:VLLMEngine"},
+)
 
 
 def register_backend(name: str, factory: str | EngineFactory) -> None:
     """Add a backend: a factory returning a RolloutEngine, or its lazy ``"module:attr"`` path."""
-    if name in _BACKENDS:
-        raise ValueError(f"rollout backend {name!r} is already registered")
     if isinstance(factory, str) and ":" not in factory:
         raise ValueError(
             f"lazy backend path must look like 'package.module:Factory', got {factory!r}"
         )
-    _BACKENDS[name] = factory
+    _BACKENDS.add(name, factory)
 
 
 def available_backends() -> list[str]:
-    return sorted(_BACKENDS)
+    return _BACKENDS.names()
 
 
 def get_backend(name: str) -> EngineFactory:
     """The factory registered under ``name``, importing its module now if it is lazy."""
-    if name not in _BACKENDS:
-        raise ValueError(
-            f"unknown rollout backend {name!r}; valid: {', '.join(available_backends())}"
-        )
-    factory = _BACKENDS[name]
+    factory = _BACKENDS.get(name)
     if isinstance(factory, str):
         module_name, attr = factory.split(":", 1)
         factory = getattr(importlib.import_module(module_name), attr)
-        _BACKENDS[name] = factory
+        _BACKENDS.put(name, factory)
     return factory
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from marlow.config import ConfigError, RunConfig
+from marlow.registry import Registry
 from marlow.types import Episode, Problem, ToolCall, Turn
 
 BUILTIN_DIR = Path(__file__).with_name("files")
@@ -177,18 +178,18 @@ class WorkflowSpec:
         return max(s.slots for s in self.stages if s.role == role)
 
 
-_REGISTRY: dict[str, Path] = {p.stem: p for p in sorted(BUILTIN_DIR.glob("*.yaml"))}
+_REGISTRY: Registry[Path] = Registry(
+    "workflow", {p.stem: p for p in sorted(BUILTIN_DIR.glob("*.yaml"))}
+)
 
 
 def register_workflow(name: str, path: str | Path) -> None:
     """Make the workflow file at ``path`` known by ``name`` too."""
-    if name in _REGISTRY:
-        raise ValueError(f"workflow {name!r} is already registered")
-    _REGISTRY[name] = Path(path)
+    _REGISTRY.add(name, Path(path))
 
 
 def workflow_names() -> list[str]:
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def is_workflow_file(name: str) -> bool:
@@ -199,10 +200,7 @@ def is_workflow_file(name: str) -> bool:
 def workflow_path(name: str) -> Path:
     """The file of workflow ``name``: a registered name's, or ``name`` itself as a path."""
     if name in _REGISTRY:
-        return _REGISTRY[name]
+        return _REGISTRY.get(name)
     if is_workflow_file(name):
         return Path(name)
-    raise ValueError(
-        f"unknown workflow {name!r}; valid: {', '.join(workflow_names())}, "
-        "or the path of a workflow file (.yaml)"
-    )
+    raise ValueError(f"{_REGISTRY.unknown(name)}, or the path of a workflow file (.yaml)")

@@ -12,9 +12,8 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from marlow.config.schema import RunConfig
+from marlow.config.schema import BOUNDS, RunConfig
 
-BOUNDS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
 TOP = "top"
 """The name of the section of the top-level fields (``steps``, ``seed``, ...)."""
 

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from marlow.config.schema import BUILTIN_TASKS, ConfigError, RunConfig, TaskConfig
+from marlow.config.schema import BOUNDS, BUILTIN_TASKS, ConfigError, RunConfig, TaskConfig
 from marlow.presets import PER_TASK, PRESETS
 
 
@@ -122,11 +122,10 @@ def _valid_range(loc: tuple) -> str:
             break
         info = fields[str(part)]
         model = info.annotation
-    symbols = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
     bounds = [
         f"{sym} {getattr(m, name)}"
         for m in (info.metadata if info else [])
-        for name, sym in symbols.items()
+        for name, sym in BOUNDS.items()
         if getattr(m, name, None) is not None
     ]
     return " and ".join(bounds) or "a finite number"

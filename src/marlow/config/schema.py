@@ -36,6 +36,9 @@ from marlow.choices import (
     World,
 )
 
+BOUNDS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+"""The bounds a field may declare, as a user reads them."""
+
 
 class ConfigError(ValueError):
     """A config problem, in one line that names the field and the valid choices."""

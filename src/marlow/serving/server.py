@@ -57,7 +57,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
@@ -83,8 +82,6 @@ UNSUPPORTED = {
     "prediction": None,
 }
 """Request fields marlow cannot honour, with the value that means "off" (accepted)."""
-IGNORED = ("user", "metadata", "store", "parallel_tool_calls", "service_tier")
-"""Fields accepted and ignored: they change nothing about the answer."""
 MAX_N = 16
 POLL_S = 0.1
 """How often a waiting request checks whether its client is still there."""
@@ -261,11 +258,6 @@ def create_app(
     @app.exception_handler(RequestError)
     async def _request_error(_request: Request, err: RequestError) -> JSONResponse:
         return fail(err)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_request: Request, err: RequestValidationError) -> JSONResponse:
-        first = err.errors()[0] if err.errors() else {}
-        return fail(RequestError(400, f"invalid request: {first.get('msg', 'unreadable body')}"))
 
     @app.exception_handler(HTTPException)
     async def _http(_request: Request, err: HTTPException) -> JSONResponse:

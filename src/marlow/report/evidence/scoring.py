@@ -30,7 +30,7 @@ from marlow.report.evidence.labels import (
 from marlow.report.results import CellRun, GridRuns
 from marlow.report.tables import Table
 
-DETECTORS = ("terminal_cliff", "gradient_amplification", "sp_role_capture")
+DETECTORS = tuple(LABELS)  # a label per detector
 TUNE_GRID: dict[str, dict[str, tuple]] = {
     "terminal_cliff": {"cliff_drop": (0.03, 0.05, 0.08, 0.10), "cliff_patience": (1, 2, 3)},
     "gradient_amplification": {"amp_rise": (2.0, 3.0, 4.0, 6.0), "amp_flat": (1.5, 2.0, 3.0)},

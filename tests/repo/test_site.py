@@ -1,5 +1,5 @@
-"""The documentation site's own facts: the strict build checks the anchors other pages link
-to (a setting's, a metric's)."""
+"""The documentation site's own facts: each navigation label is its page's title, and the
+strict build checks the anchors other pages link to (a setting's, a metric's)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,35 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
+MKDOCS = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+
+
+def nav_pages(entries: list) -> list[tuple[str, str]]:
+    """Every labelled page of the navigation, as (label, path); a section's pages in order, and
+    a page listed without a label (the theme then shows its title) left out."""
+    found = []
+    for entry in entries:
+        if isinstance(entry, dict):
+            for label, value in entry.items():
+                found += nav_pages(value) if isinstance(value, list) else [(label, value)]
+    return found
+
+
+def title(path: str) -> str:
+    """A page's first ``# `` heading."""
+    return next(
+        line[2:].strip() for line in (DOCS / path).read_text().splitlines() if line.startswith("# ")
+    )
+
+
+def test_every_nav_label_is_its_pages_title():
+    pages = nav_pages(MKDOCS["nav"])
+    assert len(pages) > 30
+    assert [(label, path) for label, path in pages if title(path) != label] == []
 
 
 def test_links_to_setting_and_metric_anchors_build_and_a_missing_one_fails(tmp_path):

@@ -1,5 +1,6 @@
-"""The documentation site's own facts: each navigation label is its page's title, and the
-strict build checks the anchors other pages link to (a setting's, a metric's)."""
+"""The documentation site's own facts: each navigation label is its page's title, the
+installation page names only what the project has, and the strict build checks the anchors other
+pages link to (a setting's, a metric's)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 MKDOCS = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
 def nav_pages(entries: list) -> list[tuple[str, str]]:
@@ -40,6 +43,31 @@ def test_every_nav_label_is_its_pages_title():
     pages = nav_pages(MKDOCS["nav"])
     assert len(pages) > 30
     assert [(label, path) for label, path in pages if title(path) != label] == []
+
+
+def test_the_installation_page_follows_home_and_is_linked_from_it_and_the_readme():
+    assert nav_pages(MKDOCS["nav"])[:2] == [
+        ("marlow", "index.md"),
+        ("Installation", "installation.md"),
+    ]
+    assert "](installation.md)" in (DOCS / "index.md").read_text()
+    assert "](docs/installation.md)" in (ROOT / "README.md").read_text()
+
+
+def test_the_installation_page_names_real_targets_and_describes_every_extra():
+    page = (DOCS / "installation.md").read_text()
+    makefile = (ROOT / "Makefile").read_text()
+    targets = set(re.findall(r"^([\w-]+):", makefile, re.M))
+    named = set(re.findall(r"`make ([\w-]+)", page)) | set(
+        re.findall(r"^make ([\w-]+)", page, re.M)
+    )
+    assert {"install", "install-vllm", "test-vllm"} <= named <= targets
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert [e for e in extras if f"| `{e}` |" not in page] == []
+    for given in re.findall(r"\.\[([\w,-]+)\]", page):
+        assert set(given.split(",")) <= set(extras), given
+    for script in re.findall(r"`?(bench/[\w.]+\.sh)", page):
+        assert (ROOT / script).is_file(), script
 
 
 def test_links_to_setting_and_metric_anchors_build_and_a_missing_one_fails(tmp_path):

@@ -1,6 +1,6 @@
-"""The documentation site's own facts: each navigation label is its page's title, the
-installation page names only what the project has, and the strict build checks the anchors other
-pages link to (a setting's, a metric's)."""
+"""The documentation site's own facts: each navigation label is its page's title, the site and the
+package name the same addresses, the installation page names only what the project has, and the
+strict build checks the anchors other pages link to (a setting's, a metric's)."""
 
 from __future__ import annotations
 
@@ -43,6 +43,15 @@ def test_every_nav_label_is_its_pages_title():
     pages = nav_pages(MKDOCS["nav"])
     assert len(pages) > 30
     assert [(label, path) for label, path in pages if title(path) != label] == []
+
+
+def test_the_site_and_the_package_name_the_same_addresses():
+    urls = PYPROJECT["project"]["urls"]
+    assert urls["Repository"] == urls["Homepage"] == MKDOCS["repo_url"]
+    assert urls["Documentation"] == MKDOCS["site_url"]
+    assert MKDOCS["repo_url"].removeprefix("https://github.com/") == MKDOCS["repo_name"]
+    install = (DOCS / "installation.md").read_text()
+    assert f"git clone {MKDOCS['repo_url']}.git" in install
 
 
 def test_the_installation_page_follows_home_and_is_linked_from_it_and_the_readme():

@@ -840,13 +840,15 @@ def settings(
         typer.Argument(help="a section (top, grpo, rollout.vllm, ...); default: every one"),
     ] = None,
 ) -> None:
-    """Every setting a config may give: its default, valid values and what it does.
+    """Every setting a config may give: its default, valid values and what it does, under what
+    its section is for.
 
     Set one in a config file or as section.field=value after marlow train."""
     from rich.padding import Padding
     from rich.text import Text
 
     from marlow.config.describe import settings as described
+    from marlow.config.describe import summary
 
     try:
         rows = described(section)
@@ -858,6 +860,7 @@ def settings(
         if row.section != shown:
             shown = row.section
             out.print(f"\n[b]{escape(shown)}[/b]", highlight=False)
+            out.print(Text(summary(shown), style="dim"), highlight=False)
         valid = f"  ({row.valid})" if row.valid else ""
         out.print(Text(f"{row.key} = {row.default}{valid}"), highlight=False)
         out.print(Padding(Text(row.description), (0, 0, 0, 4)), highlight=False)

@@ -80,6 +80,11 @@ NOT_RUN: dict[str, str] = {
     "make": "a Makefile target: installs an environment, then runs the quickstart, tests or the "
     "docs build (minutes)",
     "pip": "installs packages",
+    ".venv/bin/pip": "installs packages",
+    "git clone": "clones the repository (network)",
+    "cd": "changes the calling shell's folder",
+    "bench/gpu_wheels.sh": "downloads wheels from PyPI (network)",
+    "bench/gpu_check.sh": "the GPU check: needs a CUDA GPU",
     "python3.11": "makes a virtual environment and installs TRL into it",
     "source": "changes the calling shell's environment",
     ".venv/bin/python": "a benchmark script: minutes",

@@ -1,12 +1,14 @@
 """The committed long-run grids: the long grid and the dose-response grid.
 Each report is of its grid file (``configs/grids/<name>.yaml``) as it stands, every cell
 finished, and each summary page is what ``docs/results/long_summary.py`` writes from the
-committed files."""
+committed files. Every committed figure is shown on a results page, and each published report is
+linked."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -64,16 +66,25 @@ def test_the_dose_report_gives_a_slope_per_workflow_policy_and_measure():
     assert (DOSE / "report" / "fig-dose-terminal-drop.png").stat().st_size > 0
 
 
-@pytest.mark.parametrize("name", ["tiny-long", "tiny-dose"])
-def test_the_summary_page_is_generated_from_the_committed_report(monkeypatch, name):
-    monkeypatch.chdir(ROOT)  # the page names the folder as given
+TITLES = {"tiny-long": "Long runs: tiny-long", "tiny-dose": "Same-role parallelism: tiny-dose"}
+"""Each long grid's page title, as its regeneration command gives it."""
+
+
+def long_summary():
     path = ROOT / "docs" / "results" / "long_summary.py"
     spec = importlib.util.spec_from_file_location("long_summary", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    page = module.main(f"docs/results/{name}")
+    return module
+
+
+@pytest.mark.parametrize("name", list(TITLES))
+def test_the_summary_page_is_generated_from_the_committed_report(monkeypatch, name):
+    monkeypatch.chdir(ROOT)  # the page names the folder as given
+    page = long_summary().main(f"docs/results/{name}", TITLES[name])
     committed = (ROOT / "docs" / "results" / f"{name}.md").read_text()
     assert committed.startswith(page)
+    assert f"]({name}/report.html)" in page  # the published report, linked
     report = json.loads((ROOT / "docs" / "results" / name / "report.json").read_text())
     verdicts = {r["verdict"] for r in report["tables"]["table-claims"]["rows"]}
     assert verdicts <= {"holds", "refuted", "not shown"} and verdicts
@@ -82,3 +93,26 @@ def test_the_summary_page_is_generated_from_the_committed_report(monkeypatch, na
 def test_the_long_grid_kl_variant_meets_the_mitigation_bar():
     report = json.loads((RESULTS / "report.json").read_text())
     assert any(r["meets"] is True for r in report["tables"]["table-mitigations"]["rows"])
+
+
+def test_every_committed_figure_is_shown_as_an_image_on_a_results_page():
+    results = ROOT / "docs" / "results"
+    pages = "\n".join(p.read_text() for p in results.glob("*.md"))
+    shown = {(results / path).resolve() for path in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", pages)}
+    figures = [p for p in results.glob("**/report/*") if p.suffix in (".png", ".svg")]
+    assert figures and [p for p in figures if p.resolve() not in shown] == []
+
+
+def test_the_per_role_figures_are_folded_and_only_committed_ones_shown(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    dose = long_summary().main("docs/results/tiny-dose", TITLES["tiny-dose"])
+    assert '??? note "Per-role series of every trained cell (72 figures)"' in dose
+    long = long_summary().main("docs/results/tiny-long", TITLES["tiny-long"])
+    assert "fig-roles-" not in long  # their PNGs are not committed
+    assert "![Delta against the base](tiny-long/report/fig-delta.png){ loading=lazy }" in long
+
+
+def test_the_results_overview_links_each_published_report():
+    overview = (ROOT / "docs" / "results" / "overview.md").read_text()
+    for name in TITLES:
+        assert f"]({name}/report.html)" in overview, name

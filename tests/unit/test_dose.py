@@ -266,7 +266,7 @@ def test_the_report_of_a_dose_grid_holds_the_dose_table_and_figures(tmp_path):
     html = page.read_text()
     assert 'id="table-dose"' in html and 'id="sec-dose"' in html and 'id="fig-dose-peak"' in html
     assert any(line.startswith("Dose-response") for line in report["headline"])
-    summary = _long_summary().main(str(tmp_path))
+    summary = _long_summary().main(str(tmp_path), "A dose grid")
     assert "## Dose-response of same-role parallelism" in summary
     assert "- voting IP amplitude (generator): +1.000 per doubling of n" in summary
 

@@ -1,5 +1,5 @@
 """Every setting is described from the schema: ``marlow settings`` and the settings page read
-the same rows, and no field goes without a description."""
+the same rows, and no field or section goes without a description."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from marlow.cli import app
 from marlow.config import RunConfig, resolve
-from marlow.config.describe import TOP, sections, settings
+from marlow.config.describe import TOP, sections, settings, summary
 
 
 def test_every_setting_has_a_description():
@@ -53,10 +53,22 @@ def test_a_section_lists_its_own_settings_and_an_unknown_one_names_the_valid():
         settings("nope")
 
 
+def test_every_section_says_what_it_is_for_in_plain_words():
+    for section in sections():
+        text = summary(section)
+        assert text.endswith(".") and "\n" not in text, section
+        assert ":mod:" not in text and "``" not in text, section
+    assert summary(TOP).startswith("The run as a whole")
+    assert summary("rollout.vllm").startswith("The vLLM engine")
+    with pytest.raises(ValueError, match="valid: top, model"):
+        summary("nope")
+
+
 def test_marlow_settings_prints_a_section_and_refuses_an_unknown_one():
     done = CliRunner().invoke(app, ["settings", "optim"], env={"COLUMNS": "200"})
     assert done.exit_code == 0, done.output
     said = " ".join(done.output.split())
+    assert summary("optim") in said
     for row in settings("optim"):
         assert f"{row.key} = {row.default}" in said
         assert row.description in said

@@ -1,7 +1,8 @@
 """Every setting of a run config, described from the schema itself: its dotted key, type, default,
-valid values and description. ``marlow settings [SECTION]`` prints them, and the settings
-reference page (:mod:`marlow.reference`) is written from the same rows, so neither can drift
-from what a run accepts."""
+valid values and description, and each section's purpose (its model's docstring).
+``marlow settings [SECTION]`` prints them, and the settings reference page
+(:mod:`marlow.reference`) is written from the same rows, so neither can drift from what a run
+accepts."""
 
 from __future__ import annotations
 
@@ -133,3 +134,14 @@ def sections() -> list[str]:
     for row in settings():
         seen.setdefault(row.section)
     return list(seen)
+
+
+def summary(section: str) -> str:
+    """What ``section`` is for: the first paragraph of its model's docstring, on one line (the
+    top level's is :class:`RunConfig`'s). An unknown section is a ValueError as in
+    :func:`settings`."""
+    settings(section)  # refuses an unknown section
+    model: type[BaseModel] = RunConfig
+    for name in [] if section == TOP else section.split("."):
+        model = model.model_fields[name].annotation
+    return " ".join((model.__doc__ or "").split("\n\n")[0].split())

@@ -51,6 +51,8 @@ class _Section(BaseModel):
 
 
 class ModelConfig(_Section):
+    """The base model: a tiny scale marlow ships or pre-trains, or a Hugging Face model."""
+
     name: str = Field(
         "tiny-s", description="a tiny scale (tiny-s, tiny-m, tiny-l) or an HF id/path"
     )
@@ -84,6 +86,9 @@ DEEPCODER_SUBSETS = ("primeintellect", "taco", "lcbv5", "codeforces")
 
 
 class TaskConfig(_Section):
+    """The task: its problems (a built-in dataset or a file of your own), their split into
+    training and validation, and how an answer is graded."""
+
     name: str = Field(
         "math",
         description="math or code (marlow's own data formats and graders), custom (your own "
@@ -302,9 +307,12 @@ class TaskConfig(_Section):
 
 
 class WorkflowConfig(_Section):
-    """Which workflow and its count parameters. The name and parameters are checked against the
-    workflow registry where workflows are built (:func:`marlow.workflows.check.check_run_config`,
-    run before anything is loaded or written), not here: config stays below the workflows layer."""
+    """The workflow the roles run: which one, its count parameters, and how its prompts and
+    verdicts are read.
+
+    The name and parameters are checked against the workflow registry where workflows are built
+    (:func:`marlow.workflows.check.check_run_config`, run before anything is loaded or written),
+    not here: config stays below the workflows layer."""
 
     name: str = Field(
         "voting",
@@ -349,6 +357,9 @@ class WorkflowConfig(_Section):
 
 
 class PolicyConfig(_Section):
+    """Which LoRA adapter each role samples and trains (one per role, one shared, a map),
+    and the adapters' shape."""
+
     routing: RoutingKind = Field(
         "ip",
         description="which LoRA adapter each role samples and trains: ip (one per role), sp (one "
@@ -389,7 +400,9 @@ class PolicyConfig(_Section):
 
 
 class VLLMConfig(_Section):
-    """The vLLM engine's settings (``rollout.backend=vllm``, :mod:`marlow.rollout.vllm`)."""
+    """The vLLM engine, used when rollout.backend is vllm.
+
+    :mod:`marlow.rollout.vllm` reads it."""
 
     kv_cache_gib: float = Field(
         1.0,
@@ -425,6 +438,9 @@ class VLLMConfig(_Section):
 
 
 class RolloutConfig(_Section):
+    """How episodes are sampled: the backend, temperatures, token limits, batching and the
+    sampler's speed switches."""
+
     backend: str = Field(
         "hf",
         description="hf: marlow's own sampling loop over the training model; vllm: a vLLM "
@@ -478,6 +494,9 @@ class RolloutConfig(_Section):
 
 
 class GRPOConfig(_Section):
+    """The GRPO update: batch and group sizes, clipping, the loss and its aggregation,
+    mini-batches, credit and advantages."""
+
     batch_problems: int = Field(64, ge=1, description="B: problems per step (paper: 64)")
     group_size: int = Field(8, ge=2, description="n: episodes per problem (paper: 8)")
     clip_low: float = Field(
@@ -608,6 +627,8 @@ class GRPOConfig(_Section):
 
 
 class OptimConfig(_Section):
+    """The optimizer (AdamW) and its learning-rate schedule."""
+
     lr: float = Field(2e-5, gt=0.0, description="AdamW's peak learning rate (paper: 2e-5)")
     warmup_steps: int = Field(
         15, ge=0, description="steps of linear warmup before the cosine decay (paper: 15)"
@@ -636,8 +657,10 @@ class OptimConfig(_Section):
 
 
 class DetectConfig(_Section):
-    """The online detectors' thresholds (they fire while a run goes, on early signs); the
-    report's after-the-fact labels keep their own, larger ones on purpose
+    """The online detectors: the thresholds at which they fire while a run goes, on early signs
+    of a terminal cliff, gradient amplification or role capture, and what a run does then.
+
+    The report's after-the-fact labels keep their own, larger thresholds on purpose
     (``marlow.report.evidence.labels``, above ``CLIFF_DROP``)."""
 
     cliff_drop: float = Field(0.05, gt=0.0, lt=1.0, description="terminal_cliff: drop below peak")
@@ -676,6 +699,9 @@ class DetectConfig(_Section):
 
 
 class DiagnosticsConfig(_Section):
+    """The diagnostics a run computes beside its loss: how often the update's chi2 and the KL
+    to the base are taken, and on how many problems the trajectory signatures."""
+
     every: int = Field(
         5,
         ge=1,
@@ -694,6 +720,8 @@ class DiagnosticsConfig(_Section):
 
 
 class SinksConfig(_Section):
+    """Where metrics go besides metrics.jsonl: TensorBoard and Weights & Biases."""
+
     tensorboard: bool = Field(False, description="also write TensorBoard event files (extra: tb)")
     wandb: bool = Field(False, description="also log to Weights & Biases (extra: wandb)")
     wandb_project: str = Field("marlow", description="the Weights & Biases project (sinks.wandb)")
@@ -703,6 +731,8 @@ class SinksConfig(_Section):
 
 
 class TrainConfig(_Section):
+    """The training loop's safeguards: skipped non-finite updates, and the checkpoints kept."""
+
     max_nonfinite: int = Field(
         3,
         ge=1,
@@ -718,8 +748,9 @@ class TrainConfig(_Section):
 
 
 class MitigateConfig(_Section):
-    """Mitigations of the study's failure modes, each off by default and recorded with the run
-    (docs/mitigations.md gives each one's reference). Agent-wise advantage normalisation (Dr. MAS,
+    """Mitigations of the study's failure modes, each off by default and recorded with the run.
+
+    docs/mitigations.md gives each one's reference. Agent-wise advantage normalisation (Dr. MAS,
     Feng et al. 2026) is not here: it is ``grpo.advantage_scope=role`` (each agent's turns of a
     problem normalised with their own mean and std) or ``slot``."""
 
@@ -758,6 +789,8 @@ class MitigateConfig(_Section):
 
 
 class SandboxConfig(_Section):
+    """The sandbox the code reward runs programs in: the isolation a run requires."""
+
     require: SandboxRequire = Field(
         "none",
         description="namespaces: stop at start unless the code sandbox gets its network, PID "
@@ -767,6 +800,8 @@ class SandboxConfig(_Section):
 
 
 class RewardsConfig(_Section):
+    """The rewards' machinery: the code reward's sandbox."""
+
     sandbox: SandboxConfig = SandboxConfig()
 
 
@@ -780,6 +815,9 @@ DTYPES: tuple[str, ...] = get_args(Dtype)
 
 
 class RunConfig(_Section):
+    """The run as a whole: the preset it starts from, its seed, device and dtype, its length,
+    and how often it validates and saves; each section below configures one part of it."""
+
     preset: Literal["paper", "official", "tiny", "quickstart"] = Field(
         "tiny",
         description="the settings a run starts from, under its file and overrides: paper (the "

@@ -98,6 +98,9 @@ class CellResources(BaseModel):
 
 
 class GridSpec(BaseModel):
+    """A grid file's top level: the axes whose values multiply into cells, the control cells, the
+    settings every cell gets and what each cell asks a Ray cluster for."""
+
     model_config = ConfigDict(extra="forbid")
 
     workflows: list[str] = Field(

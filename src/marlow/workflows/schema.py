@@ -193,7 +193,8 @@ class StageFile(_Strict):
 
 
 class WorkflowFile(_Strict):
-    """A workflow file's top level."""
+    """A workflow file's top level: its name and description, its parameters, roles and stages,
+    and where the episode's answer comes from."""
 
     name: str | None = Field(None, description="its name (default: the file's name)")
     title: str | None = Field(None, description="its title in cell names and reports")

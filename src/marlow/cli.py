@@ -203,7 +203,7 @@ def _summary(
 @app.command(
     epilog=_examples(
         "marlow train configs/voting-sp-tiny.yaml steps=50 --out runs/sp",
-        "marlow train workflow.name=eval_opt policy.routing=ip optim.lr=5e-4 --out runs/eo",
+        "marlow train workflow=eval_opt policy.routing=ip optim.lr=5e-4 --out runs/eo",
         "marlow train configs/paper-voting-ip.yaml model.name=Qwen/Qwen3-0.6B device=cuda",
     )
 )
@@ -360,9 +360,9 @@ def _launch_data_parallel(
 @app.command(
     "eval",
     epilog=_examples(
-        "marlow eval runs/a                      (its latest checkpoint -> runs/a/evals/step-N)",
+        "# its latest checkpoint -> runs/a/evals/step-N\nmarlow eval runs/a",
         "marlow eval runs/a/checkpoints/step_000016 task.val_size=100 --name val100",
-        "marlow eval configs/voting-sp-tiny.yaml  (the base model through that config's workflow)",
+        "# the base model through that config's workflow\nmarlow eval configs/voting-sp-tiny.yaml",
     ),
 )
 def evaluate(
@@ -537,8 +537,10 @@ def quickstart(
 ) -> None:
     """The main demo: train Voting-IP, Voting-SP and single-agent RL on the tiny world.
 
-    Loads the tiny world marlow ships (no pre-training), trains the three cells, compares each
-    with the base model and writes summary.json and val_curves.png."""
+    Loads the tiny world marlow ships (no pre-training) and runs five cells as a small grid:
+    three trained (Voting-IP, Voting-SP and Single-SA, the single-agent RL control) and two base
+    cells (the untrained model through Voting and through Single); prints each cell's accuracy
+    and each Voting cell's gain over its base, and writes summary.json and val_curves.png."""
     from marlow.config import parse_overrides
     from marlow.worlds.quickstart import quickstart as run_quickstart
 
@@ -593,7 +595,7 @@ def quickstart(
 @app.command(
     epilog=_examples(
         "marlow grid configs/grids/tiny-demo.yaml steps=4 optim.lr=3e-3 --out runs/demo",
-        "marlow grid configs/grids/tiny-matrix.yaml --dry-run   (the cells and their count)",
+        "# the cells and their count\nmarlow grid configs/grids/tiny-matrix.yaml --dry-run",
         "marlow grid configs/grids/tiny-matrix.yaml --runner ray --workers 8",
     )
 )
@@ -927,7 +929,8 @@ def rescore(
     epilog=_examples(
         'marlow answer marlow-quickstart/cells/Voting-SP-tiny-s-Math "59+19"',
         'marlow answer runs/a "12*7" --trace rollout.val_temperature=0',
-        "marlow answer runs/a --input questions.jsonl --out answers.jsonl --field question",
+        "marlow answer runs/a --input questions.jsonl --out answers.jsonl \\\n"
+        "    --field question",
     )
 )
 def answer(
@@ -1005,7 +1008,8 @@ def answer(
 @app.command(
     epilog=_examples(
         "marlow serve marlow-quickstart/cells/Voting-SP-tiny-s-Math --port 8000",
-        "MARLOW_API_KEY=secret marlow serve runs/a-bundle --host 0.0.0.0 rollout.backend=vllm",
+        "MARLOW_API_KEY=secret marlow serve runs/a-bundle --host 0.0.0.0 \\\n"
+        "    rollout.backend=vllm",
     )
 )
 def serve(
@@ -1079,7 +1083,8 @@ app.add_typer(task_app, name="task")
     "check",
     epilog=_examples(
         "marlow task check examples/sums/config.yaml",
-        "marlow task check task.source=my.jsonl task.reward=my_rewards.py:score --problems 8",
+        "marlow task check task.source=my.jsonl task.reward=my_rewards.py:score \\\n"
+        "    --problems 8",
         "marlow task check examples/sums/config.yaml --show 2",
     ),
 )

@@ -5,7 +5,7 @@ path to type. The settings are the ones ``examples/sums/config.yaml`` gives by h
 from importlib.resources import files
 
 TASK = {
-    "description": "integer arithmetic questions, graded by the exact boxed answer",
+    "description": "arithmetic questions, graded by the exact boxed answer",
     "task": {
         "source": str(files(__name__) / "sums.jsonl"),
         "prompt_field": "question",

@@ -20,5 +20,6 @@ def exact_answer(prompts, completions, answer, **kwargs):
         if not boxes:
             rewards.append(-0.1)
         else:
-            rewards.append(1.0 if boxes[-1].strip() == str(gold).strip() else 0.0)
+            right = boxes[-1].strip() == str(gold).strip()
+            rewards.append(1.0 if right else 0.0)
     return rewards

@@ -69,7 +69,8 @@ NOT_RUN: dict[str, str] = {
     "marlow eval workflow.name=voting": "evaluates the base model on 500 problems",
     "marlow train": "trains a model: a minute or more (the e2e and integration tests train "
     "shrunk runs)",
-    "marlow quickstart": "trains five cells, about 95 s cold",
+    "marlow quickstart": "trains three cells and evaluates two (its time: "
+    "docs/benchmarks/quickstart.md)",
     "marlow grid": "trains every cell of a grid (a grid's --dry-run is run)",
     "marlow pretrain-tiny": "pre-trains a tiny world: minutes",
     "marlow serve": "a server that runs until stopped (tests/e2e/test_serve.py starts one)",

@@ -187,6 +187,7 @@ class MetricDoc:
 
 
 EVERY = "every step (val: each validation)"
+TRAINING = "every step"  # a metric of the update: training steps only
 DIAGNOSED = "diagnostics.every's steps"
 METRICS: tuple[MetricDoc, ...] = (
     MetricDoc(
@@ -273,22 +274,22 @@ METRICS: tuple[MetricDoc, ...] = (
         "entropy",
         "role",
         "train",
-        EVERY,
+        TRAINING,
         "mean per-token entropy of the policy at the sampling temperature, on its sampled tokens",
     ),
     MetricDoc(
         "nll",
         "role",
         "train",
-        EVERY,
+        TRAINING,
         "mean negative log-probability of the sampled tokens under the policy",
     ),
-    MetricDoc("perplexity", "role", "train", EVERY, "exp(nll)"),
+    MetricDoc("perplexity", "role", "train", TRAINING, "exp(nll)"),
     MetricDoc(
         "chi2_rollout",
         "role",
         "train",
-        EVERY,
+        TRAINING,
         "chi-square divergence between the "
         "sampler's and the trainer's token distributions, on the sampled tokens (mean(ratio^2) "
         "- 1: a small negative value is a difference too small to measure)",
@@ -297,7 +298,7 @@ METRICS: tuple[MetricDoc, ...] = (
         "rollout_abs_dlogp",
         "role",
         "train",
-        EVERY,
+        TRAINING,
         "mean |trainer - sampler| log-probability per sampled token",
     ),
     MetricDoc(
@@ -321,46 +322,46 @@ METRICS: tuple[MetricDoc, ...] = (
         "clipfrac_low",
         "role",
         "train",
-        EVERY,
+        TRAINING,
         "fraction of tokens whose importance ratio was clipped below (1 - grpo.clip_low)",
     ),
     MetricDoc(
-        "clipfrac_high", "role", "train", EVERY, "fraction clipped above (1 + grpo.clip_high)"
+        "clipfrac_high", "role", "train", TRAINING, "fraction clipped above (1 + grpo.clip_high)"
     ),
-    MetricDoc("ratio_max", "role", "train", EVERY, "largest importance ratio of the role's tokens"),
+    MetricDoc("ratio_max", "role", "train", TRAINING, "largest importance ratio of the role's tokens"),
     MetricDoc(
         "grad_norm_own",
         "role",
         "train",
-        EVERY,
+        TRAINING,
         "SP: L2 norm of the role's own share of the shared adapter's gradient",
     ),
     MetricDoc(
         "grad_mass_share",
         "role",
         "train",
-        EVERY,
+        TRAINING,
         "SP: the role's gradient norm over the sum of every role's",
     ),
     MetricDoc(
         "slot_coherence",
         "role",
         "train",
-        EVERY,
+        TRAINING,
         "mitigate.slot_damping: mean pairwise cosine of a role's slots' gradients",
     ),
     MetricDoc(
         "slot_damping",
         "role",
         "train",
-        EVERY,
+        TRAINING,
         "mitigate.slot_damping: the factor each slot's gradient was multiplied by",
     ),
     MetricDoc(
         "frac_reward_zero_std",
         "all",
         "train",
-        EVERY,
+        TRAINING,
         "fraction of advantage groups whose rewards are all equal (they teach nothing)",
     ),
     MetricDoc(
@@ -413,17 +414,17 @@ METRICS: tuple[MetricDoc, ...] = (
         "grad_norm",
         "adapter",
         "train",
-        EVERY,
+        TRAINING,
         "the adapter's gradient L2 norm before clipping, averaged over its updates",
     ),
-    MetricDoc("grad_norm_max", "adapter", "train", EVERY, "its largest over the step's updates"),
-    MetricDoc("loss", "adapter", "train", EVERY, "the policy loss, averaged over the updates"),
-    MetricDoc("lr", "adapter", "train", EVERY, "the adapter's learning rate after the step"),
+    MetricDoc("grad_norm_max", "adapter", "train", TRAINING, "its largest over the step's updates"),
+    MetricDoc("loss", "adapter", "train", TRAINING, "the policy loss, averaged over the updates"),
+    MetricDoc("lr", "adapter", "train", TRAINING, "the adapter's learning rate after the step"),
     MetricDoc(
         "updates",
         "adapter",
         "train",
-        EVERY,
+        TRAINING,
         "optimizer updates the adapter took in this step (its mini-batches x grpo.epochs), not "
         "since the run began",
     ),
@@ -431,7 +432,7 @@ METRICS: tuple[MetricDoc, ...] = (
         "nonfinite_skips",
         "adapter",
         "train",
-        EVERY,
+        TRAINING,
         "1 when the step's update was non-finite and undone",
     ),
     MetricDoc(

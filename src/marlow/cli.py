@@ -929,8 +929,7 @@ def rescore(
     epilog=_examples(
         'marlow answer marlow-quickstart/cells/Voting-SP-tiny-s-Math "59+19"',
         'marlow answer runs/a "12*7" --trace rollout.val_temperature=0',
-        "marlow answer runs/a --input questions.jsonl --out answers.jsonl \\\n"
-        "    --field question",
+        "marlow answer runs/a --input questions.jsonl --out answers.jsonl \\\n    --field question",
     )
 )
 def answer(

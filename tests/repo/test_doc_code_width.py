@@ -214,9 +214,9 @@ def test_prose_beside_a_command_is_found(command):
     "command",
     [
         "marlow eval runs/a   # its latest checkpoint -> runs/a/evals/step-N (a comment)",
-        "marlow answer RUN \"12*7\" --temperature 0",
+        'marlow answer RUN "12*7" --temperature 0',
         "marlow train workflow.params='{rounds: 2}' --out runs/d",
-        'MARLOW_API_KEY=secret marlow serve runs/a-bundle --host 0.0.0.0',
+        "MARLOW_API_KEY=secret marlow serve runs/a-bundle --host 0.0.0.0",
         "marlow answer RUN 'what is (3 + 4) * 2?  twice'",
         "# a comment line (with prose) -> anything",
     ],

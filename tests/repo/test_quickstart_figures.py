@@ -159,7 +159,7 @@ COUNTS = {
     "trained": sum(c.config.steps > 0 for c in CELLS),
     "base": sum(c.kind == "base" for c in CELLS),
 }
-WORDS = dict(zip("one two three four five six seven eight nine ten".split(), range(1, 11)))
+WORDS = {w: i for i, w in enumerate(["one", "two", "three", "four", "five", "six"], 1)}
 NUMBER = r"(\d+|" + "|".join(WORDS) + ")"
 # a count of the quickstart's cells, and what it counts
 COUNTED = [

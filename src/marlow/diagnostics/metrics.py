@@ -328,7 +328,9 @@ METRICS: tuple[MetricDoc, ...] = (
     MetricDoc(
         "clipfrac_high", "role", "train", TRAINING, "fraction clipped above (1 + grpo.clip_high)"
     ),
-    MetricDoc("ratio_max", "role", "train", TRAINING, "largest importance ratio of the role's tokens"),
+    MetricDoc(
+        "ratio_max", "role", "train", TRAINING, "largest importance ratio of the role's tokens"
+    ),
     MetricDoc(
         "grad_norm_own",
         "role",

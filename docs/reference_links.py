@@ -32,6 +32,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from marlow.reference import anchor_id
+
 DOCS = Path(__file__).resolve().parent
 SKIPPED = ("reference", "benchmarks", "results")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
@@ -80,12 +82,12 @@ def target_of(code: str, keys: set[str], commands: dict[str, str], metrics: set[
         return None
     key, eq, _ = code.partition("=")
     if (eq or "." in key) and key in keys and " " not in key:
-        return Target("reference/settings.md", key)
+        return Target("reference/settings.md", anchor_id(key))
     parts = code.split("/")
     if len(parts) == 3 and parts[0] in ("train", "val") and parts[2] in metrics:
-        return Target("reference/metrics.md", parts[2])
+        return Target("reference/metrics.md", anchor_id(parts[2]))
     if "_" in code and code in metrics:
-        return Target("reference/metrics.md", code)
+        return Target("reference/metrics.md", anchor_id(code))
     return None
 
 
@@ -116,9 +118,13 @@ def unlinked(page: Path, text: str, catalogue_: tuple) -> dict[Target, int]:
     first: dict[Target, int] = {}
     for start, end in _prose_spans(text):
         prose = text[start:end]
-        for m in LINKED_CODE.finditer(prose):
-            if (t := target_of(m.group(1), *catalogue_)) is not None:
+        for m in LINKED_CODE.finditer(prose):  # a link counts where it reaches the anchor
+            if (t := target_of(m.group(1), *catalogue_)) is None:
+                continue
+            if m.group(2) == t.href(page):
                 linked.add(t)
+            else:  # a mention, linked wrong
+                first.setdefault(t, start + m.start())
         for m in CODE.finditer(prose):
             t = target_of(m.group(1), *catalogue_)
             if t is not None and t not in first:
@@ -130,6 +136,8 @@ def link(page: Path, text: str, catalogue_: tuple) -> str:
     """The page with the first mention of each unlinked target made a link."""
     for target, at in sorted(unlinked(page, text, catalogue_).items(), key=lambda kv: -kv[1]):
         m = CODE.match(text, at)
+        if m is None:  # a link to the wrong anchor: --check names it, to be mended by hand
+            continue
         text = f"{text[:at]}[{m.group(0)}]({target.href(page)}){text[m.end() :]}"
     return text
 

@@ -61,11 +61,16 @@ def _table(rows: list[Setting], first: str = "field", anchored: bool = False) ->
     return out
 
 
+def anchor_id(name: str) -> str:
+    """The id of a setting's or a metric's row: ``name`` without the angle brackets of a
+    placeholder (``task.family``: ``#task.family``; ``reward_<reason>``: ``#reward_reason``)."""
+    return name.replace("<", "").replace(">", "")
+
+
 def _anchor(name: str) -> str:
-    """``name`` in code, with an anchor and a link to it (so that ``page.md#ID`` reaches its row,
-    and a click on it gives that address); the id is ``name`` without the angle brackets of a
-    placeholder (``reward_<reason>``: ``#reward_reason``)."""
-    ident = name.replace("<", "").replace(">", "")
+    """``name`` in code, with its anchor (:func:`anchor_id`) and a link to it, so that
+    ``page.md#ID`` reaches its row and a click on it gives that address."""
+    ident = anchor_id(name)
     return f"[`{name}`](#{ident}){{#{ident}}}"
 
 
@@ -269,7 +274,9 @@ def metrics_page() -> str:
     ]
     for m in METRICS:
         keys = who[m.who].replace("name", m.name)
-        if "val" in m.splits:
+        if "train" not in m.splits:  # written at validation only
+            keys = keys.replace("`train/", "`val/")
+        elif "val" in m.splits:
             keys += " (and `val/...`)"
         cells = [keys, m.splits, m.when, m.meaning]
         out.append(f"| {_anchor(m.name)} | " + " | ".join(_cell(c) for c in cells) + " |")

@@ -96,6 +96,15 @@ NOT_RUN: dict[str, str] = {
 
 # Python blocks not run here, by (page, first line), and why.
 PYTHON_NOT_RUN: dict[tuple[str, str], str] = {
+    **{
+        ("docs/concepts/extending.md", first): "registers into this process's registries, which "
+        "other tests list: tests/integration/test_registries.py registers a loss and a backend "
+        "and trains with them"
+        for first in (
+            "from marlow.algo.policy_loss import policy_loss, register_policy_loss",
+            "from marlow.rollout import register_backend",
+        )
+    },
     ("docs/how-to/python.md", "import marlow"): "trains 2 steps: tests/e2e/test_api.py runs it "
     "as written",
     ("docs/using.md", "from openai import OpenAI"): "talks to a running `marlow serve`: "

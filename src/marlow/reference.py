@@ -343,6 +343,43 @@ def run_folder_page() -> str:
     return "\n".join(out) + "\n"
 
 
+def code_map_page() -> str:
+    """Every package and module at the top of ``src/marlow/``, with its docstring's first
+    sentence (read from the source, nothing imported)."""
+    import ast
+
+    import marlow
+
+    out = [
+        "# Code map",
+        "",
+        GENERATED,
+        "",
+        "What each package and module of `src/marlow/` holds, in its own docstring's words. "
+        "They import one another in no circle (`tests/unit/test_layers.py`).",
+        "",
+        "| package or module | what it holds |",
+        "|---|---|",
+    ]
+    root = Path(marlow.__file__).parent
+    for path in sorted(root.iterdir()):
+        source = path / "__init__.py" if path.is_dir() else path
+        if path.name.startswith("_") or not source.is_file() or source.suffix != ".py":
+            continue
+        doc = ast.get_docstring(ast.parse(source.read_text())) or ""
+        name = f"{path.name}/" if path.is_dir() else path.name
+        out.append(f"| `{name}` | {_cell(_first_sentence(doc))} |")
+    return "\n".join(out) + "\n"
+
+
+def _first_sentence(doc: str) -> str:
+    """The first sentence of a docstring's first paragraph, its Sphinx roles as plain code."""
+    paragraph = " ".join(doc.split("\n\n")[0].split())
+    text = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", paragraph).replace("``", "`")
+    match = re.search(r"^(.+?\.)(\s|$)", text)
+    return match.group(1) if match else text
+
+
 PAGES: dict[str, Callable[[], str]] = {
     "cli.md": cli_page,
     "settings.md": settings_page,
@@ -350,6 +387,7 @@ PAGES: dict[str, Callable[[], str]] = {
     "grid-file.md": grid_file_page,
     "metrics.md": metrics_page,
     "run-folder.md": run_folder_page,
+    "code-map.md": code_map_page,
 }
 """Each reference page's file name and the function that writes it."""
 

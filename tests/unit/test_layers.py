@@ -74,3 +74,42 @@ def test_importing_marlow_shortens_openmp_spinning_unless_the_user_chose():
     assert run({}) == "1000"
     assert run({"GOMP_SPINCOUNT": "300000"}) == "300000"
     assert run({"OMP_WAIT_POLICY": "ACTIVE"}) == "None"  # a wait policy of the user's stands
+
+
+def test_the_packages_and_modules_of_marlow_import_one_another_in_no_circle():
+    """Rooms are the packages and modules at the top of ``marlow``; an arrow is any import of
+    one room's module by another's, lazy ones inside functions included."""
+    import ast
+    from pathlib import Path
+
+    import marlow
+
+    root = Path(marlow.__file__).parent
+    rooms = {p.stem for p in root.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
+    arrows: dict[str, set[str]] = {}
+    for path in root.rglob("*.py"):
+        here = path.relative_to(root).parts[0].removesuffix(".py")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                named = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                named = [a.name for a in node.names]
+            else:
+                continue
+            for name in named:
+                parts = name.split(".")
+                if parts[0] == "marlow" and len(parts) > 1 and parts[1] in rooms - {here}:
+                    arrows.setdefault(here, set()).add(parts[1])
+
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in arrows.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    circles = sorted((a, b) for a, targets in arrows.items() for b in targets if a in reach(b))
+    assert len(rooms) > 30 and sum(map(len, arrows.values())) > 100  # it sees the house
+    assert circles == []

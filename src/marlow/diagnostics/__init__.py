@@ -1,1 +1,2 @@
-"""Per-role metrics and sinks (signatures and detectors come with the diagnostics issue)."""
+"""Diagnostics of a run: per-role metrics and their sinks, trajectory signatures, the failure
+detectors and the statistics of a whole run."""

@@ -78,7 +78,7 @@ from marlow.policy.adapters import LoraSpec, adapter_parameters, attach_adapters
 from marlow.policy.routing import make_routing
 from marlow.tiny.model import SCALES, model_config
 from marlow.tiny.tokenizer import build_tokenizer
-from marlow.workflows.check import check_run_config
+from marlow.workflows.validate import check_run_config
 
 PROMPT_TOKENS = 1024
 """Default prompt length (tokens) of a rollout sequence, for the KV cache."""

@@ -26,7 +26,7 @@ evaluator output), ``candidates`` (the generator outputs, numbered ``1) ...``), 
 (the strategy of this worker slot), ``solutions`` (the worker outputs, numbered), ``n`` (how
 many candidates / strategies). A set whose ``context`` is ``conversation`` has templates that
 rely on the episode's shared chat (the official evaluator reviews "the solution above"): it runs
-only under ``workflow.context=conversation`` (checked by ``marlow.workflows.check``).
+only under ``workflow.context=conversation`` (checked by ``marlow.workflows.validate``).
 """
 
 from __future__ import annotations

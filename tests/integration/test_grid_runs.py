@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from marlow.config import ConfigError
+from marlow.grids import pretraining
 from marlow.grids.grid import expand, parse_grid
 from marlow.grids.runner import run_grid
 from tests.conftest import PRETRAIN_STEPS
@@ -97,15 +98,14 @@ def fake_pretrain(scale, task, steps, batch):
 def test_missing_worlds_are_pre_trained_in_child_processes(tmp_path, monkeypatch):
     import os
 
-    from marlow.grids import worlds
     from marlow.grids.grid import expand
 
     monkeypatch.setenv("MARLOW_CACHE", str(tmp_path))
-    monkeypatch.setattr(worlds, "_pretrain_world", fake_pretrain)  # pickled by name: the child
+    monkeypatch.setattr(pretraining, "_pretrain_world", fake_pretrain)  # pickled by name: the child
     grid = {**GRID, "tasks": ["math", "code"]}  # imports this module's fake_pretrain
     grid["settings"] = {**GRID["settings"], "model": {"pretrain_steps": 2}}
     lines = []
-    worlds.pretrain_worlds(expand(parse_grid(grid)), lines.append)
+    pretraining.pretrain_worlds(expand(parse_grid(grid)), lines.append)
     assert int((tmp_path / "tiny-s-math.pid").read_text()) != os.getpid()
     assert [x for x in lines if "failed" in x] == ["pre-training tiny-s (code) failed (exit 3)"]
     for task in ("math", "code"):  # each world is announced first, with an estimate

@@ -79,7 +79,7 @@ def test_bad_fields_fail_in_one_line_naming_them(override, needle):
 )
 def test_workflow_fields_fail_in_one_line_where_workflows_are_built(override, needle):
     # config stays below the workflows layer: the registry is consulted by check_run_config
-    from marlow.workflows.check import check_run_config
+    from marlow.workflows.validate import check_run_config
 
     cfg = load_config(None, [override])
     with pytest.raises(ConfigError) as err:

@@ -7,10 +7,10 @@ import pytest
 from marlow.diagnostics.runstats import run_statistics
 from marlow.report import evidence
 from marlow.report.evidence import claims as claims_module
-from marlow.report.evidence import scoring
+from marlow.report.evidence import detection
 from marlow.report.evidence.claims import _verdict
+from marlow.report.evidence.detection import _score, tune
 from marlow.report.evidence.labels import label_amplification, label_capture, label_cliff
-from marlow.report.evidence.scoring import _score, tune
 from marlow.report.results import CellId, CellRun
 
 VOTING = {"generator": 3, "aggregator": 1}
@@ -224,7 +224,7 @@ def test_each_alarm_and_labelled_event_is_listed_with_its_steps(monkeypatch):
         cell([0.4, 0.62, 0.6, 0.5, 0.4], seed=1, name="cliff-late-s1"),
         cell([0.4, 0.5, 0.55, 0.6, 0.62], seed=1, name="rising-s1"),
     ]
-    monkeypatch.setattr(scoring, "trained_runs", lambda res: runs)
+    monkeypatch.setattr(detection, "trained_runs", lambda res: runs)
     summary, events = evidence.detector_evaluation(None)
     (cliff,) = [r for r in summary.rows if r["detector"] == "terminal_cliff"]
     assert cliff["tuned_on_seeds"] == "0" and cliff["reported_on_seeds"] == "1"
@@ -268,7 +268,7 @@ def test_each_variant_has_its_own_verdicts(monkeypatch):
 
 def test_a_grid_of_many_seeds_holds_out_half_of_them(monkeypatch):
     runs = [cell([0.4, 0.6, 0.58, 0.52, 0.45], seed=s, name=f"cliff-s{s}") for s in range(6)]
-    monkeypatch.setattr(scoring, "trained_runs", lambda res: runs)
+    monkeypatch.setattr(detection, "trained_runs", lambda res: runs)
     summary, events = evidence.detector_evaluation(None)
     (cliff,) = [r for r in summary.rows if r["detector"] == "terminal_cliff"]
     assert (cliff["tuned_on_seeds"], cliff["reported_on_seeds"]) == ("0, 1, 2", "3, 4, 5")

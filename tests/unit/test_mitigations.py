@@ -13,7 +13,7 @@ from marlow.algo.turn_advantages import CreditRows, turn_advantages
 from marlow.config import ConfigError, MitigateConfig, resolve
 from marlow.diagnostics.metrics import Meter
 from marlow.training.grpo import GradientParts, _mean_cosine, _mitigate
-from marlow.workflows.check import check_run_config
+from marlow.workflows.validate import check_run_config
 
 
 def parts_with(grads: dict) -> tuple[GradientParts, torch.Tensor]:

@@ -9,8 +9,8 @@ from marlow.config import ConfigError, resolve
 from marlow.prompts import CHAT_SETS, TEMPLATES, prompt_set, template
 from marlow.types import Problem
 from marlow.workflows import build_workflow
-from marlow.workflows.check import check_run_config
 from marlow.workflows.spec import workflow_names
+from marlow.workflows.validate import check_run_config
 from tests.unit.test_official_switches import episodes
 
 LIBRARY_KEYS = sorted({(t, r, v) for t, r, v in TEMPLATES["chat"]})

@@ -68,7 +68,7 @@ def test_the_dose_grids_world_is_shipped(empty_cache, monkeypatch):
     import multiprocessing
 
     from marlow.grids.grid import expand, load_grid
-    from marlow.grids.worlds import pretrain_worlds
+    from marlow.grids.pretraining import pretrain_worlds
 
     monkeypatch.setattr(multiprocessing, "get_context", lambda *a: pytest.fail("pre-trained"))
     grids = sorted((Path(__file__).parents[2] / "configs" / "grids").glob("tiny-dose*.yaml"))
@@ -143,7 +143,7 @@ def test_a_grid_pretrains_no_shipped_world(empty_cache, monkeypatch):
     import multiprocessing
 
     from marlow.grids.grid import expand
-    from marlow.grids.worlds import pretrain_worlds
+    from marlow.grids.pretraining import pretrain_worlds
     from marlow.worlds.quickstart import quickstart_grid
 
     monkeypatch.setattr(multiprocessing, "get_context", lambda *a: pytest.fail("pre-trained"))

@@ -13,12 +13,12 @@ from marlow.config import ConfigError, resolve
 from marlow.diagnostics.metrics import Meter, tool_metrics
 from marlow.policy.routing import make_routing
 from marlow.types import Problem, SamplingParams
-from marlow.workflows.check import check_run_config
 from marlow.workflows.engine import run_episodes
 from marlow.workflows.load import build_workflow
 from marlow.workflows.schema import WorkflowFileError
 from marlow.workflows.show import _Placeholders, _Plain, describe
 from marlow.workflows.spec import EpisodeRules
+from marlow.workflows.validate import check_run_config
 
 HERE = "tests.unit.test_tool_stages"
 PROBLEM = Problem("p1", "What is 2 + 2?", "4", {"columns": {"level": "easy"}})

@@ -311,7 +311,7 @@ class WorkflowConfig(_Section):
     verdicts are read.
 
     The name and parameters are checked against the workflow registry where workflows are built
-    (:func:`marlow.workflows.check.check_run_config`, run before anything is loaded or written),
+    (:func:`marlow.workflows.validate.check_run_config`, run before anything is loaded or written),
     not here: config stays below the workflows layer."""
 
     name: str = Field(

@@ -75,9 +75,9 @@ from marlow.config import ConfigError, RunConfig, merge, resolve
 from marlow.rollout.base import check_backend_name
 from marlow.titles import POLICY_TITLES, scale_title
 from marlow.training.distributed import resolve_seeding
-from marlow.workflows.check import check_run_config
 from marlow.workflows.load import workflow_title
 from marlow.workflows.spec import is_workflow_file, workflow_names
+from marlow.workflows.validate import check_run_config
 
 CONTROLS = ("base", "sa-rl", "transfer")
 VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")

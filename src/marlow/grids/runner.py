@@ -14,7 +14,7 @@ nothing runs) and re-raises, so the caller exits; the next run resumes them.
 The pieces, one concern each: :mod:`~marlow.grids.results_folder` (the folder, its index
 and lock), :mod:`~marlow.grids.pools` (local processes or Ray, and how many at once),
 :mod:`~marlow.grids.cell_process` (one cell in its own process),
-:mod:`~marlow.grids.worlds` (tiny worlds pre-trained before the cells).
+:mod:`~marlow.grids.pretraining` (tiny worlds pre-trained before the cells).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from typing import Any
 from marlow.fileio import write_text
 from marlow.grids.grid import Cell, CellResources, GridSpec, expand
 from marlow.grids.pools import RUNNERS, LocalPool, Pool, RayPool, plan_workers
+from marlow.grids.pretraining import pretrain_worlds
 from marlow.grids.results_folder import GridIndex, last_step, locked, refuse_changed_cells
-from marlow.grids.worlds import pretrain_worlds
 
 Progress = Callable[[str, str, int, int], None]  # (cell, state, step, total)
 Log = Callable[[str], None]

@@ -30,7 +30,7 @@ from marlow.diagnostics.signatures import latest_signatures, read_signatures
 from marlow.diagnostics.sinks import read_jsonl
 from marlow.policy.routing import make_routing
 from marlow.types import REWARD_MISSING
-from marlow.workflows.check import run_workflow
+from marlow.workflows.validate import run_workflow
 
 ROLE_METRICS = (
     "reward",

@@ -33,8 +33,8 @@ from marlow.diagnostics.runstats import run_statistics
 from marlow.diagnostics.signatures import read_signatures
 from marlow.diagnostics.sinks import read_jsonl
 from marlow.titles import scale_title
-from marlow.workflows.check import run_workflow
 from marlow.workflows.spec import is_workflow_file
+from marlow.workflows.validate import run_workflow
 
 IDENTITY = ("kind", "workflow", "policy", "scale", "task", "seed")
 TRAINED_KINDS = ("trained", "sa-rl")  # kinds that train (the others only validate)

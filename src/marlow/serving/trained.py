@@ -39,8 +39,8 @@ from marlow.training.export import TOOLS_DIR
 from marlow.training.seeds import validation_seed
 from marlow.types import Problem, SamplingParams
 from marlow.workflows.agents import build_agents
-from marlow.workflows.check import check_run_config, workflow_copy
 from marlow.workflows.engine import run_episodes
+from marlow.workflows.validate import check_run_config, workflow_copy
 
 BUNDLE_JSON = "export.json"
 """The record of an export folder; with the workflow and routing in it, a bundle."""

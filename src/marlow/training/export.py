@@ -118,8 +118,8 @@ def _answering(run_dir: Path, cfg: RunConfig, folder: Path) -> dict[str, Any]:
     the routing (role -> adapter), the prompts' style and family, and the sampling settings."""
     from marlow.models import is_tiny, task_family
     from marlow.policy.routing import make_routing
-    from marlow.workflows.check import run_workflow, workflow_copy
     from marlow.workflows.spec import workflow_path
+    from marlow.workflows.validate import run_workflow, workflow_copy
 
     spec = run_workflow(run_dir, cfg)
     source = workflow_copy(run_dir) or workflow_path(cfg.workflow.name)

@@ -41,8 +41,8 @@ from marlow.diagnostics.sinks import read_jsonl
 from marlow.fileio import DamagedFileError, write_text
 from marlow.models import task_family
 from marlow.training import checkpoint, runbase
-from marlow.workflows.check import WORKFLOW_COPY, workflow_copy
 from marlow.workflows.spec import is_workflow_file
+from marlow.workflows.validate import WORKFLOW_COPY, workflow_copy
 
 RESUME_SAFE = {
     "steps": "may only grow (the run goes on to the new last step)",

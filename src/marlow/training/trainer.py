@@ -83,8 +83,8 @@ from marlow.training.seeds import SHUFFLE, step_seed, validation_seed
 from marlow.training.sync import check_sync, engine_drift
 from marlow.types import Episode, SamplingParams, missing_reason
 from marlow.workflows.agents import build_agents
-from marlow.workflows.check import check_run_config, workflow_copy
 from marlow.workflows.engine import run_episodes
+from marlow.workflows.validate import check_run_config, workflow_copy
 
 Log = Callable[[str], None]
 

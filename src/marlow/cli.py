@@ -70,6 +70,12 @@ Settings are config fields as section.field=value (steps=50 policy.routing=sp op
 marlow settings lists every one; marlow diff-presets paper official compares two presets. Each
 command's --help has examples."""
 
+ConfigArgs = Annotated[
+    list[str] | None,
+    typer.Argument(help="\\[CONFIG.yaml] \\[key=value ...]", show_default=False),
+]
+"""A command's run config: a config file, settings, or both (:func:`_split_args`)."""
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=USER_HELP, cls=_OneLineErrors)
 
 
@@ -209,10 +215,7 @@ def _summary(
 )
 @_run_folder
 def train(
-    args: Annotated[
-        list[str] | None,
-        typer.Argument(help="\\[CONFIG.yaml] \\[key=value ...]", show_default=False),
-    ] = None,
+    args: ConfigArgs = None,
     out: Annotated[Path, typer.Option(help="run folder")] = Path("runs/run"),
     resume: Annotated[
         bool,
@@ -720,10 +723,7 @@ def inspect(
     )
 )
 def plan(
-    args: Annotated[
-        list[str] | None,
-        typer.Argument(help="\\[CONFIG.yaml] \\[key=value ...]", show_default=False),
-    ] = None,
+    args: ConfigArgs = None,
     gpu_mem: Annotated[
         float | None, typer.Option(help="GiB of accelerator memory: say whether the run fits")
     ] = None,
@@ -1088,10 +1088,7 @@ app.add_typer(task_app, name="task")
     ),
 )
 def task_check(
-    args: Annotated[
-        list[str] | None,
-        typer.Argument(help="\\[CONFIG.yaml] \\[key=value ...]", show_default=False),
-    ] = None,
+    args: ConfigArgs = None,
     problems: Annotated[int, typer.Option(min=1, help="training problems to sample")] = 4,
     show: Annotated[
         int, typer.Option(min=0, help="print this many sampled episodes as text (the base model's)")

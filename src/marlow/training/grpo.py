@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -53,7 +54,7 @@ from marlow.policy.adapters import folded, merged, use_adapter
 from marlow.training.batch import AdapterBatch
 from marlow.training.distributed import SOLO, Ranks
 from marlow.training.optim import AdapterOptimizers
-from marlow.training.scoring import score_rows
+from marlow.training.scoring import Scored, score_rows
 from marlow.types import BASE
 
 NO_MITIGATION = MitigateConfig()
@@ -217,130 +218,236 @@ def update_adapter(
     * ``role_balance`` (a shared adapter): each role's gradient (after damping) is rescaled to
       the mean of the roles' gradient norms, so every role contributes an equal mass.
     """
-    adapter = batch.adapter
-    slotted = mitigate.coherence_threshold is not None
-    keys = [_part(batch, i, slotted) for i in range(len(batch))]
-    per_rank = ranks.gather((sorted(set(keys)), batch.completion_len))  # one message
-    parts = sorted({key for rank_keys, _ in per_rank for key in rank_keys})
-    roles = sorted({_role(key) for key in parts})
-    shared = len(roles) > 1
-    parallel = slotted and len(parts) > len(roles)  # some role has two slots or more
-    beta = [mitigate.kl_weight(role) for role in batch.roles]
-    if any(beta) and batch.base_logp is None:
-        raise RuntimeError("mitigate.kl_coef needs batch.base_logp (score_base) before the update")
-    params = optim.params[adapter]
-    lengths = [
-        n for _, rank_lengths in per_rank for n in rank_lengths
-    ]  # every rank's rows, in order
-    offset = sum(len(rank_lengths) for _, rank_lengths in per_rank[: ranks.rank])
-    mine = range(offset, offset + len(batch))
-    device = batch.ids.device
-    loss_fn = policy_loss(cfg.policy_loss)  # grpo.policy_loss (marlow.algo.policy_loss)
-    loss_settings = LossSettings(
-        cfg.clip_low,
-        cfg.clip_high,
-        cfg.clip_ratio_c,
-        cfg.rollout_correction,
-        cfg.rollout_correction_cap,
-    )
-    old_logp = entropy = None  # fused: filled from the update forward
-    updates = 0
+    u = _AdapterUpdate(model, batch, optim, cfg, temperature, meter, fused, fold, ranks, mitigate)
     for _ in range(cfg.epochs):
-        order = torch.randperm(len(lengths), generator=generator).tolist()
+        order = torch.randperm(len(u.rows.lengths), generator=generator).tolist()
         for start in range(0, len(order), cfg.update_turns):
-            rows = order[start : start + cfg.update_turns]  # global row numbers
-            lens = torch.tensor([lengths[r] for r in rows], device=device)
-            mask = torch.arange(int(max(lengths[r] for r in rows)), device=device) < lens[:, None]
-            local_pos = [j for j, r in enumerate(rows) if r in mine]
-            idx = [rows[j] - offset for j in local_pos]  # this rank's rows of the mini-batch
-            weights = token_weights(mask, cfg.aggregation)[local_pos]  # (M_rank, L)
-            total_loss = torch.zeros((), device=device)  # read once per update, after backwards
-            own = GradientParts(params, ranks) if shared or parallel else None
-            with folded(model, adapter) if fold else use_adapter(model, adapter):
-                for local, s in score_rows(
-                    model,
-                    batch,
-                    idx,
-                    temperature=temperature,
-                    micro_tokens=cfg.micro_tokens,
-                    keys=[keys[i] for i in idx],
-                ):
-                    chunk_rows = [idx[j] for j in local]
-                    if own is not None:
-                        own.enter(keys[chunk_rows[0]])
-                    w_chunk = s.mask.shape[1]
-                    if fused:
-                        old_lp = s.logp.detach()
-                        if old_logp is None:
-                            old_logp = old_lp.new_zeros(batch.mask.shape)
-                            entropy = s.entropy.new_zeros(batch.mask.shape)
-                        old_logp[chunk_rows, :w_chunk] = old_lp
-                        entropy[chunk_rows, :w_chunk] = s.entropy
-                    else:
-                        old_lp = batch.old_logp[chunk_rows, :w_chunk]
-                    kl = any(beta[i] for i in chunk_rows)  # mitigate.kl_coef
-                    inputs = LossInputs(
-                        logp=s.logp,
-                        old_logp=old_lp,
-                        advantages=batch.advantages[chunk_rows].to(s.logp.dtype),
-                        sampler_logp=batch.sampler_logp[chunk_rows, :w_chunk]
-                        if loss_settings.rollout_correction == "truncate"
-                        else None,
-                        base_logp=batch.base_logp[chunk_rows, :w_chunk].to(s.logp.dtype)
-                        if kl
-                        else None,
-                        kl_coef=torch.tensor(
-                            [beta[i] for i in chunk_rows], dtype=s.logp.dtype, device=device
-                        )
-                        if kl
-                        else None,
-                    )
-                    token_loss, out = loss_fn(inputs, loss_settings)  # (T, L)
-                    w = weights[local, :w_chunk].to(s.logp.dtype)
-                    loss = (w * token_loss).sum()
-                    loss.backward()
-                    total_loss = total_loss + loss.detach()
-                    _ratio_stats(meter, [batch.roles[i] for i in chunk_rows], out, s.mask)
-            mitigated = False
-            if own is not None:  # each part's gradient, summed over the ranks
-                mitigated = _mitigate(own, parts, roles, shared, mitigate, meter)
-            if ranks.size > 1:  # every rank's share of the mini-batch's loss and gradient
-                grads = []  # mitigated: .grad holds every rank's sum already
-                if not mitigated:
-                    for p in params:
-                        if p.grad is None:
-                            p.grad = torch.zeros_like(p)
-                    grads = [p.grad for p in params]
-                ranks.sum_([total_loss, *grads])
-            loss_value = float(total_loss)
-            if not math.isfinite(loss_value):  # its gradients are dropped when the step is undone
-                raise NonFiniteLoss(f"loss is {loss_value}")
-            norm = optim.update(adapter)
-            if not math.isfinite(norm):
-                raise NonFiniteLoss(f"gradient norm is {norm}")
-            meter.mean(adapter, "grad_norm", norm, 1, also_all=False)
-            meter.max(adapter, "grad_norm_max", norm, also_all=False)
-            meter.mean(adapter, "loss", loss_value, 1, also_all=False)
-            updates += 1
-    if fused:
-        batch.old_logp, batch.entropy = old_logp, entropy
-    meter.set(adapter, "updates", updates)
-    meter.set(adapter, "lr", optim.current_lr(adapter))
-    optim.end_role_update(adapter)
+            idx, weights = u.mini_batch(order[start : start + cfg.update_turns])
+            own, total_loss = u.backward(idx, weights)
+            u.step(own, total_loss)
+    u.finish()
 
 
-def _part(batch: AdapterBatch, i: int, slotted: bool) -> str | tuple[str, int]:
+Part = str | tuple[str, int]  # a gradient part: a role, or (role, slot) for coherence damping
+
+
+def _part(batch: AdapterBatch, i: int, slotted: bool) -> Part:
     """The gradient part row ``i`` belongs to: its role, or (role, slot) for coherence damping."""
     return (batch.roles[i], batch.turns[i].slot) if slotted else batch.roles[i]
 
 
-def _role(part: str | tuple[str, int]) -> str:
+def _role(part: Part) -> str:
     return part[0] if isinstance(part, tuple) else part
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """The adapter's trained rows over every data-parallel rank, in rank order: the mini-batches
+    are cut from them, and each rank scores its own."""
+
+    keys: list[Part]  # the gradient part of each of this rank's rows
+    lengths: list[int]  # the completion length of every rank's rows
+    mine: range  # this rank's rows among them
+    parts: list[Part]  # every rank's gradient parts, sorted
+    roles: list[str]  # their roles, sorted
+
+    @property
+    def shared(self) -> bool:
+        """Whether the adapter serves several roles in the step."""
+        return len(self.roles) > 1
+
+    @property
+    def measured(self) -> bool:
+        """Whether each part's own gradient is measured: several roles, or (coherence damping) a
+        role's several slots."""
+        return len(self.parts) > 1
+
+
+def _gather_rows(batch: AdapterBatch, ranks: Ranks, slotted: bool) -> _Rows:
+    """Every rank's row lengths and gradient parts, in one message; ``slotted``: a part is a
+    (role, slot), else a role."""
+    keys = [_part(batch, i, slotted) for i in range(len(batch))]
+    per_rank = ranks.gather((sorted(set(keys)), batch.completion_len))  # one message
+    parts = sorted({key for rank_keys, _ in per_rank for key in rank_keys})
+    offset = sum(len(rank_lengths) for _, rank_lengths in per_rank[: ranks.rank])
+    return _Rows(
+        keys=keys,
+        lengths=[n for _, rank_lengths in per_rank for n in rank_lengths],
+        mine=range(offset, offset + len(batch)),
+        parts=parts,
+        roles=sorted({_role(key) for key in parts}),
+    )
+
+
+class _FusedOld:
+    """logp_old and the entropy taken from the update's own forward (``fused``), micro-batch by
+    micro-batch; :meth:`_AdapterUpdate.finish` hands them to the batch after the last update."""
+
+    def __init__(self, shape: torch.Size) -> None:
+        self.shape = shape
+        self.logp: torch.Tensor | None = None
+        self.entropy: torch.Tensor | None = None
+
+    def take(self, s: Scored, rows: list[int]) -> torch.Tensor:
+        """The micro-batch's logp_old: its own log-probs, detached; kept with its entropies."""
+        old_lp = s.logp.detach()
+        if self.logp is None:
+            self.logp = old_lp.new_zeros(self.shape)
+            self.entropy = s.entropy.new_zeros(self.shape)
+        width = s.mask.shape[1]
+        self.logp[rows, :width] = old_lp
+        self.entropy[rows, :width] = s.entropy
+        return old_lp
+
+
+class _AdapterUpdate:
+    """One adapter's updates in one step (:func:`update_adapter`): what every mini-batch reads,
+    and the steps of one update."""
+
+    def __init__(
+        self,
+        model,
+        batch: AdapterBatch,
+        optim: AdapterOptimizers,
+        cfg: GRPOConfig,
+        temperature: float,
+        meter: Meter,
+        fused: bool,
+        fold: bool,
+        ranks: Ranks,
+        mitigate: MitigateConfig,
+    ) -> None:
+        self.model, self.batch, self.optim, self.cfg = model, batch, optim, cfg
+        self.temperature, self.meter, self.fold = temperature, meter, fold
+        self.ranks, self.mitigate = ranks, mitigate
+        self.rows = _gather_rows(batch, ranks, mitigate.coherence_threshold is not None)
+        self.beta = [mitigate.kl_weight(role) for role in batch.roles]  # mitigate.kl_coef
+        if any(self.beta) and batch.base_logp is None:
+            raise RuntimeError(
+                "mitigate.kl_coef needs batch.base_logp (score_base) before the update"
+            )
+        self.params = optim.params[batch.adapter]
+        self.device = batch.ids.device
+        self.loss_fn = policy_loss(cfg.policy_loss)  # grpo.policy_loss (marlow.algo.policy_loss)
+        self.settings = LossSettings(
+            cfg.clip_low,
+            cfg.clip_high,
+            cfg.clip_ratio_c,
+            cfg.rollout_correction,
+            cfg.rollout_correction_cap,
+        )
+        self.old = _FusedOld(batch.mask.shape) if fused else None
+        self.updates = 0
+
+    def mini_batch(self, rows: list[int]) -> tuple[list[int], torch.Tensor]:
+        """This rank's rows of the mini-batch ``rows`` (every rank's, as global row numbers) and
+        their (M_rank, L) token weights, normalised over the whole mini-batch."""
+        lengths, mine, device = self.rows.lengths, self.rows.mine, self.device
+        lens = torch.tensor([lengths[r] for r in rows], device=device)
+        mask = torch.arange(int(max(lengths[r] for r in rows)), device=device) < lens[:, None]
+        local_pos = [j for j, r in enumerate(rows) if r in mine]
+        idx = [rows[j] - mine.start for j in local_pos]
+        return idx, token_weights(mask, self.cfg.aggregation)[local_pos]
+
+    def backward(
+        self, idx: list[int], weights: torch.Tensor
+    ) -> tuple[GradientParts | None, torch.Tensor]:
+        """Forward and backward of this rank's rows ``idx`` of the mini-batch, micro-batch by
+        micro-batch (part-pure, each part's consecutive). Returns the parts' gradients (when
+        :attr:`_Rows.measured`, else None) and the summed loss, on the device."""
+        total_loss = torch.zeros((), device=self.device)  # read once per update, after backwards
+        own = GradientParts(self.params, self.ranks) if self.rows.measured else None
+        keys, adapter = self.rows.keys, self.batch.adapter
+        with folded(self.model, adapter) if self.fold else use_adapter(self.model, adapter):
+            for local, s in score_rows(
+                self.model,
+                self.batch,
+                idx,
+                temperature=self.temperature,
+                micro_tokens=self.cfg.micro_tokens,
+                keys=[keys[i] for i in idx],
+            ):
+                rows = [idx[j] for j in local]
+                if own is not None:
+                    own.enter(keys[rows[0]])
+                w = weights[local, : s.mask.shape[1]]  # the micro-batch's token weights
+                total_loss = total_loss + self.micro_batch(s, rows, w)
+        return own, total_loss
+
+    def micro_batch(self, s: Scored, rows: list[int], weights: torch.Tensor) -> torch.Tensor:
+        """The micro-batch's policy loss weighed by ``weights`` (its rows' token weights),
+        backpropagated; its clip fractions and ratios metered. Returns the loss, detached."""
+        width = s.mask.shape[1]
+        old_lp = self.batch.old_logp[rows, :width] if self.old is None else self.old.take(s, rows)
+        token_loss, out = self.loss_fn(self.loss_inputs(s, rows, old_lp), self.settings)  # (T, L)
+        loss = (weights.to(s.logp.dtype) * token_loss).sum()
+        loss.backward()
+        _ratio_stats(self.meter, [self.batch.roles[i] for i in rows], out, s.mask)
+        return loss.detach()
+
+    def loss_inputs(self, s: Scored, rows: list[int], old_logp: torch.Tensor) -> LossInputs:
+        """The policy loss's inputs for the micro-batch: the sampler's log-probs under
+        ``rollout_correction=truncate``, the base's and the KL weights where a row has one."""
+        width, dtype, batch = s.mask.shape[1], s.logp.dtype, self.batch
+        truncate = self.settings.rollout_correction == "truncate"
+        beta = [self.beta[i] for i in rows]
+        kl = any(beta)  # mitigate.kl_coef
+        return LossInputs(
+            logp=s.logp,
+            old_logp=old_logp,
+            advantages=batch.advantages[rows].to(dtype),
+            sampler_logp=batch.sampler_logp[rows, :width] if truncate else None,
+            base_logp=batch.base_logp[rows, :width].to(dtype) if kl else None,
+            kl_coef=torch.tensor(beta, dtype=dtype, device=self.device) if kl else None,
+        )
+
+    def step(self, own: GradientParts | None, total_loss: torch.Tensor) -> None:
+        """The update's gradient mitigated (:func:`_mitigate`), summed with the loss over the
+        ranks, refused when not finite, clipped and stepped; its norm and loss metered."""
+        rows, adapter, meter = self.rows, self.batch.adapter, self.meter
+        mitigated = own is not None and _mitigate(
+            own, rows.parts, rows.roles, rows.shared, self.mitigate, meter
+        )
+        if self.ranks.size > 1:
+            _sum_over_ranks(self.ranks, self.params, total_loss, mitigated)
+        loss_value = float(total_loss)
+        if not math.isfinite(loss_value):  # its gradients are dropped when the step is undone
+            raise NonFiniteLoss(f"loss is {loss_value}")
+        norm = self.optim.update(adapter)
+        if not math.isfinite(norm):
+            raise NonFiniteLoss(f"gradient norm is {norm}")
+        meter.mean(adapter, "grad_norm", norm, 1, also_all=False)
+        meter.max(adapter, "grad_norm_max", norm, also_all=False)
+        meter.mean(adapter, "loss", loss_value, 1, also_all=False)
+        self.updates += 1
+
+    def finish(self) -> None:
+        """Hand the fused logp_old to the batch; meter the step's updates and learning rate."""
+        adapter = self.batch.adapter
+        if self.old is not None:
+            self.batch.old_logp, self.batch.entropy = self.old.logp, self.old.entropy
+        self.meter.set(adapter, "updates", self.updates)
+        self.meter.set(adapter, "lr", self.optim.current_lr(adapter))
+        self.optim.end_role_update(adapter)
+
+
+def _sum_over_ranks(
+    ranks: Ranks, params: Sequence[torch.Tensor], total_loss: torch.Tensor, mitigated: bool
+) -> None:
+    """Every rank's share of the mini-batch's loss and gradient, summed in place; a mitigated
+    gradient holds every rank's sum already (:meth:`GradientParts.finish`): then only the loss."""
+    grads = []
+    if not mitigated:
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in params]
+    ranks.sum_([total_loss, *grads])
 
 
 def _mitigate(
     own: GradientParts,
-    parts: list,
+    parts: list[Part],
     roles: list[str],
     shared: bool,
     mitigate: MitigateConfig,
@@ -351,52 +458,75 @@ def _mitigate(
     Returns whether ``.grad`` was rewritten (then it already holds every rank's sum)."""
     vectors = own.finish(parts)
     weight = dict.fromkeys(parts, 1.0)
-
-    def role_vectors() -> dict[str, torch.Tensor]:
-        out: dict[str, torch.Tensor] = {}
-        for part, vec in vectors.items():
-            out[_role(part)] = out.get(_role(part), 0) + weight[part] * vec
-        return out
-
-    if shared:  # a role absent from this mini-batch has share 0 in it
-        norms = dict(
-            zip(roles, torch.stack([role_vectors()[r].norm() for r in roles]).tolist(), strict=True)
-        )
-        total = sum(norms.values())
-        for role in roles:
-            meter.mean(role, "grad_norm_own", norms[role], 1, also_all=False)
-            meter.mean(
-                role,
-                "grad_mass_share",
-                norms[role] / total if total > 0 else 0.0,
-                1,
-                also_all=False,
-            )
-    threshold = mitigate.coherence_threshold
-    if threshold is not None:
-        for role in roles:
-            slots = [p for p in parts if _role(p) == role]
-            if len(slots) < 2:
-                continue
-            c = _mean_cosine([vectors[p] for p in slots])
-            factor = 1.0 / (1.0 + (len(slots) - 1) * c) if c > threshold else 1.0
-            for p in slots:
-                weight[p] *= factor
-            meter.mean(role, "slot_coherence", c, 1, also_all=False)
-            meter.mean(role, "slot_damping", factor, 1, also_all=False)
+    if shared:
+        _share_stats(meter, roles, _role_vectors(vectors, weight))
+    if mitigate.coherence_threshold is not None:
+        _damp_slots(vectors, weight, parts, roles, mitigate.coherence_threshold, meter)
     if mitigate.role_balance and shared:
-        by_role = role_vectors()
-        norms = {r: float(v.norm()) for r, v in by_role.items()}
-        live = [n for n in norms.values() if n > 0]
-        if live:
-            target = sum(live) / len(live)
-            for part in parts:
-                n = norms[_role(part)]
-                weight[part] *= target / n if n > 0 else 1.0
+        _balance_roles(vectors, weight, parts)
     if all(w == 1.0 for w in weight.values()):
         return False
     own.write(weight)
     return True
+
+
+def _role_vectors(
+    vectors: dict[Part, torch.Tensor], weight: dict[Part, float]
+) -> dict[str, torch.Tensor]:
+    """Each role's gradient: the weighted sum of its parts'."""
+    out: dict[str, torch.Tensor] = {}
+    for part, vec in vectors.items():
+        out[_role(part)] = out.get(_role(part), 0) + weight[part] * vec
+    return out
+
+
+def _share_stats(meter: Meter, roles: list[str], by_role: dict[str, torch.Tensor]) -> None:
+    """``grad_norm_own`` and ``grad_mass_share`` of each role (a role absent from this
+    mini-batch has share 0 in it); one read of the device."""
+    norms = dict(zip(roles, torch.stack([by_role[r].norm() for r in roles]).tolist(), strict=True))
+    total = sum(norms.values())
+    for role in roles:
+        share = norms[role] / total if total > 0 else 0.0
+        meter.mean(role, "grad_norm_own", norms[role], 1, also_all=False)
+        meter.mean(role, "grad_mass_share", share, 1, also_all=False)
+
+
+def _damp_slots(
+    vectors: dict[Part, torch.Tensor],
+    weight: dict[Part, float],
+    parts: list[Part],
+    roles: list[str],
+    threshold: float,
+    meter: Meter,
+) -> None:
+    """Coherence damping: the N >= 2 slots of a role scale their weights by 1 / (1 + (N - 1) c)
+    when their gradients' mean pairwise cosine c exceeds ``threshold``; c and the factor are
+    metered per role."""
+    for role in roles:
+        slots = [p for p in parts if _role(p) == role]
+        if len(slots) < 2:
+            continue
+        c = _mean_cosine([vectors[p] for p in slots])
+        factor = 1.0 / (1.0 + (len(slots) - 1) * c) if c > threshold else 1.0
+        for p in slots:
+            weight[p] *= factor
+        meter.mean(role, "slot_coherence", c, 1, also_all=False)
+        meter.mean(role, "slot_damping", factor, 1, also_all=False)
+
+
+def _balance_roles(
+    vectors: dict[Part, torch.Tensor], weight: dict[Part, float], parts: list[Part]
+) -> None:
+    """Role balance: each role's parts scale their weights so that the role's gradient norm
+    becomes the mean of the roles' nonzero norms (a role with a zero gradient is left as it is)."""
+    norms = {r: float(v.norm()) for r, v in _role_vectors(vectors, weight).items()}
+    live = [n for n in norms.values() if n > 0]
+    if not live:
+        return
+    target = sum(live) / len(live)
+    for part in parts:
+        n = norms[_role(part)]
+        weight[part] *= target / n if n > 0 else 1.0
 
 
 def _mean_cosine(vectors: list[torch.Tensor]) -> float:

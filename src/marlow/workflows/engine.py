@@ -27,7 +27,15 @@ from marlow.parsers import plan_of, selection_of, strategies_of, verdict_of
 from marlow.policy.routing import Routing
 from marlow.prompts import DEFAULT_SET, GENERIC_STRATEGY, fill, numbered, template
 from marlow.rollout.base import RolloutEngine
-from marlow.types import Episode, GenRequest, Problem, SamplingParams, ToolCall, Turn
+from marlow.types import (
+    Completion,
+    Episode,
+    GenRequest,
+    Problem,
+    SamplingParams,
+    ToolCall,
+    Turn,
+)
 from marlow.workflows.role_rewards import assign_role_rewards
 from marlow.workflows.spec import EpisodeRules, EpisodeState, Grader, Stage, WorkflowSpec
 from marlow.workflows.tools import call_tools, tool_call
@@ -220,6 +228,9 @@ def run_tool_stage(
         st.tool_ok = False if False in oks else True if oks and all(oks) else None
 
 
+Call = tuple[EpisodeState, int, str, list[int]]  # an episode, a slot, its prompt text and ids
+
+
 def run_episodes(
     workflow: WorkflowSpec,
     problems: Sequence[Problem],
@@ -248,91 +259,155 @@ def run_episodes(
         for g, p in enumerate(problems)
         for s in range(n)
     ]
-    counts = dict(workflow.params)  # the workflow's parameters, prompt fields too
     for index, stage in enumerate(workflow.stages):
         active = [st for st in states if not st.ended and holds(stage.when, st)]
         if stage.kind == "tool":
             run_tool_stage(stage, active, style, rules, index)
             continue
         adapter = routing.adapter_for(stage.role)
-        calls: list[tuple[EpisodeState, int, str, list[int]]] = []
-        for st in active:
-            mine = []
-            shared = rules.context == "conversation" and workflow.conversation
-            history = conversation(st) if shared else []
-            for slot in range(slots_of(stage, st, rules.workers)):
-                fields = prompt_fields(st, stage, slot, style, counts)
-                text = prompt_text(workflow, stage, style, task, fields, rules.prompts)
-                mine.append((st, slot, text, chat_prompt_ids(tokenizer, text, history)))
-            cap = rules.max_prompt_tokens
-            if cap is not None and any(len(c[3]) > cap for c in mine):
-                st.ended = True
-                st.count("prompt_cap")
-                continue
-            calls += mine
-        active = [st for st in active if not st.ended]
+        calls = stage_calls(workflow, stage, active, tokenizer, task, style, rules)
+        active = [st for st in active if not st.ended]  # the prompt cap may have ended some
         if not active:
             continue
         params = replace(sampling, seed=stage_seed(sampling.seed, index))
-        requests = [
-            GenRequest(
-                ids,
-                adapter,
-                None
-                if rules.seeding == "call"
-                else request_seed(params.seed, st.episode.group, st.episode.sample, slot),
-            )
-            for st, slot, _, ids in calls
-        ]
-        completions = engine.generate(requests, params)
-        new_turns: dict[int, list[Turn]] = {}
-        for (st, slot, text, ids), c in zip(calls, completions, strict=True):
-            turn = Turn(
-                role=stage.role,
-                kind=stage.kind,
-                slot=slot,
-                round=stage.round,
-                adapter=adapter,
-                prompt_text=text,
-                prompt_ids=ids,
-                completion_ids=c.token_ids,
-                sampler_logprobs=c.logprobs,
-                finish_reason=c.finish_reason,
-                completion_text=c.text,
-                trajectory=stage.trajectory_of(slot),
-            )
-            st.episode.turns.append(turn)
-            new_turns.setdefault(id(st), []).append(turn)
-        for st in active:
-            st.latest[stage.role] = new_turns[id(st)]
-            if stage.parser is not None:
-                parse(stage, st, new_turns[id(st)][-1], rules.parse, rules.workers)
+        completions = engine.generate(gen_requests(calls, adapter, params, rules), params)
+        record_turns(stage, adapter, active, calls, completions, rules)
+    grade_episodes(workflow, states, grade, rules)
+    return [st.episode for st in states]
+
+
+def stage_calls(
+    workflow: WorkflowSpec,
+    stage: Stage,
+    active: Sequence[EpisodeState],
+    tokenizer: object,
+    task: str,
+    style: str,
+    rules: EpisodeRules,
+) -> list[Call]:
+    """The stage's calls in every active episode, one per slot, in episode order. An episode one
+    of whose prompts is longer than ``rules.max_prompt_tokens`` is ended instead (counted
+    ``prompt_cap``) and makes no call."""
+    cap = rules.max_prompt_tokens
+    calls: list[Call] = []
+    for st in active:
+        mine = episode_calls(workflow, stage, st, tokenizer, task, style, rules)
+        if cap is not None and any(len(c[3]) > cap for c in mine):
+            st.ended = True
+            st.count("prompt_cap")
+            continue
+        calls += mine
+    return calls
+
+
+def episode_calls(
+    workflow: WorkflowSpec,
+    stage: Stage,
+    st: EpisodeState,
+    tokenizer: object,
+    task: str,
+    style: str,
+    rules: EpisodeRules,
+) -> list[Call]:
+    """One episode's calls of the stage, one per slot: the filled prompt and the token ids the
+    sampler sees (under ``context="conversation"``, the episode's chat so far first)."""
+    shared = rules.context == "conversation" and workflow.conversation
+    history = conversation(st) if shared else []
+    params = dict(workflow.params)  # the workflow's parameters, prompt fields too
+    calls: list[Call] = []
+    for slot in range(slots_of(stage, st, rules.workers)):
+        fields = prompt_fields(st, stage, slot, style, params)
+        text = prompt_text(workflow, stage, style, task, fields, rules.prompts)
+        calls.append((st, slot, text, chat_prompt_ids(tokenizer, text, history)))
+    return calls
+
+
+def gen_requests(
+    calls: Sequence[Call], adapter: str, params: SamplingParams, rules: EpisodeRules
+) -> list[GenRequest]:
+    """The rollout engine's requests for the calls, under ``adapter``: each with its own seed
+    (:func:`request_seed`), or none under ``rules.seeding="call"`` (then the call's generator,
+    from the stage's seed ``params.seed``, samples them in order)."""
+    return [
+        GenRequest(
+            ids,
+            adapter,
+            None
+            if rules.seeding == "call"
+            else request_seed(params.seed, st.episode.group, st.episode.sample, slot),
+        )
+        for st, slot, _, ids in calls
+    ]
+
+
+def record_turns(
+    stage: Stage,
+    adapter: str,
+    active: Sequence[EpisodeState],
+    calls: Sequence[Call],
+    completions: Sequence[Completion],
+    rules: EpisodeRules,
+) -> None:
+    """Each call's completion as a turn of its episode; then in every active episode the stage's
+    turns become its latest of the role, and the stage's parser reads the last of them."""
+    new_turns: dict[int, list[Turn]] = {}
+    for (st, slot, text, ids), c in zip(calls, completions, strict=True):
+        turn = Turn(
+            role=stage.role,
+            kind=stage.kind,
+            slot=slot,
+            round=stage.round,
+            adapter=adapter,
+            prompt_text=text,
+            prompt_ids=ids,
+            completion_ids=c.token_ids,
+            sampler_logprobs=c.logprobs,
+            finish_reason=c.finish_reason,
+            completion_text=c.text,
+            trajectory=stage.trajectory_of(slot),
+        )
+        st.episode.turns.append(turn)
+        new_turns.setdefault(id(st), []).append(turn)
+    for st in active:
+        st.latest[stage.role] = new_turns[id(st)]
+        if stage.parser is not None:
+            parse(stage, st, new_turns[id(st)][-1], rules.parse, rules.workers)
+
+
+def grade_episodes(
+    workflow: WorkflowSpec, states: Sequence[EpisodeState], grade: Grader, rules: EpisodeRules
+) -> None:
+    """Each episode's final answer, then its reward, correctness, role rewards (``credit="role"``)
+    and extras; a grader with ``prefetch`` first gets every text it will grade, in one batch."""
     for st in states:
         st.episode.set_final(final_turn(workflow, st))
     prefetch = getattr(grade, "prefetch", None)
     if prefetch is not None:  # the final answers and every answering turn (role credit, extras)
-        prefetch(
-            [
-                (text, st.problem)
-                for st in states
-                for text in [
-                    st.episode.final_answer,
-                    *(t.completion_text for t in st.episode.turns if t.kind == "answer"),
-                ]
-            ]
-        )
+        prefetch([(text, st.problem) for st in states for text in graded_texts(st.episode)])
     for st in states:
-        ep = st.episode
-        ep.reward = grade(ep.final_answer, st.problem)
-        ep.correct = ep.reward >= rules.correct_at  # False for a missing (NaN) reward
-        if rules.credit == "role":
-            assign_role_rewards(
-                ep.turns,
-                ep.reward,
-                lambda text, p=st.problem: grade(text, p),
-                workflow.credit,
-                rules.parse,
-                rules.correct_at,
-            )
-        ep.info.update(extras(workflow, st, grade, rules.correct_at))
-    return [st.episode for st in states]
+        grade_episode(workflow, st, grade, rules)
+
+
+def graded_texts(ep: Episode) -> list[str]:
+    """The texts of an episode a grader reads: its final answer, then its answering turns'."""
+    return [ep.final_answer, *(t.completion_text for t in ep.turns if t.kind == "answer")]
+
+
+def grade_episode(
+    workflow: WorkflowSpec, st: EpisodeState, grade: Grader, rules: EpisodeRules
+) -> None:
+    """The episode's reward and correctness, its turns' rewards under ``credit="role"``
+    (``marlow.workflows.role_rewards``) and its extras."""
+    ep = st.episode
+    ep.reward = grade(ep.final_answer, st.problem)
+    ep.correct = ep.reward >= rules.correct_at  # False for a missing (NaN) reward
+    if rules.credit == "role":
+        assign_role_rewards(
+            ep.turns,
+            ep.reward,
+            lambda text: grade(text, st.problem),
+            workflow.credit,
+            rules.parse,
+            rules.correct_at,
+        )
+    ep.info.update(extras(workflow, st, grade, rules.correct_at))

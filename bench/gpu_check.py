@@ -73,7 +73,7 @@ The parts, each recorded whatever became of the others:
    ``train()`` mode, and for each micro-batch of :data:`UPDATE` (:data:`DRY_UPDATE`): rows of
    ``row`` tokens, the first ``prompt`` of them prompt and the rest completion, every id drawn
    uniformly below the vocabulary (seed 0); ``score_chunk(model, chunk, temperature=1.0)``
-   (:func:`marlow.training.scoring.score_chunk`: the chunked head where it applies), the loss
+   (:func:`marlow.training.logprobs.score_chunk`: the chunked head where it applies), the loss
    ``-(logp x mask).sum() / mask.sum()`` and its ``backward()``. One untimed warm-up pass, an
    AdamW step (torch's defaults; so that the timed pass runs beside the adapter's two float32
    moments, as a learn phase does and as plan counts), then the timed pass, which adds its
@@ -1062,7 +1062,7 @@ def time_passes(
     seconds, the tokens/s of the timed one and, on CUDA, its peak allocated memory."""
     import torch
 
-    from marlow.training.scoring import score_chunk
+    from marlow.training.logprobs import score_chunk
 
     cuda = device.type == "cuda"
     seconds = []

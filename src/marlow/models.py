@@ -305,7 +305,7 @@ def load_base(
 HEAD_ONLY = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM")
 """Causal LMs whose logits are their plain linear head on the decoder's last hidden state (no
 scaling, no soft-capping): the ones scoring
-(:mod:`marlow.training.scoring`) and ``marlow plan`` take through the head chunk by chunk."""
+(:mod:`marlow.training.logprobs`) and ``marlow plan`` take through the head chunk by chunk."""
 
 
 def decoder_and_head(model) -> tuple[torch.nn.Module, torch.nn.Linear] | None:

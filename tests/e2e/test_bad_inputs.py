@@ -530,7 +530,7 @@ def test_bad_input_is_one_clear_line_and_leaves_nothing(case: Case, tmp_path, mo
                 check_model_source(config.name)
             raise AssertionError(f"{case.id}: accepted by validation, went on to load a model")
 
-        monkeypatch.setattr("marlow.training.trainer.load_base", no_model)
+        monkeypatch.setattr("marlow.workflows.agents.load_base", no_model)
         monkeypatch.setenv("MARLOW_CACHE", str(tmp_path / "cache"))  # under watch: must stay absent
     for key, val in case.env.items():
         monkeypatch.setenv(key, val)

@@ -85,7 +85,7 @@ def test_a_run_with_a_relative_workflow_file_reads_from_any_folder(tiny_cache, t
     assert solver["latest_step"]["reward"] == 3
     table = marlow(["inspect", str(run)], tiny_cache, elsewhere)
     assert table.returncode == 0, table.stderr
-    row = next(line for line in table.stdout.splitlines() if "chi2_update" in line)
+    row = next(line for line in table.stdout.splitlines() if line.startswith("│ chi2_update "))
     assert "(step 1)" in row, table.stdout
 
     # item 9: a finished run resumed again says so, and records nothing

@@ -94,7 +94,7 @@ def test_the_cli_reports_a_sync_failure_in_one_line(tiny_cache, tmp_path, monkey
     def stale_engine(config, model, tokenizer, device):
         return HFEngine(copy.deepcopy(model), tokenizer, max_batch=config.rollout.max_batch)
 
-    monkeypatch.setattr("marlow.training.trainer.engine_for_run", stale_engine)
+    monkeypatch.setattr("marlow.workflows.agents.engine_for_run", stale_engine)
     monkeypatch.setattr(Trainer, "rollout", _varied(Trainer.rollout))
     config = tmp_path / "c.yaml"
     config.write_text(dump_config(shrunk_config(**SETTINGS)))

@@ -2,7 +2,7 @@
 on the tiny world (Voting: per step 24 generator turns and 8 aggregator turns; under SP all 32 on
 one adapter).
 
-Every forward ``Trainer.learn`` makes goes through ``marlow.training.scoring.score_chunk`` (the
+Every forward ``Trainer.learn`` makes goes through ``marlow.training.logprobs.score_chunk`` (the
 trainer's scoring) or the rollout engine's ``score`` (the adapter-sync check): a hook on the
 decoder counts every forward of the step and holds the two to account for all of them. Each
 ``score_chunk`` call is named by the state it runs in:
@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from marlow.policy.adapters import active_adapter
-from marlow.training import grpo, scoring
+from marlow.training import grpo, logprobs
 from marlow.training.trainer import Trainer
 from marlow.types import BASE
 
@@ -51,7 +51,7 @@ class Passes:
         self.chunks = 0
         self.after = False  # the step's updates are done
         self.merged: str | None = None
-        real_chunk, real_merged = scoring.score_chunk, grpo.merged
+        real_chunk, real_merged = logprobs.score_chunk, grpo.merged
         real_score, real_end = trainer.engine.score, trainer.optim.end_step
 
         def score_chunk(model, chunk, temperature):
@@ -77,7 +77,7 @@ class Passes:
             self.after = True
             return real_end()
 
-        monkeypatch.setattr(scoring, "score_chunk", score_chunk)
+        monkeypatch.setattr(logprobs, "score_chunk", score_chunk)
         monkeypatch.setattr(grpo, "merged", merged)
         monkeypatch.setattr(trainer.engine, "score", engine_score)
         monkeypatch.setattr(trainer.optim, "end_step", end_step)

@@ -13,7 +13,7 @@ blocks scrolled). So :data:`WIDTH` is 80; GitHub's README column is wider at tha
 
 Every fenced block counts, whatever its language (commands, YAML, Python, output), the generated
 reference pages included: their blocks are the help text of ``src/marlow/cli.py``, so a long
-example is fixed there and the pages regenerated (``python -m marlow.reference docs/reference``).
+example is fixed there and the pages regenerated (``python -m marlow.docpages docs/reference``).
 
 **Prose in a command** (:func:`prose_in`): a CLI reference example used to read
 ``marlow eval runs/a      (its latest checkpoint -> ...)``, which fails when pasted. In a shell

@@ -1,6 +1,6 @@
 """The reference pages (docs/reference) are what the code writes: the command line, the
 settings, the workflow file and the grid file. A stale page fails here; ``python -m
-marlow.reference docs/reference`` rewrites them. Each setting and each metric has an anchor that
+marlow.docpages docs/reference`` rewrites them. Each setting and each metric has an anchor that
 other pages link to (``settings.md#task.family``, ``metrics.md#grad_norm``)."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from marlow.config.describe import TOP, sections, settings, summary
-from marlow.reference import FOLD_AT, HEAD, PAGES, _fold, main, stale, write
+from marlow.docpages import FOLD_AT, HEAD, PAGES, _fold, main, stale, write
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDER = ROOT / "docs" / "reference"
 
 
 def test_the_committed_pages_are_what_the_code_writes():
-    assert stale(FOLDER) == [], "run: python -m marlow.reference docs/reference"
+    assert stale(FOLDER) == [], "run: python -m marlow.docpages docs/reference"
 
 
 def test_a_changed_or_missing_page_is_stale_and_the_check_says_so(tmp_path, capsys):

@@ -15,9 +15,9 @@ from marlow.models import resolve_device
 from marlow.policy.adapters import LoraSpec, adapter_parameters, attach_adapters, use_adapter
 from marlow.rollout.hf import HFEngine
 from marlow.training.batch import build_batches
+from marlow.training.logprobs import score_rows
 from marlow.training.memory import phase_peaks, start_phase
 from marlow.training.optim import AdapterOptimizers
-from marlow.training.scoring import score_rows
 from marlow.types import GenRequest, SamplingParams, Turn
 
 NO_ACCELERATOR = not torch.cuda.is_available() and not torch.backends.mps.is_available()

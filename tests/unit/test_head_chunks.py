@@ -11,7 +11,7 @@ from marlow import models
 from marlow.algo.estimators import head_logprobs_and_entropy, token_logprobs_and_entropy
 from marlow.algo.policy_loss import LossInputs, LossSettings, policy_loss, policy_loss_names
 from marlow.policy.adapters import LoraSpec, adapter_parameters, attach_adapters, use_adapter
-from marlow.training import scoring
+from marlow.training import logprobs
 from marlow.training.batch import Chunk
 
 QWEN3_VOCAB = 151_936
@@ -121,7 +121,7 @@ def test_scoring_through_the_head_equals_the_whole_logits(
     params = adapter_parameters(model, "policy")
     gen = torch.Generator().manual_seed(2)
     with torch.no_grad(), use_adapter(model, "policy"):  # ratios near 1: inside and at the clip
-        now = scoring.score_chunk(model, chunk, temperature).logp
+        now = logprobs.score_chunk(model, chunk, temperature).logp
     old = now + 0.2 * torch.randn(chunk.mask.shape, generator=gen)
     advantages = torch.randn(3, generator=gen)
 
@@ -141,7 +141,7 @@ def test_scoring_through_the_head_equals_the_whole_logits(
             for p in params.values():
                 p.grad = None
             with use_adapter(model, "policy"):
-                s = scoring.score_chunk(model, chunk, temperature)
+                s = logprobs.score_chunk(model, chunk, temperature)
             out = policy_loss(loss_name)(LossInputs(s.logp, old, advantages), LossSettings())
             loss = (out.loss * chunk.mask).sum() / chunk.mask.sum()
             loss.backward()

@@ -1,7 +1,7 @@
 """Every setting of a run config, described from the schema itself: its dotted key, type, default,
 valid values and description, and each section's purpose (its model's docstring).
 ``marlow settings [SECTION]`` prints them, and the settings reference page
-(:mod:`marlow.reference`) is written from the same rows, so neither can drift from what a run
+(:mod:`marlow.docpages`) is written from the same rows, so neither can drift from what a run
 accepts."""
 
 from __future__ import annotations

@@ -167,7 +167,7 @@ def _installed_settings(name: str) -> dict[str, Any]:
     names); an unknown name is one line listing the valid ones."""
     if name in (*BUILTIN_TASKS, "custom"):
         return {}
-    from marlow.entrypoints import TaskEntryError, installed_task, installed_tasks
+    from marlow.installed_tasks import TaskEntryError, installed_task, installed_tasks
 
     try:
         found = installed_task(name)

@@ -53,8 +53,8 @@ from marlow.diagnostics.metrics import Meter
 from marlow.policy.adapters import folded, merged, use_adapter
 from marlow.training.batch import AdapterBatch
 from marlow.training.distributed import SOLO, Ranks
+from marlow.training.logprobs import Scored, score_rows
 from marlow.training.optim import AdapterOptimizers
-from marlow.training.scoring import Scored, score_rows
 from marlow.types import BASE
 
 NO_MITIGATION = MitigateConfig()

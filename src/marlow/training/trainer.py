@@ -177,9 +177,11 @@ class Trainer:
 
     def close(self) -> None:
         """Stop the rollout engine (a vLLM engine's processes); safe to call twice."""
-        agents = getattr(self, "agents", None)
-        if agents is not None:
-            agents.close()
+        engine = getattr(self, "engine", None)  # the agents' own, unless a caller swapped it
+        if engine is None and getattr(self, "agents", None) is not None:
+            engine = self.agents.engine
+        if engine is not None:
+            engine.close()
 
     def __enter__(self) -> Trainer:
         return self

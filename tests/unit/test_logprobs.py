@@ -8,7 +8,7 @@ import torch
 
 from marlow.algo.turn_advantages import CreditRows
 from marlow.training.batch import build_batches
-from marlow.training.scoring import micro_batches, score_rows
+from marlow.training.logprobs import micro_batches, score_rows
 from marlow.types import Turn
 
 

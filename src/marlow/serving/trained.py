@@ -33,7 +33,7 @@ from typing import Any
 
 from marlow.config import ConfigError, RunConfig, load_config
 from marlow.models import resolve_device, vocabulary
-from marlow.rollout.base import check_backend, served_positions
+from marlow.rollout.base import check_backend
 from marlow.training import checkpoint as ckpt
 from marlow.training.export import TOOLS_DIR
 from marlow.training.seeds import validation_seed
@@ -168,7 +168,7 @@ class TrainedWorkflow:
         self.agents.model.requires_grad_(False).eval()  # answering never trains
         self.tokenizer = self.agents.tokenizer
         self.characters = vocabulary(config.model.name)  # None: it reads any text
-        self.positions = served_positions(config, self.agents.base)  # None: the model does not say
+        self.positions = self.agents.positions  # None: the model does not say
 
     @property
     def name(self) -> str:

@@ -35,7 +35,8 @@ class Agents:
     routing: Routing
     family: str  # the task family the prompts are written for
     style: str  # the prompts' style: tiny or chat
-    rules: EpisodeRules
+    positions: int | None  # the longest sequence the engine serves (None: the model does not say)
+    rules: EpisodeRules  # held within ``positions``
     engine: Any
 
     @property
@@ -84,6 +85,7 @@ def build_agents(
         routing,
         family,
         style or prompt_style(config.model.name),
+        positions,
         rules,
         engine,
     )

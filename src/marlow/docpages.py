@@ -46,6 +46,7 @@ class Part(NamedTuple):
     heading: str
     anchor: str
     noun: str
+    after: str = ""  # a paragraph below the model's docstring
 
 
 def _table(rows: list[Setting], first: str = "field", anchored: bool = False) -> list[str]:
@@ -118,6 +119,8 @@ def _models_page(title: str, intro: str, parts: list[Part]) -> str:
         out += ["", f"## {part.heading} {{#{part.anchor}}}", ""]
         if part.model.__doc__:
             out += [_markdown(part.model.__doc__), ""]
+        if part.after:
+            out += [part.after, ""]
         rows = [
             replace(r, type=re.sub(r"\w+", lambda m: links.get(m[0], m[0]), r.type))
             for r in fields_of(part.model, recurse=False)
@@ -209,13 +212,15 @@ def settings_page() -> str:
 
 
 def workflow_file_page() -> str:
-    """The workflow file's fields, top level first."""
+    """The workflow file's fields, top level first, then each registered stage kind's."""
     from marlow.workflows.schema import ParamFile, RoleFile, StageFile, WorkflowFile
+    from marlow.workflows.stage_kinds import SHARED_FIELDS, stage_kind, stage_kind_names
 
     intro = (
-        "The fields of a workflow file (YAML): the top level, then a parameter, a role and a "
-        "stage. The workflows guide walks through one; `marlow workflows check FILE` checks a "
-        "file and shows an example episode's prompts."
+        "The fields of a workflow file (YAML): the top level, then a parameter, a role, a "
+        "stage and each kind of stage that is not a role's. The workflows guide walks through "
+        "one; `marlow workflows check FILE` checks a file and shows an example episode's "
+        "prompts."
     )
     parts = [
         Part(WorkflowFile, "Top level", "top-level", "workflow file"),
@@ -223,6 +228,17 @@ def workflow_file_page() -> str:
         Part(RoleFile, "A role (`roles:` entries)", "roles", "role"),
         Part(StageFile, "A stage (`stages:` entries)", "stages", "stage"),
     ]
+    shared = ", ".join(f"`{f}`" for f in SHARED_FIELDS)
+    for name in stage_kind_names():
+        kind = stage_kind(name)
+        offers = "; ".join(f"`{c}`: {cond.meaning}" for c, cond in kind.conditions.items())
+        after = (
+            f"Besides these it takes a stage's {shared}. Later stages read it as "
+            + ", ".join(f"`{s}.NAME`" for s in kind.sources)
+            + (f". The conditions it offers a later stage's `when`: {offers}." if offers else ".")
+        )
+        heading = f"A {name} stage (`{name}:` entries of `stages:`)"
+        parts.append(Part(kind.fields, heading, f"{name}-stage", f"{name} stage", after))
     return _models_page("Workflow file", intro, parts)
 
 

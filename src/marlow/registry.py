@@ -1,10 +1,13 @@
 """Named things of one kind that code registers and settings name, in one shape for every
-registry of marlow (policy losses, loss aggregations, rollout backends, workflows): a name is
-registered once, and an unknown name is a one-line error that lists the valid ones. Pure
-Python: a config can name what a registry holds without importing what fills it."""
+registry of marlow (policy losses, loss aggregations, rollout backends, workflows, stage kinds):
+a name is registered once, and an unknown name is a one-line error that lists the valid ones.
+Pure Python: a config can name what a registry holds without importing what fills it, and an
+item may be registered as its ``"package.module:attribute"`` path, imported when first used
+(:meth:`Registry.load`)."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
@@ -44,9 +47,15 @@ class Registry(Generic[T]):
             raise ValueError(self.unknown(name))
         return self._items[name]
 
-    def put(self, name: str, item: T) -> None:
-        """Replace what ``name`` holds (a lazily imported item, once imported)."""
-        self._items[name] = item
+    def load(self, name: str) -> T:
+        """What ``name`` holds, its module imported now when it was registered as a
+        ``"package.module:attribute"`` string (kept imported from then on)."""
+        item = self.get(name)
+        if isinstance(item, str):
+            module, attr = item.split(":", 1)
+            item = getattr(importlib.import_module(module), attr)
+            self._items[name] = item
+        return item
 
     def __contains__(self, name: object) -> bool:
         return name in self._items

@@ -105,6 +105,9 @@ PYTHON_NOT_RUN: dict[tuple[str, str], str] = {
             "from marlow.rollout import register_backend",
         )
     },
+    ("docs/concepts/extending.md", "from types import SimpleNamespace"): "registers a stage "
+    "kind, which the workflow reference lists: tests/unit/test_stage_kinds.py runs it as written "
+    "in a registry of its own and runs a workflow with it",
     ("docs/how-to/python.md", "import marlow"): "trains 2 steps: tests/e2e/test_api.py runs it "
     "as written",
     ("docs/using.md", "from openai import OpenAI"): "talks to a running `marlow serve`: "

@@ -107,6 +107,7 @@ def test_the_file_pages_head_their_sections_as_a_user_writes_the_file():
         "A parameter (`params:` entries) {#params}",
         "A role (`roles:` entries) {#roles}",
         "A stage (`stages:` entries) {#stages}",
+        "A tool stage (`tool:` entries of `stages:`) {#tool-stage}",
     ]
     assert re.findall(r"^## (.*)$", grid, re.M) == [
         "Top level {#top-level}",

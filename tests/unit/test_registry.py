@@ -16,5 +16,15 @@ def test_a_registry_takes_each_name_once_and_names_the_valid_ones():
         reg.get("green")
     assert reg.get("blue") == 2 and "red" in reg and "green" not in reg
     assert list(reg) == ["red", "blue"] and reg.names() == ["blue", "red"]
-    reg.put("blue", 5)  # a lazily imported item, once imported
-    assert reg.get("blue") == 5
+
+
+def test_an_item_registered_as_its_path_is_imported_when_first_loaded():
+    reg: Registry[object] = Registry("thing", {"join": "os.path:join", "n": 3})
+    assert reg.get("join") == "os.path:join"  # nothing imported yet
+    import os.path
+
+    assert reg.load("join") is os.path.join and reg.get("join") is os.path.join
+    assert reg.load("n") == 3
+    reg.add("gone", "marlow.no_such_module:x")
+    with pytest.raises(ModuleNotFoundError):
+        reg.load("gone")

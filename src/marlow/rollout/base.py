@@ -8,7 +8,6 @@ adapter it names (or by the frozen base, ``BASE``). Backends are picked by name 
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -105,12 +104,7 @@ def available_backends() -> list[str]:
 
 def get_backend(name: str) -> EngineFactory:
     """The factory registered under ``name``, importing its module now if it is lazy."""
-    factory = _BACKENDS.get(name)
-    if isinstance(factory, str):
-        module_name, attr = factory.split(":", 1)
-        factory = getattr(importlib.import_module(module_name), attr)
-        _BACKENDS.put(name, factory)
-    return factory
+    return _BACKENDS.load(name)  # type: ignore[return-value]  # a string is imported
 
 
 def make_engine(name: str, *args: Any, **kwargs: Any) -> RolloutEngine:

@@ -1,5 +1,6 @@
-"""Workflows as data: a YAML file per workflow (schema.py, load.py), the built-in four shipped as
-files (files/*.yaml, registered by name in spec.py), one engine (engine.py)."""
+"""Workflows as data: a YAML file per workflow (schema.py, load.py), the built-in ones shipped as
+files (files/*.yaml, registered by name in spec.py), one engine (engine.py), and the kinds of
+stage that are not a role speaking (stage_kinds.py; the tool stage, tools.py)."""
 
 from marlow.workflows.load import ParamError, build_workflow, load_workflow
 from marlow.workflows.schema import KINDS, WorkflowFileError
@@ -10,9 +11,13 @@ from marlow.workflows.spec import (
     register_workflow,
     workflow_names,
 )
+from marlow.workflows.stage_kinds import Condition, StageContext, StageKind, register_stage_kind
 
 __all__ = [
     "KINDS",
+    "Condition",
+    "StageContext",
+    "StageKind",
     "EpisodeState",
     "ParamError",
     "Stage",
@@ -20,6 +25,7 @@ __all__ = [
     "WorkflowSpec",
     "build_workflow",
     "load_workflow",
+    "register_stage_kind",
     "register_workflow",
     "workflow_names",
 ]

@@ -18,7 +18,6 @@ leaves it out of its group (``marlow.training.batch``).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -33,12 +32,11 @@ from marlow.types import (
     GenRequest,
     Problem,
     SamplingParams,
-    ToolCall,
     Turn,
 )
 from marlow.workflows.role_rewards import assign_role_rewards
 from marlow.workflows.spec import EpisodeRules, EpisodeState, Grader, Stage, WorkflowSpec
-from marlow.workflows.tools import call_tools, tool_call
+from marlow.workflows.stage_kinds import StageContext, kind_conditions, stage_kind
 from marlow.workflows.votes import selection_extras
 
 
@@ -170,16 +168,29 @@ def slots_of(stage: Stage, state: EpisodeState, workers: str) -> int:
 
 
 def holds(condition: str, state: EpisodeState) -> bool:
-    """Whether a stage's ``when`` (marlow.workflows.schema.CONDITIONS) holds for an episode."""
+    """Whether a stage's ``when`` (marlow.workflows.schema.CONDITIONS, or a stage kind's
+    condition) holds for an episode."""
     if condition == "verdict_incorrect":
         return state.verdict is not True
     if condition == "verdict_correct":
         return state.verdict is True
-    if condition == "tool_failed":
-        return state.tool_ok is False
-    if condition == "tool_passed":
-        return state.tool_ok is True
-    return True
+    if condition == "always":
+        return True
+    return kind_conditions()[condition][1].holds(state)
+
+
+def stage_context(index: int, style: str, rules: EpisodeRules) -> StageContext:
+    """What a stage kind's run gets (:mod:`marlow.workflows.stage_kinds`): each episode's slots
+    and reads exactly as a role's stage at ``index`` would have them."""
+    return StageContext(
+        index,
+        style,
+        rules,
+        slots=lambda stage, st: slots_of(stage, st, rules.workers),
+        reads=lambda stage, st, slot: {
+            r.field: read(st, r.source, r.role, slot, style) for r in stage.reads
+        },
+    )
 
 
 def stage_seed(seed: int, stage_index: int) -> int:
@@ -192,40 +203,6 @@ def request_seed(stage: int, group: int, sample: int, slot: int) -> int:
     turn's place in the step (problem index in the whole batch, sample, slot), never of the
     rank or the batch it is generated in."""
     return (stage * 2_654_435_761 + group * 40_503 + sample * 977 + slot * 31 + 1) % (2**63 - 1)
-
-
-def run_tool_stage(
-    stage: Stage,
-    active: Sequence[EpisodeState],
-    style: str,
-    rules: EpisodeRules,
-    index: int = 0,
-) -> None:
-    """A tool stage (:mod:`marlow.workflows.tools`) in every active episode and slot: one call
-    each, recorded in ``Episode.tools`` and read by later stages like a role's turns; a failed
-    or timed-out call is counted (``tool_error``, ``tool_timeout``)."""
-    places, jobs = [], []
-    for st in active:
-        for slot in range(slots_of(stage, st, rules.workers)):
-            reads = {r.field: read(st, r.source, r.role, slot, style) for r in stage.reads}
-            places.append((st, slot, reads))
-            jobs.append((reads, st.problem, st.episode))
-    start = time.perf_counter()
-    results = call_tools(stage.role, stage.call, jobs, rules.tool_timeout_s)
-    wall = time.perf_counter() - start
-    new: dict[int, list[ToolCall]] = {}
-    for (st, slot, reads), result in zip(places, results, strict=True):
-        after = len(st.episode.turns)
-        done = tool_call(stage.role, slot, stage.round, reads, result, after, index, wall)
-        st.episode.tools.append(done)
-        new.setdefault(id(st), []).append(done)
-        if done.status != "ok":
-            st.count(f"tool_{done.status}")
-    for st in active:
-        calls = new.get(id(st), [])
-        st.latest[stage.role] = calls
-        oks = [c.ok for c in calls]
-        st.tool_ok = False if False in oks else True if oks and all(oks) else None
 
 
 Call = tuple[EpisodeState, int, str, list[int]]  # an episode, a slot, its prompt text and ids
@@ -261,8 +238,8 @@ def run_episodes(
     ]
     for index, stage in enumerate(workflow.stages):
         active = [st for st in states if not st.ended and holds(stage.when, st)]
-        if stage.kind == "tool":
-            run_tool_stage(stage, active, style, rules, index)
+        if stage.options is not None:  # a registered stage kind's stage (a tool's)
+            stage_kind(stage.kind).run(stage, active, stage_context(index, style, rules))
             continue
         adapter = routing.adapter_for(stage.role)
         calls = stage_calls(workflow, stage, active, tokenizer, task, style, rules)
@@ -350,7 +327,7 @@ def record_turns(
 ) -> None:
     """Each call's completion as a turn of its episode; then in every active episode the stage's
     turns become its latest of the role, and the stage's parser reads the last of them."""
-    new_turns: dict[int, list[Turn]] = {}
+    new_turns: dict[int, list[Turn]] = {id(st): [] for st in active}
     for (st, slot, text, ids), c in zip(calls, completions, strict=True):
         turn = Turn(
             role=stage.role,
@@ -367,9 +344,9 @@ def record_turns(
             trajectory=stage.trajectory_of(slot),
         )
         st.episode.turns.append(turn)
-        new_turns.setdefault(id(st), []).append(turn)
+        new_turns[id(st)].append(turn)
     for st in active:
-        st.latest[stage.role] = new_turns[id(st)]
+        st.keep(stage.role, new_turns[id(st)])
         if stage.parser is not None:
             parse(stage, st, new_turns[id(st)][-1], rules.parse, rules.workers)
 

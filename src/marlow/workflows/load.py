@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from marlow.prompts import STYLES
 from marlow.workflows.schema import (
     CONDITIONS,
@@ -29,6 +31,7 @@ from marlow.workflows.schema import (
     WorkflowFileError,
     _choices,
     _Errors,
+    _pydantic_message,
     inline_templates,
     library_keys,
     library_templates,
@@ -43,7 +46,14 @@ from marlow.workflows.spec import (
     workflow_names,
     workflow_path,
 )
-from marlow.workflows.tools import TOOL_SOURCES
+from marlow.workflows.stage_kinds import (
+    ROLE_FIELDS,
+    SHARED_FIELDS,
+    StageKind,
+    kind_conditions,
+    stage_kind,
+    stage_kind_names,
+)
 
 _NEEDS_PARSER = {kind: parser for parser, kind in PARSERS.items()}
 
@@ -123,8 +133,9 @@ class _Checker:
 
     def __init__(self, wf: WorkflowFile, err: _Errors) -> None:
         self.wf, self.err = wf, err
-        self.seen: set[str] = set()  # roles and tools with a stage before
-        self.tools: dict[str, str] = {}  # tool name -> its call
+        self.seen: set[str] = set()  # roles and named stages with a stage before
+        self.named: dict[str, tuple[str, Any]] = {}  # a stage kind's stage: name -> (kind, fields)
+        self.options: dict[int, tuple[str, Any]] = {}  # id(StageFile) -> (kind, fields)
         self.judged = False
         self.stages: list[tuple[Loc, StageFile]] = []
 
@@ -133,49 +144,69 @@ class _Checker:
             raise self.err(loc, "needs at least one stage")
         for i, entry in enumerate(entries):
             here = (*loc, i)
+            kind = self.kind_of(entry, here)
             if entry.repeat is not None or entry.stages is not None:
                 self.repeat(entry, here, in_repeat)
-            elif entry.tool is not None or entry.call is not None:
-                self.tool(entry, here, in_repeat)
+            elif kind is not None:
+                self.kind_stage(kind, entry, here, in_repeat)
             else:
                 self.stage(entry, here, in_repeat)
 
-    def tool(self, st: StageFile, loc: Loc, in_repeat: bool) -> None:
-        """A tool stage: a name that is no role's, a call, reads of earlier stages."""
+    def kind_of(self, entry: StageFile, loc: Loc) -> StageKind | None:
+        """The registered kind whose key marks ``entry`` (None: a role's stage or a repeat);
+        a field that is no stage's, or a kind's field without its key, is refused."""
+        extra = list(entry.model_extra or {})
+        keys = [k for k in extra if k in stage_kind_names()]
+        if len(keys) > 1:
+            raise self.err((*loc, keys[1]), f"a stage has one kind; it names {' and '.join(keys)}")
+        if keys:
+            return stage_kind(keys[0])
+        if not extra:
+            return None
+        for name in stage_kind_names():
+            kind = stage_kind(name)
+            if extra[0] in kind.fields.model_fields:
+                raise self.err((*loc, name), f"a {name} stage needs {_needs(kind)}")
+        valid = [*StageFile.model_fields, *stage_kind_names()]
+        raise self.err((*loc, extra[0]), f"unknown field; valid: {_choices(valid)}")
+
+    def kind_stage(self, kind: StageKind, st: StageFile, loc: Loc, in_repeat: bool) -> None:
+        """A stage of a registered kind: its own fields valid (its model, then its check), a
+        name that is no role's, and the slots, condition and reads any stage has."""
         err = self.err
-        for name in ("tool", "call"):
-            if getattr(st, name) is None:
-                raise err((*loc, name), "a tool stage needs both tool and call")
-        extra = sorted({"role", "prompt", "parser", "trajectory"} & st.model_fields_set)
+        valid = _choices([*kind.fields.model_fields, *SHARED_FIELDS])
+        extra = sorted(set(ROLE_FIELDS) & st.model_fields_set)
         if extra:
+            raise err((*loc, extra[0]), f"a {kind.name} stage takes no {extra[0]}; valid: {valid}")
+        try:
+            options = kind.fields.model_validate(st.model_extra)
+        except ValidationError as problem:
+            first = min(problem.errors(), key=lambda e: e["type"] != "extra_forbidden")
+            where = (*loc, *first["loc"])
+            if first["type"] == "missing":
+                raise err(where, f"a {kind.name} stage needs {_needs(kind)}") from None
+            if first["type"] == "extra_forbidden":
+                raise err(where, f"unknown field; valid: {valid}") from None
+            raise err(where, _pydantic_message(first, None)) from None
+        name = getattr(options, kind.name)
+        if not _is_name(name) or name in self.wf.roles:
             raise err(
-                (*loc, extra[0]),
-                f"a tool stage takes no {extra[0]}; valid: tool, call, reads, slots, when, "
-                "skip_last",
-            )
-        if not _is_name(st.tool) or st.tool in self.wf.roles:
-            raise err(
-                (*loc, "tool"),
-                f"tool name {st.tool!r} must be a word and not a role's name "
+                (*loc, kind.name),
+                f"{kind.name} name {name!r} must be a word and not a role's name "
                 f"({_choices(self.wf.roles)})",
             )
-        if self.tools.setdefault(st.tool, st.call) != st.call:
-            raise err(
-                (*loc, "call"),
-                f"tool {st.tool} calls {self.tools[st.tool]} in an earlier stage; one tool, one "
-                "function (give this stage another name)",
-            )
-        where, colon, name = st.call.rpartition(":")
-        if not colon or not where or not name.isidentifier():
-            raise err(
-                (*loc, "call"),
-                f"call is {st.call!r}; valid: package.module:function or path/to/file.py:function",
-            )
+        earlier = self.named.get(name)
+        if earlier is not None and earlier[0] != kind.name:
+            raise err((*loc, kind.name), f"{name} names a {earlier[0]} stage before this one")
+        problem = kind.check(options, earlier[1] if earlier else None)
+        if problem is not None:
+            raise err((*loc, problem[0]), problem[1])
         self.slots_and_condition(st, loc)
         if st.skip_last and not in_repeat:
             raise err((*loc, "skip_last"), "only a stage inside a repeat block has a last round")
         self.reads(st, loc)
-        self.seen.add(st.tool)
+        self.seen.add(name)
+        self.named[name] = self.options[id(st)] = (kind.name, options)
         self.stages.append((loc, st))
 
     def repeat(self, entry: StageFile, loc: Loc, in_repeat: bool) -> None:
@@ -225,19 +256,20 @@ class _Checker:
         self.stages.append((loc, st))
 
     def slots_and_condition(self, st: StageFile, loc: Loc) -> None:
-        """A stage's (a role's or a tool's) slots and ``when``: a known condition, a verdict
-        condition after a judge's stage, a tool condition after a tool's."""
+        """A stage's (a role's or a stage kind's) slots and ``when``: a known condition, a
+        verdict condition after a judge's stage, a kind's condition after a stage of the kind."""
         problem = _count_ok(st.slots, self.wf, 1)
         if problem:
             raise self.err((*loc, "slots"), problem)
-        if st.when not in CONDITIONS:
-            raise self.err(
-                (*loc, "when"), f"unknown condition {st.when!r}; valid: {_choices(CONDITIONS)}"
-            )
+        offered = kind_conditions()
+        if st.when not in CONDITIONS and st.when not in offered:
+            valid = _choices([*CONDITIONS, *offered])
+            raise self.err((*loc, "when"), f"unknown condition {st.when!r}; valid: {valid}")
         if st.when.startswith("verdict") and not self.judged:
             raise self.err((*loc, "when"), f"{st.when} needs a judge role's stage before this one")
-        if st.when.startswith("tool") and not self.tools:
-            raise self.err((*loc, "when"), f"{st.when} needs a tool stage before this one")
+        kind = offered[st.when][0] if st.when in offered else None
+        if kind is not None and all(k != kind for k, _ in self.named.values()):
+            raise self.err((*loc, "when"), f"{st.when} needs a {kind} stage before this one")
 
     def templates(self, st: StageFile, loc: Loc) -> dict[tuple[str, str], str]:
         if any(c in st.prompt for c in "{} \n"):  # a template's text where its name belongs
@@ -290,11 +322,14 @@ class _Checker:
             if kind not in SOURCES or not role:
                 valid = ", ".join(f"{s}.ROLE" for s in SOURCES)
                 raise self.err(here, f"unknown source {source!r}; valid: {valid}")
-            if role in self.tools and kind not in TOOL_SOURCES:
-                valid = ", ".join(f"{s}.{role}" for s in TOOL_SOURCES)
-                raise self.err(here, f"{source} reads a tool, which has no {kind}; valid: {valid}")
-            if role not in wf.roles and role not in self.tools:
-                known = _choices([*wf.roles, *self.tools])
+            named = self.named.get(role)
+            if named is not None and kind not in stage_kind(named[0]).sources:
+                valid = ", ".join(f"{s}.{role}" for s in stage_kind(named[0]).sources)
+                raise self.err(
+                    here, f"{source} reads a {named[0]}, which has no {kind}; valid: {valid}"
+                )
+            if role not in wf.roles and named is None:
+                known = _choices([*wf.roles, *self.named])
                 raise self.err(here, f"reads unknown role {role!r}; valid: {known}")
             if role not in self.seen:
                 raise self.err(
@@ -335,8 +370,19 @@ def _check_answer(wf: WorkflowFile, err: _Errors, stages: list[tuple[Loc, StageF
             raise err(("roles", role), f"role {role} has no stage")
 
 
-def check_file(wf: WorkflowFile, err: _Errors) -> list[tuple[Loc, StageFile]]:
-    """Every stage with its location, once the whole file is checked."""
+def _needs(kind: StageKind) -> str:
+    """``both tool and call``: the fields a kind's stage must write."""
+    required = [n for n, f in kind.fields.model_fields.items() if f.is_required()]
+    if len(required) == 1:
+        return required[0]
+    return ("both " if len(required) == 2 else "") + " and ".join(
+        [", ".join(required[:-1]), required[-1]]
+    )
+
+
+def check_file(wf: WorkflowFile, err: _Errors) -> _Checker:
+    """The checker that walked the whole file: every stage with its location (``stages``), and
+    the fields of each stage of a registered kind (``options``, ``named``)."""
     _check_roles(wf, err)
     checker = _Checker(wf, err)
     checker.block(wf.stages, ("stages",), False)
@@ -344,7 +390,7 @@ def check_file(wf: WorkflowFile, err: _Errors) -> list[tuple[Loc, StageFile]]:
     for loc, st in checker.stages:
         if st.parser == "strategies" and not _plan_reader(checker.stages, st.role):
             raise err((*loc, "parser"), f"no later stage reads plan.{st.role}")
-    return checker.stages
+    return checker
 
 
 def _plan_reader(stages: list[tuple[Loc, StageFile]], role: str) -> StageFile | None:
@@ -390,7 +436,8 @@ def compile_workflow(
         raise ValueError(
             f"unknown rounds count {rounds_count!r}; valid: {', '.join(ROUNDS_COUNTS)}"
         )
-    located = check_file(wf, err)
+    checker = check_file(wf, err)
+    located = checker.stages
     credit = _check_credit(wf, err)
     values = _values(wf, name, params)
 
@@ -401,21 +448,13 @@ def compile_workflow(
 
     def compiled(st: StageFile, rnd: int) -> Stage:
         slots = count(st.slots)
-        if st.tool is not None:
+        reads = tuple(Read(f, *src.split(".", 1)) for f, src in st.reads.items())
+        if id(st) in checker.options:  # a stage kind's stage
+            kind, options = checker.options[id(st)]
+            label = getattr(options, kind)
             if slots < 1:
-                raise ParamError(
-                    f"workflow {name}: parameter {st.slots} gives {st.tool} zero slots"
-                )
-            return Stage(
-                role=st.tool,
-                kind="tool",
-                prompt="",
-                slots=slots,
-                round=rnd,
-                when=st.when,
-                reads=tuple(Read(f, *src.split(".", 1)) for f, src in st.reads.items()),
-                call=st.call or "",
-            )
+                raise ParamError(f"workflow {name}: parameter {st.slots} gives {label} zero slots")
+            return Stage(label, kind, "", slots, rnd, st.when, reads=reads, options=options)
         if slots < 1:
             raise ParamError(
                 f"workflow {name}: parameter {st.slots} = {slots} gives {st.role} zero slots"
@@ -430,7 +469,7 @@ def compile_workflow(
             when=st.when,
             parser=st.parser,
             trajectory=st.trajectory,
-            reads=tuple(Read(f, *src.split(".", 1)) for f, src in st.reads.items()),
+            reads=reads,
             count=count(reader.slots) if reader is not None else 0,
         )
 
@@ -449,8 +488,7 @@ def compile_workflow(
                 for st in entry.stages
                 if not (skip and st.skip_last and rnd == last)
             ]
-    order = [st.role for _, st in located if st.tool is None]
-    tools = {st.tool: st.call for _, st in located if st.tool is not None}
+    order = [st.role for _, st in located if id(st) not in checker.options]
     return WorkflowSpec(
         name=name,
         title=wf.title or name,
@@ -467,7 +505,7 @@ def compile_workflow(
         rounds=any(entry.stages is not None for entry in wf.stages),
         conversation=wf.conversation,
         source=err.source,
-        tools=tools,
+        named_stages=checker.named,
     )
 
 

@@ -42,12 +42,14 @@ A workflow file declares (docs/workflows.md walks through one)::
 * **answer**: ``last.ROLE`` (that role's latest output), ``latest`` (the latest output of any
   role of kind ``answer``: a solver's, or a fixer's when one ran after it) or ``selected`` (the
   candidate the ``selection`` parser chose; its fallback is the first candidate, counted).
-* **tools**: ``- {tool: NAME, call: package.module:function, reads: {...}}`` is a stage that
-  calls a function instead of a model (:mod:`marlow.workflows.tools`): it gets the stage's reads,
-  the problem and the episode so far, and returns text (and optionally fields) that later stages
-  read like a role's output (``last.NAME``). It takes ``slots``, ``when`` and ``reads`` like a
+* **stage kinds** (:mod:`marlow.workflows.stage_kinds`): a stage marked by a registered kind's
+  key is that kind's. The built-in one is the tool stage, ``- {tool: NAME, call:
+  package.module:function, reads: {...}}``, which calls a function instead of a model
+  (:mod:`marlow.workflows.tools`): it gets the stage's reads, the problem and the episode so far,
+  and returns text (and optionally fields) that later stages read like a role's output
+  (``last.NAME``). A kind's stage takes ``slots``, ``when``, ``reads`` and ``skip_last`` like a
   role's stage, and no ``role``, ``prompt``, ``parser`` or ``trajectory``; its name is not a
-  role's. Tool calls have no adapter and get no gradient.
+  role's. It has no adapter and gets no gradient.
 * **credit** (under ``grpo.credit: role``; broadcast credit gives every turn the episode reward):
   one rule per kind, :data:`DEFAULT_CREDIT` unless the file's ``credit:`` changes it.
 
@@ -82,9 +84,8 @@ CONDITIONS = {
     "always": "every episode",
     "verdict_incorrect": "the latest verdict is not Correct (unparseable counts as Incorrect)",
     "verdict_correct": "the latest verdict is Correct",
-    "tool_failed": "the latest tool stage reported a failure (ok false, or a call failed)",
-    "tool_passed": "the latest tool stage reported success (ok true in every call)",
 }
+"""A stage's ``when``, besides those a stage kind offers (``tool_failed``, ``tool_passed``)."""
 
 SOURCES = {
     "last": "ROLE's latest output",
@@ -145,19 +146,15 @@ class RoleFile(_Strict):
     )
 
 
-class StageFile(_Strict):
-    """A stage, or (``repeat`` and ``stages`` only) a block of stages run for several rounds."""
+class StageFile(BaseModel):
+    """A stage, or (``repeat`` and ``stages`` only) a block of stages run for several rounds. A
+    stage of a registered kind is marked by its key (``tool:``) and takes that kind's fields
+    besides ``slots``, ``when``, ``reads`` and ``skip_last`` (the sections below); the check of
+    the file (``marlow.workflows.load``) refuses any other field."""
+
+    model_config = ConfigDict(extra="allow")
 
     role: str | None = Field(None, description="the role that speaks in this stage")
-    tool: str | None = Field(
-        None,
-        description="a tool stage instead: its name (what later stages read: last.TOOL); it "
-        "calls call, not a model",
-    )
-    call: str | None = Field(
-        None,
-        description="a tool stage's function: package.module:function or path/to/file.py:function",
-    )
     prompt: str | None = Field(
         None,
         description="ROLE/VARIANT: a template of the built-in library; VARIANT: one of the "
@@ -167,7 +164,9 @@ class StageFile(_Strict):
         1, description="how many times the role speaks in parallel: a number or a parameter's name"
     )
     when: str = Field(
-        "always", description=f"the episodes the stage runs in: {', '.join(CONDITIONS)}"
+        "always",
+        description=f"the episodes the stage runs in: {', '.join(CONDITIONS)}, or a condition a "
+        "stage kind offers (tool_failed, tool_passed)",
     )
     parser: str | None = Field(
         None,
@@ -280,11 +279,7 @@ def _model_at(loc: Loc) -> type[BaseModel] | None:
             model = RoleFile if part == "roles" else ParamFile
             if parts:
                 parts.pop(0)  # the role or parameter name
-        elif part == "stages":
-            model = StageFile
-            if parts and isinstance(parts[0], int):
-                parts.pop(0)
-        else:
+        else:  # a stage's unknown field is the file check's to name (StageFile allows extras)
             model = None
     return model
 

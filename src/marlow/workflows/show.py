@@ -16,7 +16,7 @@ from marlow.types import Completion, GenRequest, Problem, SamplingParams
 from marlow.workflows.engine import run_episodes
 from marlow.workflows.load import build_workflow
 from marlow.workflows.spec import WorkflowSpec, workflow_names
-from marlow.workflows.tools import check_tools
+from marlow.workflows.stage_kinds import prepare_stages
 
 STUB = Problem("stub", "What is 12 + 30?", "42")
 
@@ -67,7 +67,7 @@ def builtin_table() -> list[dict[str, str]]:
 def describe(wf: WorkflowSpec, style: str = "tiny", task: str = "math") -> list[str]:
     """Lines that show ``wf``: roles and kinds, stages, answer, credit, and the prompts of one
     example episode on a stub problem (``style`` and ``task`` pick the templates)."""
-    check_tools(wf.tools, wf.name)  # a tool's function imports (the example calls it)
+    prepare_stages(wf)  # a tool's function imports (the example calls it)
     lines = [f"{wf.title} ({wf.name}, {wf.source})"]
     lines.append("roles: " + ", ".join(f"{r} ({k})" for r, k in wf.kinds.items()))
     if wf.params:
@@ -75,8 +75,10 @@ def describe(wf: WorkflowSpec, style: str = "tiny", task: str = "math") -> list[
     lines.append("stages:")
     for i, s in enumerate(wf.stages, 1):
         parts = [f"{s.role} x{s.slots}", f"prompt {s.prompt}", f"round {s.round}"]
-        if s.kind == "tool":
-            parts = [f"tool {s.role} x{s.slots}", f"call {s.call}", f"round {s.round}"]
+        if s.options is not None:  # a stage kind's: its name, then its own fields
+            own = {k: v for k, v in s.options.model_dump().items() if k != s.kind}
+            parts = [f"{s.kind} {s.role} x{s.slots}", *(f"{k} {v}" for k, v in own.items())]
+            parts.append(f"round {s.round}")
         if s.when != "always":
             parts.append(f"when {s.when}")
         if s.parser:

@@ -16,10 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from marlow.config import ConfigError, RunConfig
 from marlow.registry import Registry
-from marlow.types import Episode, Problem, ToolCall, Turn
+from marlow.types import Episode, Problem, Turn
 
 BUILTIN_DIR = Path(__file__).with_name("files")
 FILE_SUFFIXES = (".yaml", ".yml")
@@ -36,16 +37,21 @@ class EpisodeState:
     candidates: list[str] = field(default_factory=list)  # what the latest selection chose among
     selected: str = ""  # the candidate it chose
     selected_turn: Turn | None = None  # the turn that wrote it
-    # role (or tool) -> its latest stage's turns (or calls)
-    latest: dict[str, list[Turn | ToolCall]] = field(default_factory=dict)
+    # role or stage name -> every output (a Turn, a ToolCall) so far, and its latest stage's
+    outputs: dict[str, list[Any]] = field(default_factory=dict)
+    latest: dict[str, list[Any]] = field(default_factory=dict)
     ended: bool = False  # a call's prompt passed rollout.max_prompt_tokens: no later stage runs
-    tool_ok: bool | None = None  # the latest tool stage: failed, passed, or said neither
+    marks: dict[str, Any] = field(default_factory=dict)  # what a stage kind's conditions read
 
-    def turns_of(self, role: str) -> list[Turn | ToolCall]:
-        """A role's turns, or a tool's calls (a tool's name is never a role's)."""
-        return [t for t in self.episode.turns if t.role == role] or [
-            c for c in self.episode.tools if c.tool == role
-        ]
+    def keep(self, name: str, outputs: list[Any]) -> None:
+        """A stage's outputs in this episode (turns of a role, or a stage kind's records: each
+        with a ``slot`` and a ``completion_text``), which later stages read by ``name``."""
+        self.outputs.setdefault(name, []).extend(outputs)
+        self.latest[name] = outputs
+
+    def turns_of(self, name: str) -> list[Any]:
+        """Every output of a role, or of a stage kind's stage, so far."""
+        return self.outputs.get(name, [])
 
     def count(self, counter: str, k: int = 1) -> None:
         self.episode.counters[counter] = self.episode.counters.get(counter, 0) + k
@@ -62,8 +68,10 @@ class Read:
 
 @dataclass(frozen=True)
 class Stage:
-    """One role called for ``slots`` slots in every episode where ``when`` holds; or, with kind
-    ``tool``, a tool's function (:mod:`marlow.workflows.tools`) called the same way."""
+    """One role called for ``slots`` slots in every episode where ``when`` holds; or a stage of
+    a registered kind (:mod:`marlow.workflows.stage_kinds`, the tool stage's ``tool``), run the
+    same way: then ``role`` is the stage's name, ``kind`` the stage kind's and ``options`` its
+    fields."""
 
     role: str
     kind: str
@@ -75,7 +83,7 @@ class Stage:
     reads: tuple[Read, ...] = ()
     count: int = 0  # strategies parser: how many strategies (the slots of the stage reading them)
     trajectory: str = "role"  # schema.TRAJECTORIES: how its turns are named (Turn.trajectory)
-    call: str = ""  # a tool stage (kind "tool", role the tool's name): the function it calls
+    options: Any = None  # a stage kind's stage: its fields (StageKind.fields, validated)
 
     def trajectory_of(self, slot: int) -> str:
         """The trajectory name of the stage's turn in ``slot``: ``generator`` or ``generator0``."""
@@ -157,7 +165,7 @@ class WorkflowSpec:
     name: str
     title: str
     stages: tuple[Stage, ...]
-    kinds: Mapping[str, str]  # role -> kind, in order of first appearance (tools are no roles)
+    kinds: Mapping[str, str]  # role -> kind, in order of first appearance (a tool is no role)
     answer: str  # "selected" or "last.ROLE"
     credit: Mapping[str, str]  # kind -> credit rule (schema.CREDIT_RULES)
     params: Mapping[str, int] = field(default_factory=dict)  # also prompt fields ({n})
@@ -166,7 +174,13 @@ class WorkflowSpec:
     rounds: bool = False  # declared a repeat block: episodes report rounds_used
     conversation: bool = False  # its calls may see the episode's chat so far (workflow.context)
     source: str = ""  # the file it was read from
-    tools: Mapping[str, str] = field(default_factory=dict)  # tool name -> the function it calls
+    named_stages: Mapping[str, tuple[str, Any]] = field(default_factory=dict)
+    """The name of each stage of a registered kind -> (its kind, its fields)."""
+
+    @property
+    def tools(self) -> dict[str, str]:
+        """The tool stages' functions by tool name (their ``call``)."""
+        return {n: o.call for n, (kind, o) in self.named_stages.items() if kind == "tool"}
 
     @property
     def roles(self) -> list[str]:

@@ -1,4 +1,5 @@
-"""Tool stages: a workflow stage that calls a function instead of a model.
+"""Tool stages: a workflow stage that calls a function instead of a model, the built-in stage kind
+(:data:`TOOL_STAGE`; :mod:`marlow.workflows.stage_kinds`): its fields, check, preparation and run.
 
 A workflow file declares one as ``- {tool: NAME, call: package.module:function, reads: {...}}``
 (``path/to/file.py:function`` works too). For each episode where the stage runs, and each of its
@@ -41,15 +42,18 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from marlow.types import Episode, Problem, ToolCall
 from marlow.usercode import (
     CallFailed,
     CallTimedOut,
-    UserCodeError,
     call_guarded,
     first_line,
     load_callable,
 )
+from marlow.workflows.spec import EpisodeState, Stage
+from marlow.workflows.stage_kinds import Condition, StageContext, StageKind
 
 TOOL_SOURCES = ("last", "own", "outputs", "others")
 """The read sources that may name a tool (a tool has no plan)."""
@@ -68,14 +72,38 @@ def tool_function(call: str, setting: str = "call") -> Callable[..., Any]:
     return load_callable(call, setting)
 
 
-def check_tools(tools: Mapping[str, str], workflow: str) -> None:
-    """Import every tool's function (``tools``: name -> call) before a run starts; one line
-    naming the workflow and the tool when one cannot be imported or is not a function."""
-    for name, call in tools.items():
-        try:
-            tool_function(call)  # imported once: the run's calls reuse it
-        except UserCodeError as err:
-            raise UserCodeError(f"workflow {workflow}: tool {name}'s {err}") from None
+class ToolStage(BaseModel):
+    """A tool stage (``{tool: NAME, call: package.module:function, reads: {...}}``): a function
+    called instead of a model, whose text later stages read (``last.NAME``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tool: str = Field(description="its name: what later stages read (last.TOOL); not a role's")
+    call: str = Field(
+        description="the function it calls: package.module:function or path/to/file.py:function"
+    )
+
+
+def _check(stage: ToolStage, earlier: ToolStage | None) -> tuple[str, str] | None:
+    """One tool, one function; a call that names a function."""
+    if earlier is not None and earlier.call != stage.call:
+        return (
+            "call",
+            f"tool {stage.tool} calls {earlier.call} in an earlier stage; one tool, one "
+            "function (give this stage another name)",
+        )
+    where, colon, name = stage.call.rpartition(":")
+    if not colon or not where or not name.isidentifier():
+        return (
+            "call",
+            f"call is {stage.call!r}; valid: package.module:function or path/to/file.py:function",
+        )
+    return None
+
+
+def _prepare(stage: ToolStage) -> None:
+    """Import the tool's function before the run starts (once: the run's calls reuse it)."""
+    tool_function(stage.call)
 
 
 def _as_output(tool: str, value: Any) -> tuple[str, dict[str, Any], str]:
@@ -179,3 +207,52 @@ def tool_call(
         stage=stage,
         stage_s=stage_s,
     )
+
+
+def run_tool_stage(stage: Stage, active: Sequence[EpisodeState], ctx: StageContext) -> None:
+    """A tool stage in every active episode and slot: one call each, recorded in
+    ``Episode.tools`` and read by later stages like a role's turns; a failed or timed-out call is
+    counted (``tool_error``, ``tool_timeout``)."""
+    places, jobs = [], []
+    for st in active:
+        for slot in range(ctx.slots(stage, st)):
+            reads = ctx.reads(stage, st, slot)
+            places.append((st, slot, reads))
+            jobs.append((reads, st.problem, st.episode))
+    start = time.perf_counter()
+    results = call_tools(stage.role, stage.options.call, jobs, ctx.rules.tool_timeout_s)
+    wall = time.perf_counter() - start
+    new: dict[int, list[ToolCall]] = {}
+    for (st, slot, reads), result in zip(places, results, strict=True):
+        after = len(st.episode.turns)
+        done = tool_call(stage.role, slot, stage.round, reads, result, after, ctx.index, wall)
+        st.episode.tools.append(done)
+        new.setdefault(id(st), []).append(done)
+        if done.status != "ok":
+            st.count(f"tool_{done.status}")
+    for st in active:
+        calls = new.get(id(st), [])
+        st.keep(stage.role, calls)
+        oks = [c.ok for c in calls]
+        st.marks["tool_ok"] = False if False in oks else True if oks and all(oks) else None
+
+
+TOOL_STAGE = StageKind(
+    name="tool",
+    fields=ToolStage,
+    run=run_tool_stage,
+    check=_check,
+    prepare=_prepare,
+    sources=TOOL_SOURCES,
+    conditions={
+        "tool_failed": Condition(
+            "the latest tool stage reported a failure (ok false, or a call failed)",
+            lambda st: st.marks.get("tool_ok") is False,
+        ),
+        "tool_passed": Condition(
+            "the latest tool stage reported success (ok true in every call)",
+            lambda st: st.marks.get("tool_ok") is True,
+        ),
+    },
+)
+"""The tool stage, registered as the stage kind ``tool``."""

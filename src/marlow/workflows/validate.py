@@ -17,7 +17,7 @@ from marlow.policy.routing import make_routing
 from marlow.prompts import prompt_set
 from marlow.workflows.load import ParamError, build_workflow
 from marlow.workflows.spec import WorkflowSpec
-from marlow.workflows.tools import check_tools
+from marlow.workflows.stage_kinds import prepare_stages
 
 
 def check_workflow(cfg: WorkflowConfig, copy: Path | None = None) -> WorkflowSpec:
@@ -63,7 +63,7 @@ def check_run_config(cfg: RunConfig, copy: Path | None = None) -> WorkflowSpec:
     ``grpo.role_weights``, ``mitigate.kl_coef``, ``workflow.prompts``)."""
     workflow = check_workflow(cfg.workflow, copy)
     try:
-        check_tools(workflow.tools, workflow.name)
+        prepare_stages(workflow)
     except ConfigError as err:
         raise ConfigError(f"config field 'workflow.name': {err}") from None
     try:

@@ -821,8 +821,8 @@ def longest_prompt(samples: Path, model: Path) -> int | None:
         return None
     from transformers import AutoTokenizer
 
-    from marlow.chat import chat_prompt_ids
     from marlow.diagnostics.sinks import read_jsonl
+    from marlow.prompts.chat import chat_prompt_ids
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     turns = (t for episode in read_jsonl(samples) for t in episode["turns"])

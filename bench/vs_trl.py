@@ -146,7 +146,7 @@ def prompt_text(problem) -> str:
 
 def greedy_eval(model, tokenizer, adapter: str, problems, max_new: int, grade):
     """(mean reward, accuracy, answers, correct flags) of greedy answers through marlow's HF rollout engine."""
-    from marlow.chat import chat_prompt_ids
+    from marlow.prompts.chat import chat_prompt_ids
     from marlow.rollout.hf import HFEngine
     from marlow.types import GenRequest, SamplingParams
 

@@ -815,7 +815,7 @@ def diff_presets(
 ) -> None:
     """Every setting on which two presets differ, with the source of each value."""
     from marlow.config import ConfigError, preset_diff, preset_diff_markdown
-    from marlow.presets import PRESETS
+    from marlow.config.presets import PRESETS
 
     for name in (left, right):
         if name not in PRESETS:

@@ -340,8 +340,8 @@ def _inspect_sections() -> list[str]:
 
 
 def run_folder_page() -> str:
-    """Every entry of a run folder (:data:`marlow.runfolder.RUN_FOLDER`)."""
-    from marlow.runfolder import RUN_FOLDER
+    """Every entry of a run folder (:data:`marlow.training.runfolder.RUN_FOLDER`)."""
+    from marlow.training.runfolder import RUN_FOLDER
 
     out = [
         "# Run folder",
@@ -360,32 +360,48 @@ def run_folder_page() -> str:
 
 
 def code_map_page() -> str:
-    """Every package and module at the top of ``src/marlow/``, with its docstring's first
-    sentence (read from the source, nothing imported)."""
-    import ast
-
+    """Every package and module at the top of ``src/marlow/``, then the modules of each package,
+    each with its docstring's first sentence (read from the source, nothing imported)."""
     import marlow
 
+    root = Path(marlow.__file__).parent
     out = [
         "# Code map",
         "",
         GENERATED,
         "",
         "What each package and module of `src/marlow/` holds, in its own docstring's words. "
-        "They import one another in no circle (`tests/unit/test_layers.py`).",
+        "They import one another in no circle (`tests/unit/test_layers.py`). The top level holds "
+        "the entry points (`api`, `cli`, `docpages`, `plan`), the modules every package reads "
+        "(records, choices, registries, atomic files, logs, a user's code, the base model), and "
+        "the packages; [inside the packages](#inside-the-packages) lists their modules.",
         "",
-        "| package or module | what it holds |",
-        "|---|---|",
+        *_code_table(root, "package or module"),
+        "",
+        "## Inside the packages",
     ]
-    root = Path(marlow.__file__).parent
-    for path in sorted(root.iterdir()):
+    for init in sorted(root.glob("*/**/__init__.py")):
+        package = init.parent
+        rows = _code_table(package, "module")
+        if len(rows) > 2:  # a package of more than its __init__
+            out += ["", f"### {package.relative_to(root).as_posix()}/", "", *rows]
+    return "\n".join(out) + "\n"
+
+
+def _code_table(folder: Path, head: str) -> list[str]:
+    """A table of the packages and modules directly in ``folder`` (not its ``__init__`` or a
+    private module), each with its docstring's first sentence."""
+    import ast
+
+    rows = [f"| {head} | what it holds |", "|---|---|"]
+    for path in sorted(folder.iterdir()):
         source = path / "__init__.py" if path.is_dir() else path
         if path.name.startswith("_") or not source.is_file() or source.suffix != ".py":
             continue
         doc = ast.get_docstring(ast.parse(source.read_text())) or ""
         name = f"{path.name}/" if path.is_dir() else path.name
-        out.append(f"| `{name}` | {_cell(_first_sentence(doc))} |")
-    return "\n".join(out) + "\n"
+        rows.append(f"| `{name}` | {_cell(_first_sentence(doc))} |")
+    return rows
 
 
 def _first_sentence(doc: str) -> str:

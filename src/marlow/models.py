@@ -112,7 +112,7 @@ def pretrain_notice(config: ModelConfig, task: str = "math") -> str | None:
     cached): what happens, roughly how long it takes, that it happens once, and, for a tiny-s
     math world other than the quickstart's, whether ``preset=quickstart`` would reuse a cached
     one (the quickstart's quick recipe trains in about half the time)."""
-    from marlow.presets import PRESETS
+    from marlow.config.presets import PRESETS
     from marlow.tiny.model import get_scale
     from marlow.tiny.pretrain import BATCH_EXAMPLES, tiny_path
 

@@ -8,7 +8,7 @@ import json
 from collections import defaultdict
 
 from marlow.diagnostics.metrics import METRICS, TIMINGS, Meter, describe_metric, episode_metrics
-from marlow.runfolder import RUN_FOLDER, describe_path
+from marlow.training.runfolder import RUN_FOLDER, describe_path
 from marlow.types import Episode, NoReward, ToolCall, Turn
 
 SOMETIMES = "steps where it is not zero"  # a metric written only when it has something to count

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from marlow.chat import chat_prompt_ids
 from marlow.policy.routing import make_routing
+from marlow.prompts.chat import chat_prompt_ids
 from marlow.rollout.hf import HFEngine
 from marlow.tasks.base import CodeGrader
 from marlow.tiny import codegen

@@ -77,7 +77,7 @@ def test_role_credit_rewards_every_turn_and_trains(small_config, tmp_path, workf
 def test_every_official_switch_together_trains_on_the_tiny_world(small_config, tmp_path, workflow):
     """The official preset's switches over the tiny world: two steps run, and the run records
     every switch in its config."""
-    from marlow.presets import PRESETS
+    from marlow.config.presets import PRESETS
 
     official = {k: v for k, v in PRESETS["official"].items() if k in ("grpo", "optim", "workflow")}
     cfg = small_config(

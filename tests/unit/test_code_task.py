@@ -226,7 +226,7 @@ def test_eval_opt_and_orch_workers_on_code():
 def test_a_models_code_draws_no_syntax_warning_onto_the_users_terminal():
     import warnings
 
-    from marlow.codetext import parses_as_python
+    from marlow.parsers.code import parses_as_python
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # any warning that escapes fails the test

@@ -285,7 +285,7 @@ def test_code_reward_pass_rate_or_all_pass():
     ],
 )
 def test_code_block_rules(completion, fallback, last_block):
-    from marlow.codetext import extract_code
+    from marlow.parsers.code import extract_code
 
     assert extract_code(completion) == fallback
     assert extract_code(completion, "last-block") == last_block
@@ -473,7 +473,7 @@ def test_bad_data_switches_fail_in_one_line(task, message):
 
 
 def test_conversation_context_sends_the_episode_so_far_before_each_prompt():
-    from marlow.chat import chat_prompt_ids, chat_prompt_text
+    from marlow.prompts.chat import chat_prompt_ids, chat_prompt_text
 
     wf = build_workflow("eval_opt", rounds=1)
 
@@ -521,9 +521,9 @@ def test_each_switch_field_takes_exactly_its_modules_choices():
     from typing import get_args
 
     from marlow.algo.turn_advantages import SCOPES
-    from marlow.codetext import BLOCK_RULES
     from marlow.config import GRPOConfig, TaskConfig, WorkflowConfig
     from marlow.parsers import PARSE_RULES
+    from marlow.parsers.code import BLOCK_RULES
     from marlow.tasks.base import CODE_REWARDS
     from marlow.workflows.load import ROUNDS_COUNTS
 
@@ -566,7 +566,7 @@ def test_a_prompt_past_the_positions_is_tokenized_without_a_warning():
 
     from transformers.utils import logging as hf_logging
 
-    from marlow.chat import chat_prompt_ids
+    from marlow.prompts.chat import chat_prompt_ids
 
     seen = io.StringIO()
     handler = logging.StreamHandler(seen)

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from marlow.cli import app
 from marlow.config import ConfigError, RunConfig, preset_diff, preset_diff_markdown, resolve
-from marlow.presets import PRESETS, SWITCHES
+from marlow.config.presets import PRESETS, SWITCHES
 
 ROOT = Path(__file__).resolve().parents[2]
 

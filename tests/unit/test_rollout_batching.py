@@ -8,9 +8,9 @@ import pytest
 import torch
 from peft import LoraConfig
 
-from marlow.chat import chat_prompt_ids
 from marlow.policy.adapters import LoraSpec, activate, attach_adapters
 from marlow.prompts import render
+from marlow.prompts.chat import chat_prompt_ids
 from marlow.rollout.hf import HFEngine, _bucket, _Transformers
 from marlow.rollout.lean import LeanQwen3
 from marlow.tiny.pretrain import load_tiny

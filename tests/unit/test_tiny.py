@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from marlow.chat import chat_prompt_ids
+from marlow.prompts.chat import chat_prompt_ids
 from marlow.rewards.math import last_boxed
 from marlow.tiny import mathgen
 from marlow.tiny.corpus import (

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from marlow.codetext import code_key, extract_code
 from marlow.parsers import selection_of, strategies_of, verdict_of
+from marlow.parsers.code import code_key, extract_code
 from marlow.prompts import TEMPLATES, render
 from marlow.rewards.code import score_code_batch
 from marlow.tiny import codegen

@@ -45,7 +45,9 @@ def test_the_built_ins_are_the_shipped_files():
         "orch_workers": {"orchestrator": "plan", "worker": "answer", "synthesizer": "final"},
         "test_fix": {"solver": "answer", "fixer": "answer"},  # and its tool stage, no role
     }
-    assert build_workflow("test_fix").tools == {"tests": "marlow.codetools:run_visible_tests"}
+    assert build_workflow("test_fix").tools == {
+        "tests": "marlow.workflows.codetools:run_visible_tests"
+    }
     assert set().union(*(k.values() for k in kinds.values())) == set(KINDS)
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from marlow.chat import chat_prompt_ids
 from marlow.policy.routing import make_routing
+from marlow.prompts.chat import chat_prompt_ids
 from marlow.rewards import grade_math
 from marlow.tiny.tokenizer import build_tokenizer
 from marlow.types import Completion, Problem, SamplingParams

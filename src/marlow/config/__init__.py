@@ -1,7 +1,9 @@
 """A run's typed config: its schema (:mod:`~marlow.config.schema`: every section and field),
 how it is assembled and read (:mod:`~marlow.config.loading`: preset -> file -> overrides, with
-one-line errors), and two presets compared field by field (:mod:`~marlow.config.preset_diff`).
-Everything a caller needs is importable from ``marlow.config``."""
+one-line errors), the presets (:mod:`~marlow.config.presets`) and two of them compared field by
+field (:mod:`~marlow.config.preset_diff`), the settings installed packages publish as tasks
+(:mod:`~marlow.config.installed_tasks`), and the display titles of its choices
+(:mod:`~marlow.config.titles`). Everything a caller needs is importable from ``marlow.config``."""
 
 from marlow.config.loading import (
     differences,

@@ -1,5 +1,5 @@
 """A run config assembled and read: preset (with its overlay for the run's task,
-:data:`marlow.presets.PRESETS`) -> YAML file -> ``key=value`` overrides (dotted keys,
+:data:`marlow.config.presets.PRESETS`) -> YAML file -> ``key=value`` overrides (dotted keys,
 YAML-parsed values), validated into a :class:`~marlow.config.schema.RunConfig` with one-line
 errors that name the field. The resolved config is written beside a run's outputs; that file
 alone reproduces the run.
@@ -14,8 +14,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from marlow.config.presets import PER_TASK, PRESETS
 from marlow.config.schema import BOUNDS, BUILTIN_TASKS, ConfigError, RunConfig, TaskConfig
-from marlow.presets import PER_TASK, PRESETS
 
 
 def preset_settings(preset: str, task: str) -> dict[str, Any]:
@@ -167,7 +167,7 @@ def _installed_settings(name: str) -> dict[str, Any]:
     names); an unknown name is one line listing the valid ones."""
     if name in (*BUILTIN_TASKS, "custom"):
         return {}
-    from marlow.installed_tasks import TaskEntryError, installed_task, installed_tasks
+    from marlow.config.installed_tasks import TaskEntryError, installed_task, installed_tasks
 
     try:
         found = installed_task(name)

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from marlow.config.loading import flat_fields, resolve
+from marlow.config.presets import SWITCHES, Switch
 from marlow.config.schema import BUILTIN_TASKS
-from marlow.presets import SWITCHES, Switch
 
 
 @dataclass(frozen=True)

@@ -340,7 +340,7 @@ class WorkflowConfig(_Section):
     prompts: str = Field(
         "marlow",
         description="the chat prompt set: marlow, official (the official code's protocol in "
-        "marlow's words) or the path of a prompt-set file (.yaml, marlow/prompt_sets/); a tiny "
+        "marlow's words) or the path of a prompt-set file (.yaml, marlow/prompts/sets/); a tiny "
         "model always reads the tiny set it was pre-trained on",
     )
     parse: ParseRule = Field(

@@ -72,8 +72,8 @@ from pydantic import (
 )
 
 from marlow.config import ConfigError, RunConfig, merge, resolve
+from marlow.config.titles import POLICY_TITLES, scale_title
 from marlow.rollout.base import check_backend_name
-from marlow.titles import POLICY_TITLES, scale_title
 from marlow.training.distributed import resolve_seeding
 from marlow.workflows.load import workflow_title
 from marlow.workflows.spec import is_workflow_file, workflow_names

@@ -64,6 +64,7 @@ from dataclasses import dataclass
 
 from matplotlib.lines import Line2D
 
+from marlow.config.titles import POLICY_LABELS
 from marlow.diagnostics.runstats import after_warmup, series
 from marlow.report.evidence import ALPHA, grad_norm_ratios
 from marlow.report.figures import (
@@ -84,7 +85,6 @@ from marlow.report.significance import (
     within_slope,
 )
 from marlow.report.tables import Table
-from marlow.titles import POLICY_LABELS
 from marlow.workflows.load import workflow_title
 
 MEASURES = ("amplitude", "mass_share", "terminal_drop", "peak")

@@ -38,11 +38,11 @@ from matplotlib.figure import Figure
 from matplotlib.text import Text
 from matplotlib.ticker import MaxNLocator
 
+from marlow.config.titles import POLICY_LABELS
 from marlow.diagnostics.runstats import series
 from marlow.report.results import TRAINED_KINDS, CellRun, GridRuns
 from marlow.report.significance import ci95
 from marlow.report.tables import Table, groups, matched_pairs, seeds
-from marlow.titles import POLICY_LABELS
 from marlow.workflows.load import workflow_title
 
 COLORS = {"ip": "C0", "sp": "C1", "sa-rl": "C2", "transfer": "C4", "base": "k"}

@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from marlow.config import ConfigError, load_config
+from marlow.config.titles import scale_title
 from marlow.diagnostics.detectors import Verdict, run_detectors
 from marlow.diagnostics.runstats import run_statistics
 from marlow.diagnostics.signatures import read_signatures
 from marlow.diagnostics.sinks import read_jsonl
-from marlow.titles import scale_title
 from marlow.workflows.spec import is_workflow_file
 from marlow.workflows.validate import run_workflow
 

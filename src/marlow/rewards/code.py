@@ -16,7 +16,7 @@ never enter the sandbox, so an always-equal object, a ``str`` subclass, an exit 
 answer line or reading the tests from memory or disk wins nothing
 (``tests/unit/test_reward_hacks.py`` holds the catalogue).
 
-Extraction (:func:`marlow.codetext.extract_code`, one rule for every reader of code): the last
+Extraction (:func:`marlow.parsers.code.extract_code`, one rule for every reader of code): the last
 fenced block tagged ``python``/``py``/``python3``; else the last fenced block of any language; else
 the whole completion if it parses as Python; else nothing (reward 0).
 
@@ -68,8 +68,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from marlow.codetext import code_key as code_key  # re-exported: the workflows vote with it
-from marlow.codetext import extract_code, parses_as_python
+from marlow.parsers.code import code_key as code_key  # re-exported: the workflows vote with it
+from marlow.parsers.code import extract_code, parses_as_python
 from marlow.rewards.harness import CandidateFailed, Session, run_check, serve_source
 from marlow.rewards.sandbox import SANDBOX_ERROR, Channel, Job, Limits, RunResult, run_many
 
@@ -377,7 +377,7 @@ def code_details(
     **limits: Any,
 ) -> CodeScore:
     """Reward and per-test outcomes. ``limits``: ``timeout_s`` or any ``Limits`` field;
-    ``block_rule``: which code is run (``marlow.codetext.BLOCK_RULES``)."""
+    ``block_rule``: which code is run (``marlow.parsers.code.BLOCK_RULES``)."""
     return score_code_batch(
         [(completion, tests)], max_workers=max_workers, block_rule=block_rule, **limits
     )[0]

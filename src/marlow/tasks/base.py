@@ -65,7 +65,7 @@ class CodeGrader:
 
     ``reward``: ``pass_rate`` (the fraction of tests passed, the paper's text) or ``all_pass`` (1
     only when every test passes, else 0: the official code); ``block_rule``: which code is run
-    (``marlow.codetext.BLOCK_RULES``).
+    (``marlow.parsers.code.BLOCK_RULES``).
 
     A program whose run hit a sandbox failure (the sandbox could not set up: no verdict on the
     program) scores 0 for that call but is never cached, so a passing failure cannot stick to

@@ -1,13 +1,13 @@
 """Every task ``task.name`` can name, with where it comes from: the built-in ``math`` and
 ``code`` (marlow's own formats and graders), ``custom`` (a file and a reward of one's own, named
-in the settings), and the tasks installed packages publish (``marlow.installed_tasks``).
+in the settings), and the tasks installed packages publish (``marlow.config.installed_tasks``).
 ``marlow tasks`` prints this."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from marlow.installed_tasks import description, installed_tasks
+from marlow.config.installed_tasks import description, installed_tasks
 
 
 @dataclass(frozen=True)

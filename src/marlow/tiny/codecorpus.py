@@ -31,7 +31,7 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass, field
 
-from marlow.codetext import code_key
+from marlow.parsers.code import code_key
 from marlow.prompts import numbered, render
 from marlow.tiny.codegen import Spec, fence, spec_of, train_problems
 from marlow.tiny.corpus import (

@@ -3,7 +3,7 @@
 The loop, top to bottom:
 
 1. stream corpus examples (``marlow.tiny.corpus``); a prompt becomes token ids through
-   :func:`marlow.chat.chat_prompt_ids`, exactly as the workflow engine builds them, and the
+   :func:`marlow.prompts.chat.chat_prompt_ids`, exactly as the workflow engine builds them, and the
    completion is followed by ``<|im_end|>``;
 2. take ``POOL_BATCHES`` batches' worth of examples, sort them by length and cut them into
    batches (little padding), in a seeded shuffled order;
@@ -52,9 +52,9 @@ from typing import Any, get_args
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen3ForCausalLM
 
-from marlow.chat import chat_prompt_text
 from marlow.choices import BuiltinTask
 from marlow.prompts import TEMPLATES
+from marlow.prompts.chat import chat_prompt_text
 from marlow.tiny import codegen, mathgen
 from marlow.tiny.codecorpus import CodeCorpusConfig
 from marlow.tiny.codecorpus import examples as code_examples

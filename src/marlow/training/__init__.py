@@ -1,1 +1,2 @@
-"""The GRPO trainer: loop (trainer.py), update math (grpo.py), optimizers, checkpoints."""
+"""The GRPO trainer: loop (trainer.py), update math (grpo.py), optimizers, checkpoints, and what
+a run folder holds (runfolder.py)."""

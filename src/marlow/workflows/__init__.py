@@ -1,6 +1,7 @@
 """Workflows as data: a YAML file per workflow (schema.py, load.py), the built-in ones shipped as
 files (files/*.yaml, registered by name in spec.py), one engine (engine.py), and the kinds of
-stage that are not a role speaking (stage_kinds.py; the tool stage, tools.py)."""
+stage that are not a role speaking (stage_kinds.py; the tool stage, tools.py, and the built-in
+tools of code tasks, codetools.py)."""
 
 from marlow.workflows.load import ParamError, build_workflow, load_workflow
 from marlow.workflows.schema import KINDS, WorkflowFileError

@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from marlow.chat import chat_prompt_ids
 from marlow.parsers import plan_of, selection_of, strategies_of, verdict_of
 from marlow.policy.routing import Routing
 from marlow.prompts import DEFAULT_SET, GENERIC_STRATEGY, fill, numbered, template
+from marlow.prompts.chat import chat_prompt_ids
 from marlow.rollout.base import RolloutEngine
 from marlow.types import (
     Completion,

@@ -97,7 +97,7 @@ Grader = Callable[[str, Problem], float]
 class EpisodeRules:
     """How the engine runs a workflow's episodes, beyond the workflow itself: the run's switches
     (``marlow.config``), most of them the choices of the study's official code
-    (:mod:`marlow.presets`). :meth:`of` reads them from a run config.
+    (:mod:`marlow.config.presets`). :meth:`of` reads them from a run config.
 
     * ``credit``: ``broadcast`` (every turn the episode's reward) or ``role`` (each turn its own:
       ``marlow.workflows.role_rewards``);

@@ -30,7 +30,7 @@ returned a TYPE, not text``; each is counted (the call's status, and the episode
 
 Security: the function is the user's trusted code, but what it receives is model output. It
 must not run or ``eval`` that text itself; marlow's built-in code tool
-(:func:`marlow.codetools.run_visible_tests`) runs programs only in the code reward's sandbox.
+(:func:`marlow.workflows.codetools.run_visible_tests`) runs programs only in the code reward's sandbox.
 """
 
 from __future__ import annotations

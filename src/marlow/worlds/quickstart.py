@@ -11,7 +11,7 @@ The quickstart is a small grid (:func:`quickstart_grid`) run by the grid runner:
 its own process, one torch thread each; the output folder is a grid results folder (``index.json``,
 ``cells/NAME/``), so an interrupted quickstart run again finishes only what was missing.
 
-Every cell runs under the ``quickstart`` preset (``marlow.presets.PRESETS``): the tiny preset
+Every cell runs under the ``quickstart`` preset (``marlow.config.presets.PRESETS``): the tiny preset
 for 12 steps (1 warm-up step) on a tiny-s world pre-trained with a quick recipe (8 x 4800, half the
 tokens of the full 64 x 1200 one), so that a cold quickstart fits 5 minutes on 2 cores (shipped: it is not
 pre-trained at all unless asked). The
@@ -43,7 +43,7 @@ Log = Callable[[str], None]
 
 SCALE = "tiny-s"  # the default; model.name=tiny-m (or tiny-l) in the settings picks another
 TASKS: tuple[str, ...] = get_args(BuiltinTask)
-PRESET = "quickstart"  # every cell's preset (marlow.presets.PRESETS), with its task overlay
+PRESET = "quickstart"  # every cell's preset (marlow.config.presets.PRESETS), with its task overlay
 
 
 def quickstart_grid(

@@ -22,11 +22,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, get_args
 
-from marlow.chat import chat_prompt_ids
 from marlow.choices import BuiltinTask
-from marlow.codetext import code_key
 from marlow.parsers import selection_of, strategies_of, verdict_of
+from marlow.parsers.code import code_key
 from marlow.prompts import numbered, render
+from marlow.prompts.chat import chat_prompt_ids
 from marlow.rewards.math import grade_math, last_boxed
 from marlow.rollout.hf import HFEngine
 from marlow.tasks.base import TINY_CODE_TIMEOUT_S, CodeGrader

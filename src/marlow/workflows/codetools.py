@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from marlow.codetext import extract_code
+from marlow.parsers.code import extract_code
 from marlow.rewards.code import parse_tests, score_code_batch
 from marlow.types import Problem
 

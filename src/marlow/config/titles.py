@@ -2,9 +2,9 @@
 (``Voting-IP-tiny-s-Math``) and the report's labels. A workflow's title is its file's ``title:``
 (:func:`marlow.workflows.load.workflow_title`).
 
-It sits at the bottom of the package (imports nothing of marlow) so that ``grids.grid``,
-which names cells, and ``report``, which labels tables and figures, both read the same titles
-without the report importing the grid.
+It sits with the config whose choices it titles and imports nothing of marlow, so that
+``grids.grid``, which names cells, and ``report``, which labels tables and figures, both read the
+same titles without the report importing the grid.
 """
 
 from __future__ import annotations

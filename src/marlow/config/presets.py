@@ -2,8 +2,8 @@
 
 A preset is a nested dict of config settings (``preset: NAME`` in a config), merged under the
 run's file and overrides by :func:`marlow.config.resolve`; under :data:`PER_TASK` it may add
-settings for one ``task.name``. Pure data: this module imports nothing of marlow, so that
-:mod:`marlow.config` (which validates the settings) can read it.
+settings for one ``task.name``. Pure data: this module imports nothing of marlow, so that the
+config's loading (which validates the settings) and the model loader can read it.
 
 Two presets reproduce the study:
 
@@ -185,7 +185,7 @@ SWITCHES: tuple[Switch, ...] = (
     ),
     Switch(
         "workflow.prompts",
-        "the chat prompt set (marlow/prompt_sets/)",
+        "the chat prompt set (marlow/prompts/sets/)",
         "§3.1 and Appendix A (what each role is asked to do; marlow's own wording)",
         "examples/math_reasoning/prompt.json, examples/deepcoder/prompt.json (the reviser is "
         "told to use a different approach; the evaluator reviews the solution above; at most "

@@ -1,6 +1,8 @@
-"""Prompt sets: the templates each role's call is written from, per (task, role, variant).
+"""Prompt sets: the templates each role's call is written from, per (task, role, variant); the
+built-in sets are in ``sets/``, and a prompt's token ids through a chat template are
+:mod:`marlow.prompts.chat`'s.
 
-A prompt set is a data file (``marlow/prompt_sets/NAME.yaml``; its header says the format), so
+A prompt set is a data file (``marlow/prompts/sets/NAME.yaml``; its header says the format), so
 that the prompts, which are part of an experiment's protocol, are data a preset names
 (``workflow.prompts``) rather than code. Two styles share one code path:
 
@@ -41,7 +43,7 @@ from types import MappingProxyType
 import yaml
 
 STYLES = ("chat", "tiny")
-SET_DIR = Path(__file__).parent / "prompt_sets"
+SET_DIR = Path(__file__).parent / "sets"
 CHAT_SETS = ("marlow", "official")  # the built-in chat sets; ``tiny`` is the tiny style's
 DEFAULT_SET = "marlow"
 CONTEXTS = ("any", "conversation")

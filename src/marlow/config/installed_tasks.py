@@ -72,7 +72,7 @@ def installed_task(name: str) -> dict[str, Any] | None:
     if not isinstance(found, Mapping) or not isinstance(found.get("task"), Mapping):
         raise TaskEntryError(
             f"task {name!r} ({ep.value}) is a {type(found).__name__}; an installed task is a "
-            "mapping of settings with a 'task' section (marlow.installed_tasks)"
+            "mapping of settings with a 'task' section (marlow.config.installed_tasks)"
         )
     settings = {k: v for k, v in found.items() if k != "description"}
     task = dict(settings["task"])

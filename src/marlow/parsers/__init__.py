@@ -1,13 +1,15 @@
 r"""Pure text parsers of what a role wrote: an evaluator's verdict, an orchestrator's strategies,
-an aggregator's selection.
+an aggregator's selection (here); the last box of a text (``marlow.parsers.box``); the program of
+a completion (``marlow.parsers.code``).
 
 The workflows act on these readings (Eval-Opt stops revising on a ``Correct`` verdict,
 Orch-Workers hands strategy ``i`` to worker ``i``, Voting answers with the selected candidate),
 diagnostics measure them (the evaluator's ``verdict_parse_rate``, the orchestrator's strategy
 diversity) and so does the tiny worlds' evaluation (``marlow.worlds.tinyeval``: the share of
 a role's outputs that parse). All must read a text the same way, so the rules live here, below
-them all: this module imports only the math reward's box rule (``marlow.rewards.math.last_boxed``),
-never a workflow, and diagnostics import it instead of the workflows' parsers.
+them all: this package imports only the standard library and ``marlow.choices``, never a reward
+or a workflow; the math reward reads its box with the same rule (``marlow.parsers.box``), and
+diagnostics import these parsers instead of the workflows'.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import re
 from typing import get_args
 
 from marlow.choices import ParseRule
-from marlow.rewards.math import last_boxed
+from marlow.parsers.box import last_boxed
 
 PARSE_RULES: tuple[str, ...] = get_args(ParseRule)
 """How a verdict or a selection is read (``workflow.parse``):

@@ -9,16 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from marlow.policy.routing import make_routing
 from marlow.registry import Registry
-from marlow.types import Problem, SamplingParams
 from marlow.workflows import stage_kinds
-from marlow.workflows.engine import run_episodes
 from marlow.workflows.load import build_workflow
 from marlow.workflows.schema import WorkflowFileError
-from marlow.workflows.show import _Placeholders, _Plain, describe
+from marlow.workflows.show import describe
 from marlow.workflows.stage_kinds import StageKind, register_stage_kind
 from marlow.workflows.tools import ToolStage
+from tests.unit.test_tool_stages import episodes
 
 PAGE = Path(__file__).parents[2] / "docs" / "concepts" / "extending.md"
 
@@ -56,28 +54,12 @@ answer: latest
     return str(path)
 
 
-def episodes(path: str):
-    wf = build_workflow(path)
-    return run_episodes(
-        wf,
-        [Problem("p1", "What is 2 + 2?", "4")],
-        2,
-        engine=_Placeholders(),
-        tokenizer=_Plain(),
-        routing=make_routing("ip", wf.roles, None),
-        grade=lambda text, problem: 0.0,
-        task="math",
-        style="tiny",
-        sampling=SamplingParams(0.7, 8, 0),
-    )
-
-
 @pytest.mark.parametrize(("most", "fixed"), [(2, True), (3, False)])
 def test_the_documented_kind_runs_and_its_condition_routes_the_episode(
     count_kind, tmp_path, most, fixed
 ):
     path = workflow(tmp_path, f"{{count: length, most: {most}, reads: {{draft: last.writer}}}}")
-    for ep in episodes(path):
+    for ep in episodes(path)[1]:
         roles = [t.role for t in ep.turns]
         assert roles == (["writer", "fixer"] if fixed else ["writer"])  # 3 words vs most
         if fixed:

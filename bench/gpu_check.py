@@ -92,7 +92,11 @@ The parts, each recorded whatever became of the others:
    mean causal context c = (row + 1) / 2, x 2 for its backward counted as one forward. Left
    out: the LM head's matmuls (the completion tokens' forward, and the backward's recomputation
    and gradient), the adapter's weight gradients, and the attention backward's work beyond one
-   forward; so the fraction is a lower bound of the card's use. The card's bf16 matmul
+   forward; so the fraction is a lower bound of the card's use. The decoder layers are
+   checkpointed as a run's are (``grpo.activation_checkpointing``, on for a Hugging Face model:
+   :func:`marlow.models.checkpoint_layers`), so the backward runs each layer's forward again:
+   FLOPs the formula leaves out too (it counts the work the update needs, not the recompute,
+   about one forward more). The card's bf16 matmul
    throughput is measured in the same child: :data:`MATMUL_REPEATS` products of two square
    bfloat16 matrices of side :data:`MATMUL_N` (by device type) after an untimed one, 2 x n^3
    FLOPs each.
@@ -100,7 +104,7 @@ The parts, each recorded whatever became of the others:
    Beside each micro-batch, ``marlow plan``'s prediction for the same, from the formulas
    :func:`marlow.plan.plan_run` uses: base (the distinct parameters x 2 bytes) + the adapter
    (:data:`marlow.plan.OPTIMIZER_BYTES` x its parameters) + activations
-   (:func:`marlow.plan.activation_bytes` at the micro-batch's tokens, from
+   (:func:`marlow.plan.activation_bytes` at the micro-batch's tokens, layers checkpointed, from
    :func:`marlow.plan.lora_shapes` of the adapter and the chunked head where
    :func:`marlow.models.decoder_and_head` applies), and the ratio measured / predicted of the
    peak allocated memory (None off CUDA).
@@ -929,7 +933,7 @@ def time_update(
     import torch
 
     from marlow.config import ModelConfig
-    from marlow.models import load_base, resolve_device
+    from marlow.models import checkpoint_layers, load_base, resolve_device
     from marlow.plan import non_embedding_parameters
     from marlow.policy.adapters import LoraSpec, adapter_parameters, attach_adapters, use_adapter
 
@@ -946,6 +950,7 @@ def time_update(
         "non_embedding_parameters": non_embedding_parameters(base),
     }
     model = attach_adapters(base, [UPDATE_ADAPTER], LoraSpec(rank=update.rank), seed=0)
+    checkpoint_layers(model)  # as a run's update of a Hugging Face model (auto)
     params = list(adapter_parameters(model, UPDATE_ADAPTER).values())
     result["adapter_parameters"] = sum(p.numel() for p in params)
     result["load_s"] = round(time.monotonic() - t0, 1)
@@ -1007,12 +1012,13 @@ def update_plan(model: PeftModel, b: int, figures: dict[str, Any], tokens: int) 
     """``marlow plan``'s figures in GiB for one micro-batch of ``tokens`` tokens of ``model``
     (``b`` bytes a base weight): base (``figures``' weight bytes), the adapter
     (:data:`marlow.plan.OPTIMIZER_BYTES` x its parameters) and activations
-    (:func:`marlow.plan.activation_bytes`), and their sum."""
+    (:func:`marlow.plan.activation_bytes`, its layers checkpointed), and their sum."""
     from marlow.models import decoder_and_head
     from marlow.plan import OPTIMIZER_BYTES, Shape, activation_bytes, lora_shapes
 
     shape, lora = Shape.of(model.config), lora_shapes(model, UPDATE_ADAPTER)
-    activations = activation_bytes(shape, b, lora, tokens, decoder_and_head(model) is not None)
+    chunked = decoder_and_head(model) is not None
+    activations = activation_bytes(shape, b, lora, tokens, chunked, checkpointed=True)
     out = {
         "base_gib": figures["weight_bytes"] / GIB,
         "adapters_gib": OPTIMIZER_BYTES * figures["adapter_parameters"] / GIB,

@@ -302,6 +302,40 @@ def load_base(
     return model, tokenizer
 
 
+def checkpoints_layers(config) -> bool:
+    """Whether a run checkpoints its decoder layers' activations in the update
+    (``grpo.activation_checkpointing``; auto: on for a Hugging Face model, off for a tiny scale)."""
+    setting = config.grpo.activation_checkpointing
+    return not is_tiny(config.model.name) if setting == "auto" else setting == "on"
+
+
+def checkpointable_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The layers of ``model`` that :func:`checkpoint_layers` checkpoints."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+
+
+def checkpoint_layers(model: torch.nn.Module, on: bool = True) -> int:
+    """Turn activation checkpointing of ``model``'s decoder layers on (or off): each layer keeps
+    only its input for the backward and runs again there (``torch.utils.checkpoint``,
+    non-reentrant), in the passes that build a graph with the model in training mode, which the
+    trainer's update alone does; sampling and scoring without gradients run as before. The
+    layers are transformers' ``GradientCheckpointingLayer`` s (every decoder of Qwen3, Qwen2,
+    Llama, Mistral); returns how many were set, and a model with none is a ValueError."""
+    from functools import partial
+
+    from torch.utils.checkpoint import checkpoint
+
+    layers = checkpointable_layers(model)
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no layers that can be checkpointed")
+    for layer in layers:
+        layer.gradient_checkpointing = on
+        layer._gradient_checkpointing_func = partial(checkpoint, use_reentrant=False)
+    return len(layers)
+
+
 HEAD_ONLY = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM")
 """Causal LMs whose logits are their plain linear head on the decoder's last hidden state (no
 scaling, no soft-capping): the ones scoring
@@ -347,13 +381,14 @@ def completion_logprobs(
     pos = (prompt_len[:, None] - 1 + steps[None, :]).clamp(max=length - 1)  # (T, L)
     split = decoder_and_head(model)
     if split is None:
-        logits = model(input_ids=ids, attention_mask=attention).logits  # (T, S, V)
+        # no KV cache: scoring reads each sequence once
+        logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits
         picked = logits.gather(1, pos[:, :, None].expand(-1, -1, logits.shape[-1]))  # (T, L, V)
         logp, ent = token_logprobs_and_entropy(picked, targets, temperature)
         zero = torch.zeros((), dtype=torch.float32, device=ids.device)
         return torch.where(mask, logp, zero), torch.where(mask, ent, zero)
     decoder, head = split
-    hidden = decoder(input_ids=ids, attention_mask=attention).last_hidden_state
+    hidden = decoder(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
     picked = hidden.gather(1, pos[:, :, None].expand(-1, -1, hidden.shape[-1]))  # (T, L, H)
     logp, ent = head_logprobs_and_entropy(
         picked[mask], head.weight, head.bias, targets[mask], temperature

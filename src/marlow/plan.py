@@ -39,6 +39,11 @@ are then read off the model; memory figures follow from them and the config by t
   (all positions) and their gathered completion positions in the run dtype, and the three float32
   (N, V) tensors live at once in ``token_logprobs_and_entropy``.
 
+  Checkpointed layers (``grpo.activation_checkpointing``; auto: on for a Hugging Face model):
+  each decoder layer keeps only its input for the backward and runs again there, so per token
+  the L layer terms above become L x b x h (the layers' inputs) plus one layer's own terms and
+  its LoRA terms (the layer whose backward runs, recomputed), the rest unchanged.
+
   Attention is taken to be a memory-efficient SDPA kernel (no N x N score matrix: true for
   flash/efficient attention on GPUs; PyTorch's math fallback on a CPU does keep one). Every token
   is counted as a completion token (an upper bound for the float32 logit copies). A run whose
@@ -73,7 +78,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, Pre
 from marlow.algo.estimators import HEAD_CHUNK_BYTES
 from marlow.archs import arch_config, arch_names, shipped_arch
 from marlow.config import ConfigError, RunConfig
-from marlow.models import decoder_and_head
+from marlow.models import checkpointable_layers, checkpoints_layers, decoder_and_head
 from marlow.policy.adapters import LoraSpec, adapter_parameters, attach_adapters
 from marlow.policy.routing import make_routing
 from marlow.tiny.model import SCALES, model_config
@@ -124,16 +129,23 @@ class Shape:
 
 
 def activation_bytes_per_token(
-    shape: Shape, b: int, lora: list[tuple[int, int]], chunked_head: bool = True
+    shape: Shape,
+    b: int,
+    lora: list[tuple[int, int]],
+    chunked_head: bool = True,
+    checkpointed: bool = False,
 ) -> int:
     """Bytes autograd keeps per token of a forward (module docstring); ``lora`` holds (in
     features, rank) of every LoRA layer of one adapter; ``chunked_head``: the logits go through
-    the head chunk by chunk (:func:`marlow.models.decoder_and_head`)."""
+    the head chunk by chunk (:func:`marlow.models.decoder_and_head`); ``checkpointed``: the
+    decoder layers are checkpointed (``grpo.activation_checkpointing``)."""
     s = shape
-    layers = s.L * b * (2 * s.h + 3 * s.a * s.d + 3 * s.g * s.d + 4 * s.I)
-    adapters = 4 * sum(inp + r for inp, r in lora)
+    layer = b * (2 * s.h + 3 * s.a * s.d + 3 * s.g * s.d + 4 * s.I)  # one layer's own
+    adapters = 4 * sum(inp + r for inp, r in lora)  # every layer's LoRA terms
     head = b * s.h if chunked_head else s.V * (2 * b + 3 * 4)
-    return layers + adapters + b * s.h + head
+    if checkpointed:  # each layer's input, and one layer's own while its backward runs
+        return s.L * b * s.h + layer + adapters // s.L + b * s.h + head
+    return s.L * layer + adapters + b * s.h + head
 
 
 def head_chunk_bytes(shape: Shape, tokens: int, chunked_head: bool) -> int:
@@ -143,11 +155,16 @@ def head_chunk_bytes(shape: Shape, tokens: int, chunked_head: bool) -> int:
 
 
 def activation_bytes(
-    shape: Shape, b: int, lora: list[tuple[int, int]], tokens: int, chunked_head: bool = True
+    shape: Shape,
+    b: int,
+    lora: list[tuple[int, int]],
+    tokens: int,
+    chunked_head: bool = True,
+    checkpointed: bool = False,
 ) -> int:
     """The activations of one forward of ``tokens`` tokens (module docstring): ``tokens`` x
     :func:`activation_bytes_per_token`, and the chunked head's chunk (:func:`head_chunk_bytes`)."""
-    per_token = activation_bytes_per_token(shape, b, lora, chunked_head)
+    per_token = activation_bytes_per_token(shape, b, lora, chunked_head, checkpointed)
     return tokens * per_token + head_chunk_bytes(shape, tokens, chunked_head)
 
 
@@ -190,6 +207,7 @@ class Plan:
     adapter_bytes: int  # all adapters
     forward_tokens: int  # tokens of the largest forward: max(grpo.micro_tokens, one turn)
     activation_bytes: int
+    checkpointed: bool  # the decoder layers' activations are checkpointed in the update
     max_batch: int
     prompt_tokens: int
     max_new_tokens: int
@@ -229,10 +247,11 @@ def plan_run(
     turn = prompt_tokens + cfg.rollout.max_new_tokens
     tokens = max(cfg.grpo.micro_tokens, turn)
     chunked = decoder_and_head(base) is not None
-    per_token = activation_bytes_per_token(shape, b, lora, chunked) if adapters else 0
+    ckpt = checkpoints_layers(cfg) and bool(checkpointable_layers(base))
+    per_token = activation_bytes_per_token(shape, b, lora, chunked, ckpt) if adapters else 0
     base_bytes = parameters * b
     adapter_bytes = sum(a.bytes for a in adapters)
-    activations = activation_bytes(shape, b, lora, tokens, chunked) if adapters else 0
+    activations = activation_bytes(shape, b, lora, tokens, chunked, ckpt) if adapters else 0
     kv = kv_cache_bytes(shape, b, cfg.rollout.max_batch, turn)
     peak = base_bytes + adapter_bytes + max(activations, kv)
     fits = max_micro = None
@@ -258,6 +277,7 @@ def plan_run(
         adapter_bytes=adapter_bytes,
         forward_tokens=tokens,
         activation_bytes=activations,
+        checkpointed=ckpt,
         max_batch=cfg.rollout.max_batch,
         prompt_tokens=prompt_tokens,
         max_new_tokens=cfg.rollout.max_new_tokens,
@@ -413,6 +433,7 @@ def render(plan: Plan) -> list:
         f"base: {plan.dtype} weights; {plan.non_embedding:,} non-embedding parameters",
         "adapters: LoRA weights, gradients and AdamW state, float32; activations: one "
         f"micro-batch of {plan.forward_tokens:,} tokens"
+        + (", its layers checkpointed (grpo.activation_checkpointing)" if plan.checkpointed else "")
         if plan.adapters
         else "adapters: none (the routing trains nothing, so no backward and no activations)",
         f"KV cache: one rollout batch of {plan.max_batch} sequences x ({plan.prompt_tokens:,} "

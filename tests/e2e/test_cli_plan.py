@@ -79,14 +79,24 @@ def test_plans_first_help_example_fits(tmp_path):
     assert "fits in 80 GiB" in done.stdout, done.stdout
 
 
+OFF = "grpo.activation_checkpointing=off"
+
+
 @pytest.mark.parametrize(
     ("extra", "card", "needed"),
     [
         # the rollout batch's KV cache and the micro-batch's activations
-        (("rollout.max_batch=256", "grpo.micro_tokens=65536"), 80, {"max_batch", "micro_tokens"}),
+        (
+            ("rollout.max_batch=256", "grpo.micro_tokens=65536", OFF),
+            80,
+            {"max_batch", "micro_tokens"},
+        ),
         # one turn alone is too long for the card
-        (("rollout.max_new_tokens=30000",), 80, {"max_new_tokens"}),
-        ((), 40, {"max_new_tokens", "micro_tokens"}),  # the paper preset on a 40 GiB card
+        (("rollout.max_new_tokens=30000", OFF), 80, {"max_new_tokens"}),
+        ((OFF,), 40, {"max_new_tokens", "micro_tokens"}),  # the paper preset on a 40 GiB card
+        # checkpointed layers (auto, a Hugging Face model): the activations fit, the KV cache not
+        (("rollout.max_batch=256", "grpo.micro_tokens=65536"), 80, {"max_batch"}),
+        ((), 40, {"max_batch"}),
     ],
 )
 def test_a_run_that_does_not_fit_gets_every_setting_that_would_make_it(extra, card, needed):

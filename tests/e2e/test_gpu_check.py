@@ -184,7 +184,7 @@ def test_the_dry_run_times_the_update_alone_beside_plans_prediction(dry_run):
             assert m["status"] == "ok" and m["rows"] * update.row == m["tokens"], m
             assert m["tokens_per_s"] == pytest.approx(m["tokens"] / m["seconds"])
             assert m["tokens_per_s"] > 0 and m["warmup_s"] > 0
-            activations = activation_bytes(Shape.of(config), 2, lora, m["tokens"], True)
+            activations = activation_bytes(Shape.of(config), 2, lora, m["tokens"], True, True)
             plan = [base_bytes, OPTIMIZER_BYTES * n, activations]
             expect = dict(zip(("base_gib", "adapters_gib", "activations_gib"), plan, strict=True))
             expect = {k: v / 2**30 for k, v in expect.items()} | {"peak_gib": sum(plan) / 2**30}

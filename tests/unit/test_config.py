@@ -171,3 +171,16 @@ def test_a_preset_overlays_its_settings_for_the_task_under_the_run_own():
     for bad, needle in (({"task": "code"}, "'task'"), ({"preset": ["tiny"]}, "valid: paper")):
         with pytest.raises(ConfigError, match=needle):
             resolve(bad)
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["grpo.fold_lora", "grpo.activation_checkpointing", "rollout.merge_lora", "rollout.compile"],
+)
+def test_a_switch_set_on_the_command_line_reads_on_and_off_as_words(key):
+    section, field = key.split(".")
+    for word in ("on", "off", "auto"):  # YAML reads on and off as booleans
+        cfg = resolve(parse_overrides([f"{key}={word}"]))
+        assert getattr(getattr(cfg, section), field) == word
+    with pytest.raises(ConfigError, match=f"config field '{key}': .*'auto', 'on' or 'off'"):
+        resolve(parse_overrides([f"{key}=maybe"]))

@@ -137,25 +137,33 @@ def test_lora_on_named_modules_and_the_routings():
     assert base.adapters == [] and base.adapter_bytes == 0 and base.activation_bytes == 0
 
 
-def hand_activation_bytes(arch: str, b: int, r: int, tokens: int) -> int:
+def hand_activation_bytes(arch: str, b: int, r: int, tokens: int, checkpointed: bool) -> int:
     """The module docstring's formula for LoRA on all 7 linears, written out for Qwen3: its
-    logits through the head a chunk of at most 256 MiB of float32 logits at a time."""
+    logits through the head a chunk of at most 256 MiB of float32 logits at a time; with
+    checkpointed layers, each layer's input and one layer's own terms instead of every layer's."""
     f = fields(arch)
     h, ad, gd, inter, L, V = f["h"], f["a"] * f["d"], f["g"] * f["d"], f["I"], f["L"], f["V"]
     layer = b * (2 * h + 3 * ad + 3 * gd + 4 * inter)
     lora_inputs = 3 * h + ad + 2 * h + inter  # q, k, v | o | gate, up | down
     lora = 4 * (lora_inputs + 7 * r)
     chunk = 3 * min(256 * 2**20, tokens * 4 * V)
-    return tokens * (L * (layer + lora) + b * h + b * h) + chunk
+    layers = L * b * h + layer + lora if checkpointed else L * (layer + lora)
+    return tokens * (layers + b * h + b * h) + chunk
 
 
 @pytest.mark.parametrize(
-    ("dtype", "micro_tokens", "prompt", "new"),
-    [("bfloat16", 8192, 1024, 512), ("float32", 4096, 700, 3900), ("float16", 1000, 300, 200)],
+    ("dtype", "micro_tokens", "prompt", "new", "checkpointing"),
+    [
+        ("bfloat16", 8192, 1024, 512, "auto"),
+        ("bfloat16", 8192, 1024, 512, "off"),
+        ("float32", 4096, 700, 3900, "off"),
+        ("float16", 1000, 300, 200, "on"),
+    ],
 )
-def test_memory_figures_equal_their_formulas(dtype, micro_tokens, prompt, new):
+def test_memory_figures_equal_their_formulas(dtype, micro_tokens, prompt, new, checkpointing):
     arch, r, max_batch = "qwen3-0.6b", 32, 24
     p = plan(
+        f"grpo.activation_checkpointing={checkpointing}",
         f"model.name={arch}",
         f"dtype={dtype}",
         f"policy.lora_rank={r}",
@@ -173,7 +181,8 @@ def test_memory_figures_equal_their_formulas(dtype, micro_tokens, prompt, new):
     assert p.adapter_bytes == 2 * 16 * lora
     tokens = max(micro_tokens, prompt + new)  # a turn longer than micro_tokens is scored alone
     assert p.forward_tokens == tokens
-    assert p.activation_bytes == hand_activation_bytes(arch, b, r, tokens)
+    assert p.checkpointed == (checkpointing != "off")  # auto: on for a Hugging Face model
+    assert p.activation_bytes == hand_activation_bytes(arch, b, r, tokens, p.checkpointed)
     kv = max_batch * (prompt + new) * f["L"] * 2 * f["g"] * f["d"] * b
     assert p.kv_cache_bytes == kv
     assert p.peak_bytes == total * b + 2 * 16 * lora + max(p.activation_bytes, kv)

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from marlow.choices import (
     AdvantageScope,
@@ -42,6 +42,16 @@ BOUNDS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
 
 class ConfigError(ValueError):
     """A config problem, in one line that names the field and the valid choices."""
+
+
+def _on_off(value: Any) -> Any:
+    """YAML reads ``on`` and ``off`` as booleans (``grpo.fold_lora=off`` on the command line):
+    for a switch they are its ``on`` and ``off``."""
+    return ("on" if value else "off") if isinstance(value, bool) else value
+
+
+Switch = Annotated[Literal["auto", "on", "off"], BeforeValidator(_on_off)]
+"""A setting that is ``auto`` (marlow decides, its description says how), ``on`` or ``off``."""
 
 
 class _Section(BaseModel):
@@ -468,14 +478,14 @@ class RolloutConfig(_Section):
     max_batch: int = Field(
         256, ge=1, description="the most sequences one sampling call of the engine holds at once"
     )
-    merge_lora: Literal["auto", "on", "off"] = Field(
+    merge_lora: Switch = Field(
         "auto",
         description="sample each adapter with its LoRA folded into a copy of the base weights "
         "(one matmul per layer instead of three), through marlow's lean forward on Qwen3 "
         "bases (marlow.rollout.lean: the same logits with less Python); auto: on for a float32 "
         "base on the CPU, off elsewhere (the copy costs GPU memory; bfloat16 rounds the sum)",
     )
-    compile: Literal["auto", "on", "off"] = Field(
+    compile: Switch = Field(
         "auto",
         description="the sampler's decode step at fixed shapes (a static KV cache, batches "
         "padded to a few sizes), its layers through torch.compile and on CUDA the step replayed "
@@ -574,7 +584,7 @@ class GRPOConfig(_Section):
     rollout_correction_cap: float = Field(
         2.0, ge=1.0, description="C of rollout_correction=truncate (verl's default 2.0)"
     )
-    fold_lora: Literal["auto", "on", "off"] = Field(
+    fold_lora: Switch = Field(
         "auto",
         description="train each adapter with its LoRA folded into one weight per layer "
         "(x @ (W + s*B@A).T, rebuilt with gradient at every forward: one matmul instead of three "
@@ -582,6 +592,15 @@ class GRPOConfig(_Section):
         "score its logp_old the same way; auto: on for a float32 base on the CPU, where it is "
         "faster (bench/vs_trl.py), off elsewhere (on a GPU the weight-sized gradient costs more "
         "than it saves); needs plain LoRA linears without dropout",
+    )
+    activation_checkpointing: Switch = Field(
+        "auto",
+        description="keep only each decoder layer's input for the backward and run the layer "
+        "again there (PyTorch's non-reentrant activation checkpointing): one more forward of "
+        "compute, and a micro-batch's activations shrink to a hidden state per layer plus one "
+        "layer's own (marlow plan counts both); the same loss and gradients; auto: on for a "
+        "Hugging Face model, whose activations dominate the learn phase's memory, off for a "
+        "tiny scale, whose activations are small and whose step is compute-bound",
     )
     micro_tokens: int = Field(
         8192,

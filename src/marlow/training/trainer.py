@@ -45,7 +45,7 @@ from marlow.diagnostics.sinks import JsonlSink, first_event, open_sinks, read_js
 from marlow.diagnostics.truncation import truncation_warnings
 from marlow.fileio import write_json, write_text
 from marlow.logs import Phase
-from marlow.models import resolve_device, vocabulary
+from marlow.models import checkpoint_layers, checkpoints_layers, resolve_device, vocabulary
 from marlow.policy.adapters import (
     adapter_parameters,
     can_fold,
@@ -150,6 +150,15 @@ class Trainer:
         # float32 on the CPU: folding (update) is exact enough and faster
         cpu_float32 = self.device.type == "cpu" and config.dtype == "float32"
         self.fold = self._fold_adapters(config, cpu_float32)
+        if checkpoints_layers(config):  # grpo.activation_checkpointing
+            try:
+                checkpoint_layers(self.model)
+            except ValueError as err:  # auto: a model without such layers keeps its activations
+                if config.grpo.activation_checkpointing == "on":
+                    raise ConfigError(
+                        f"config field 'grpo.activation_checkpointing' is on, but {err}; "
+                        "valid: auto, off"
+                    ) from None
         self.pad_id = self.tokenizer.pad_token_id
         self.optim = AdapterOptimizers(
             {a: list(adapter_parameters(self.model, a).values()) for a in self.adapters},

@@ -1,0 +1,146 @@
+"""Benchmark: the learn phase's memory on the CPU, with and without checkpointed decoder layers.
+
+    .venv/bin/python bench/learn_memory.py [--runs off:4 on:4 on:12] [--row-tokens 512]
+        [--out bench/results/learn_memory.json]
+
+A Qwen3-0.6B stand-in (its published shape, random weights: ``marlow.archs.stand_in``, saved
+once under ``MARLOW_CACHE``), loaded in float32 as a CPU run loads it, with one LoRA adapter of
+rank 64 on every linear layer. Each run (``SETTING:ROWS``: ``grpo.activation_checkpointing`` off
+or on, and the rows of the micro-batch) in a process of its own: the base and the adapter loaded
+(its resident memory then is the baseline), then one update pass over a micro-batch of ``rows``
+x ``row_tokens`` tokens (the last 3/4 of each row its completion) as the trainer makes it
+(``score_chunk``, the loss's backward, the model in training mode). Reported: the peak resident
+memory (``ru_maxrss``) less the baseline, the pass's seconds, and ``marlow plan``'s activations
+for the same micro-batch (:func:`marlow.plan.activation_bytes`).
+
+The children run with ``MALLOC_MMAP_THRESHOLD_=65536`` (unless set): glibc then maps every
+block over 64 KiB on its own and returns it when freed, so the resident memory follows the live
+tensors. Under glibc's default (a threshold that rises to the largest block freed) the freed
+activations of one layer stay resident beside the next's, and a checkpointed forward showed the
+same resident growth per layer as a plain one. On a CPU PyTorch's attention also keeps each
+layer's score matrix for its backward, which plan leaves out (it counts a memory-efficient GPU
+kernel), and the peak includes the backward's own temporaries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ARCH = "qwen3-0.6b"
+RANK = 64
+
+
+def rss_gib() -> float:
+    """This process's resident memory now, from /proc."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 2**20
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def child(folder: str, checkpointing: str, rows: int, row_tokens: int) -> dict:
+    """One setting's measurement, in this (fresh) process."""
+    import torch
+
+    from marlow.config import ModelConfig
+    from marlow.models import checkpoint_layers, decoder_and_head, load_base
+    from marlow.plan import Shape, activation_bytes, lora_shapes
+    from marlow.policy.adapters import LoraSpec, attach_adapters, use_adapter
+    from marlow.training.batch import Chunk
+    from marlow.training.logprobs import score_chunk
+
+    base, _ = load_base(ModelConfig(name=folder), dtype="float32", device=torch.device("cpu"))
+    model = attach_adapters(base, ["policy"], LoraSpec(rank=RANK), seed=0).train()
+    on = checkpointing == "on"
+    if on:
+        checkpoint_layers(model)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, base.config.vocab_size, (rows, row_tokens), generator=gen)
+    prompt = row_tokens // 4
+    mask = torch.ones(rows, row_tokens - prompt, dtype=torch.bool)
+    chunk = Chunk(list(range(rows)), ids, torch.ones_like(ids), torch.full((rows,), prompt),
+                  ids[:, prompt:], mask)  # fmt: skip
+    baseline = rss_gib()
+    start = time.perf_counter()
+    with use_adapter(model, "policy"):
+        scored = score_chunk(model, chunk, temperature=1.0)
+        (-(scored.logp * scored.mask).sum() / scored.mask.sum()).backward()
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    shape, lora = Shape.of(base.config), lora_shapes(model, "policy")
+    chunked = decoder_and_head(model) is not None
+    planned = activation_bytes(shape, 4, lora, rows * row_tokens, chunked, checkpointed=on)
+    return {
+        "activation_checkpointing": checkpointing,
+        "tokens": rows * row_tokens,
+        "baseline_rss_gib": baseline,
+        "peak_rss_gib": peak,
+        "peak_above_baseline_gib": peak - baseline,
+        "seconds": seconds,
+        "plan_activations_gib": planned / 2**30,
+    }
+
+
+def stand_in() -> Path:
+    """The stand-in's folder, written once (float32 weights, as the CPU run loads them)."""
+    from marlow.archs.stand_in import save_stand_in
+
+    cache = Path(os.environ.get("MARLOW_CACHE", Path.home() / ".cache" / "marlow"))
+    folder = cache / "bench" / f"{ARCH}-stand-in"
+    if not (folder / "config.json").is_file():
+        save_stand_in(ARCH, folder)
+    return folder
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", nargs="+", default=["off:4", "on:4", "on:12"])
+    ap.add_argument("--row-tokens", type=int, default=512)
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)  # FOLDER SETTING ROWS
+    args = ap.parse_args()
+    if args.child:
+        folder, setting, rows = args.child
+        print(json.dumps(child(folder, setting, int(rows), args.row_tokens)))
+        return
+    folder = stand_in()
+    env = {"MALLOC_MMAP_THRESHOLD_": "65536", **os.environ}
+    runs = []
+    for run in args.runs:
+        setting, rows = run.split(":")
+        cmd = [sys.executable, __file__, "--child", str(folder), setting, rows]
+        cmd += ["--row-tokens", str(args.row_tokens)]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        r = runs[-1]
+        print(
+            f"activation_checkpointing={setting}: {r['tokens']:,} tokens, peak RSS "
+            f"{r['peak_above_baseline_gib']:.2f} GiB above the loaded model "
+            f"({r['baseline_rss_gib']:.2f}), {r['seconds']:.1f} s; plan's activations "
+            f"{r['plan_activations_gib']:.2f} GiB",
+            flush=True,
+        )
+    if args.out is not None:
+        record = {
+            "bench": "bench/learn_memory.py",
+            "date": time.strftime("%Y-%m-%d"),
+            "machine": f"{os.cpu_count()} CPUs",
+            "torch_threads": __import__("torch").get_num_threads(),
+            "arch": ARCH,
+            "rank": RANK,
+            "dtype": "float32",
+            "malloc_mmap_threshold": env["MALLOC_MMAP_THRESHOLD_"],
+            "runs": runs,
+        }
+        args.out.write_text(json.dumps(record, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""grpo.activation_checkpointing: decoder layers that keep only their input and run again in the
+backward give the loss, the gradients, the updated weights and every metric of a step without
+it, while autograd keeps a hidden state per layer instead of each layer's activations; sampling
+and scoring without gradients never recompute."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from marlow.models import checkpoint_layers, checkpointable_layers
+from marlow.policy.adapters import adapter_parameters
+from marlow.training.trainer import Trainer
+
+
+def one_step(cfg, out):
+    """A step's learn on fixed episodes: its record, each adapter's gradients, its weights, and
+    whether gradients were on each time the first decoder layer's MLP ran."""
+    trainer = Trainer(cfg, out)
+    episodes = trainer.rollout(trainer.task.train_batch(0, 1, 2), 4, 0.8, seed=5)
+    for ep in episodes:
+        ep.reward = float(ep.sample % 2)
+    grads = {}
+    update = trainer.optim.update
+
+    def keep(adapter):
+        params = adapter_parameters(trainer.model, adapter)
+        grads[adapter] = {k: p.grad.detach().clone() for k, p in params.items()}
+        return update(adapter)
+
+    trainer.optim.update = keep
+    mlp = checkpointable_layers(trainer.model)[0].mlp  # called again by a recomputed layer
+    forwards = []
+    hook = mlp.register_forward_pre_hook(lambda *_: forwards.append(torch.is_grad_enabled()))
+    record = trainer.learn(1, episodes)
+    hook.remove()
+    weights = {a: adapter_parameters(trainer.model, a) for a in trainer.adapters}
+    return record, grads, weights, forwards
+
+
+@pytest.mark.parametrize("fold", ["on", "off"])
+def test_checkpointed_layers_train_exactly_as_without(small_config, tmp_path, fold):
+    def cfg(checkpointing: str):
+        return small_config(
+            workflow={"name": "voting"},
+            policy={"routing": "ip"},
+            rollout={"temperature": 0.8},
+            optim={"lr": 5e-2},
+            grpo={
+                "batch_problems": 2,
+                "group_size": 4,
+                "minibatch_turns": 8,
+                "activation_checkpointing": checkpointing,
+                "fold_lora": fold,
+            },
+            diagnostics={"every": 1},
+        )
+
+    ours, our_grads, our_w, our_runs = one_step(cfg("on"), tmp_path / "on")
+    plain, plain_grads, plain_w, plain_runs = one_step(cfg("off"), tmp_path / "off")
+    # the recompute: a layer ran once more with gradients for each backward, never without
+    assert our_runs.count(False) == plain_runs.count(False)
+    assert our_runs.count(True) == 2 * plain_runs.count(True) > 0
+    keys = {k for k in plain if not k.startswith("time/")}
+    assert keys == {k for k in ours if not k.startswith("time/")}
+    for k in sorted(keys):
+        assert ours[k] == pytest.approx(plain[k], abs=1e-6, rel=1e-6), k
+    assert our_grads.keys() == plain_grads.keys()
+    for adapter, grads in plain_grads.items():
+        assert any(float(g.abs().max()) > 1e-4 for g in grads.values())  # a real gradient
+        for name, g in grads.items():
+            torch.testing.assert_close(our_grads[adapter][name], g, atol=1e-6, rtol=1e-6)
+            torch.testing.assert_close(
+                our_w[adapter][name], plain_w[adapter][name], atol=1e-6, rtol=0
+            )
+
+
+def test_auto_checkpoints_a_hugging_face_model_and_not_a_tiny_one(small_config, tmp_path):
+    from marlow.models import checkpoints_layers
+
+    assert not checkpoints_layers(small_config())  # a tiny scale: compute-bound, small
+    assert checkpoints_layers(small_config(model={"name": "Qwen/Qwen3-0.6B"}))
+    assert not checkpoints_layers(
+        small_config(model={"name": "Qwen/Qwen3-0.6B"}, grpo={"activation_checkpointing": "off"})
+    )
+    with Trainer(small_config(grpo={"activation_checkpointing": "on"}), tmp_path / "r") as t:
+        assert all(layer.gradient_checkpointing for layer in checkpointable_layers(t.model))
+
+
+def saved_bytes(model, ids) -> int:
+    """Bytes of the distinct tensors autograd keeps for the backward of one forward."""
+    seen: dict[tuple[int, int], int] = {}
+
+    def pack(t):
+        seen[(t.untyped_storage().data_ptr(), t.storage_offset())] = t.numel() * t.itemsize
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=ids, use_cache=False).logits.sum()
+    return sum(seen.values())
+
+
+def test_a_checkpointed_forward_keeps_a_hidden_state_per_layer():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from marlow.policy.adapters import LoraSpec, attach_adapters, use_adapter
+
+    config = Qwen3Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    )
+    torch.manual_seed(0)
+    model = attach_adapters(Qwen3ForCausalLM(config), ["policy"], LoraSpec(8, 16), seed=0).train()
+    ids = torch.randint(0, 64, (2, 48))
+    with use_adapter(model, "policy"):
+        plain = saved_bytes(model, ids)
+        assert checkpoint_layers(model) == 4
+        kept = saved_bytes(model, ids)
+    hidden = 2 * 48 * 32 * 4  # one float32 hidden state per token
+    assert kept < plain / 4  # the check can fail: without, every layer's activations stay
+    logits = 2 * 48 * 64 * 4
+    assert kept <= (4 + 2) * hidden + logits  # 4 layers' inputs, the final norm's, the logits

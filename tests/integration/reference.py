@@ -38,3 +38,44 @@ def vary_rewards(trainer):
 
     trainer.rollout = varied
     return trainer
+
+
+def learn_keeping_gradients(trainer, step: int, episodes):
+    """``trainer.learn(step, episodes)`` with each adapter's gradients kept as its optimizer
+    update takes them: (the step's record, adapter -> gradients, adapter -> weights after)."""
+    from marlow.policy.adapters import adapter_parameters
+
+    grads = {}
+    update = trainer.optim.update
+
+    def keep(adapter):
+        params = adapter_parameters(trainer.model, adapter)
+        grads[adapter] = {k: p.grad.detach().clone() for k, p in params.items()}
+        return update(adapter)
+
+    trainer.optim.update = keep
+    try:
+        record = trainer.learn(step, episodes)
+    finally:
+        trainer.optim.update = update
+    weights = {a: adapter_parameters(trainer.model, a) for a in trainer.adapters}
+    return record, grads, weights
+
+
+def assert_same_step(ours, theirs, tol: float = 1e-6) -> None:
+    """Two :func:`learn_keeping_gradients` results agree: the same metrics (the phases' seconds
+    aside), every gradient and every updated weight within ``tol``; and the gradients are real."""
+    import pytest
+
+    (record, grads, weights), (their_record, their_grads, their_weights) = ours, theirs
+    keys = {k for k in their_record if not k.startswith("time/")}
+    assert keys == {k for k in record if not k.startswith("time/")}
+    for k in sorted(keys):
+        assert record[k] == pytest.approx(their_record[k], abs=tol, rel=tol), k
+    assert grads.keys() == their_grads.keys()
+    for adapter, expect in their_grads.items():
+        assert any(float(g.abs().max()) > 1e-4 for g in expect.values())  # a real gradient
+        for name, g in expect.items():
+            torch.testing.assert_close(grads[adapter][name], g, atol=tol, rtol=tol)
+            mine, theirs_w = weights[adapter][name], their_weights[adapter][name]
+            torch.testing.assert_close(mine, theirs_w, atol=tol, rtol=0)

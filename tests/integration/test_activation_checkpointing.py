@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from marlow.models import checkpoint_layers, checkpointable_layers
-from marlow.policy.adapters import adapter_parameters
 from marlow.training.trainer import Trainer
+from tests.integration.reference import assert_same_step, learn_keeping_gradients
 
 
 def one_step(cfg, out):
@@ -20,21 +20,11 @@ def one_step(cfg, out):
     episodes = trainer.rollout(trainer.task.train_batch(0, 1, 2), 4, 0.8, seed=5)
     for ep in episodes:
         ep.reward = float(ep.sample % 2)
-    grads = {}
-    update = trainer.optim.update
-
-    def keep(adapter):
-        params = adapter_parameters(trainer.model, adapter)
-        grads[adapter] = {k: p.grad.detach().clone() for k, p in params.items()}
-        return update(adapter)
-
-    trainer.optim.update = keep
     mlp = checkpointable_layers(trainer.model)[0].mlp  # called again by a recomputed layer
     forwards = []
     hook = mlp.register_forward_pre_hook(lambda *_: forwards.append(torch.is_grad_enabled()))
-    record = trainer.learn(1, episodes)
+    record, grads, weights = learn_keeping_gradients(trainer, 1, episodes)
     hook.remove()
-    weights = {a: adapter_parameters(trainer.model, a) for a in trainer.adapters}
     return record, grads, weights, forwards
 
 
@@ -61,18 +51,7 @@ def test_checkpointed_layers_train_exactly_as_without(small_config, tmp_path, fo
     # the recompute: a layer ran once more with gradients for each backward, never without
     assert our_runs.count(False) == plain_runs.count(False)
     assert our_runs.count(True) == 2 * plain_runs.count(True) > 0
-    keys = {k for k in plain if not k.startswith("time/")}
-    assert keys == {k for k in ours if not k.startswith("time/")}
-    for k in sorted(keys):
-        assert ours[k] == pytest.approx(plain[k], abs=1e-6, rel=1e-6), k
-    assert our_grads.keys() == plain_grads.keys()
-    for adapter, grads in plain_grads.items():
-        assert any(float(g.abs().max()) > 1e-4 for g in grads.values())  # a real gradient
-        for name, g in grads.items():
-            torch.testing.assert_close(our_grads[adapter][name], g, atol=1e-6, rtol=1e-6)
-            torch.testing.assert_close(
-                our_w[adapter][name], plain_w[adapter][name], atol=1e-6, rtol=0
-            )
+    assert_same_step((ours, our_grads, our_w), (plain, plain_grads, plain_w))
 
 
 def test_auto_checkpoints_a_hugging_face_model_and_not_a_tiny_one(small_config, tmp_path):
@@ -101,21 +80,11 @@ def saved_bytes(model, ids) -> int:
 
 
 def test_a_checkpointed_forward_keeps_a_hidden_state_per_layer():
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     from marlow.policy.adapters import LoraSpec, attach_adapters, use_adapter
+    from tests.conftest import build_tiny_qwen3
 
-    config = Qwen3Config(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-    )
-    torch.manual_seed(0)
-    model = attach_adapters(Qwen3ForCausalLM(config), ["policy"], LoraSpec(8, 16), seed=0).train()
+    base = build_tiny_qwen3(hidden_size=32, num_hidden_layers=4)
+    model = attach_adapters(base, ["policy"], LoraSpec(8, 16), seed=0).train()
     ids = torch.randint(0, 64, (2, 48))
     with use_adapter(model, "policy"):
         plain = saved_bytes(model, ids)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from marlow.policy.adapters import adapter_parameters
 from marlow.training import trainer as trainer_module
 from marlow.training.trainer import Trainer
+from tests.integration.reference import assert_same_step, learn_keeping_gradients
 
 
 def one_step(cfg, out, monkeypatch, fused: bool):
@@ -28,17 +28,7 @@ def one_step(cfg, out, monkeypatch, fused: bool):
             mp.setattr(
                 trainer_module, "fused_old_logp", lambda *a: calls.append(real(*a)) or real(*a)
             )
-        grads = {}
-        update = trainer.optim.update
-
-        def keep(adapter):
-            params = adapter_parameters(trainer.model, adapter)
-            grads[adapter] = {k: p.grad.detach().clone() for k, p in params.items()}
-            return update(adapter)
-
-        trainer.optim.update = keep
-        record = trainer.learn(1, episodes)
-    weights = {a: adapter_parameters(trainer.model, a) for a in trainer.adapters}
+        record, grads, weights = learn_keeping_gradients(trainer, 1, episodes)
     return record, grads, weights, calls, scored
 
 
@@ -56,21 +46,10 @@ def test_fused_logp_old_equals_the_separate_pass(small_config, tmp_path, monkeyp
     full, full_grads, full_w, _, full_scored = one_step(cfg, tmp_path / "b", monkeypatch, False)
     assert calls and all(calls)  # every adapter took the fused path
     assert scored == [] and len(full_scored) == len(full_grads)  # and skipped its scoring pass
-    keys = {k for k in full if not k.startswith("time/")}
-    assert keys == {k for k in fast if not k.startswith("time/")}
     assert {"chi2_update", "kl_to_base", "loss", "grad_norm", "entropy", "chi2_rollout"} <= {
-        k.rsplit("/", 1)[1] for k in keys
+        k.rsplit("/", 1)[1] for k in full if not k.startswith("time/")
     }
-    for k in sorted(keys):
-        assert fast[k] == pytest.approx(full[k], abs=1e-6, rel=1e-6), k
-    assert fast_grads.keys() == full_grads.keys()
-    for adapter, grads in full_grads.items():
-        assert any(float(g.abs().max()) > 1e-4 for g in grads.values())  # a real gradient
-        for name, g in grads.items():
-            torch.testing.assert_close(fast_grads[adapter][name], g, atol=1e-6, rtol=1e-6)
-            torch.testing.assert_close(
-                fast_w[adapter][name], full_w[adapter][name], atol=1e-6, rtol=0
-            )
+    assert_same_step((fast, fast_grads, fast_w), (full, full_grads, full_w))
 
 
 @pytest.mark.parametrize("routing", ["ip", "sp"])

@@ -91,8 +91,9 @@ def run_rank(
 @pytest.mark.parametrize(
     ("routing", "extra"),
     [
-        ("ip", ()),
-        ("sp", ()),
+        # slow: the mitigated cases below run the same routings and more (make test-slow)
+        pytest.param("ip", (), marks=pytest.mark.slow),
+        pytest.param("sp", (), marks=pytest.mark.slow),
         # the mitigations rewrite each update's gradient from every rank's per-role parts
         ("sp", ("mitigate.role_balance=true", "mitigate.kl_coef={'*': 0.5}")),
         ("ip", ("mitigate.coherence_threshold=0.01",)),

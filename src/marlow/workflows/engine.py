@@ -60,14 +60,16 @@ def read(state: EpisodeState, source: str, role: str, slot: int, style: str) -> 
     return numbered([t.completion_text for t in latest], style)
 
 
+def stage_reads(state: EpisodeState, stage: Stage, slot: int, style: str) -> dict[str, str]:
+    """The stage's declared reads in a slot of an episode, by field name."""
+    return {r.field: read(state, r.source, r.role, slot, style) for r in stage.reads}
+
+
 def prompt_fields(
     state: EpisodeState, stage: Stage, slot: int, style: str, params: dict[str, int]
 ) -> dict[str, object]:
     """Every field the stage's prompt may use: the problem, the parameters, its reads."""
-    fields: dict[str, object] = {"problem": state.problem.prompt, **params}
-    for r in stage.reads:
-        fields[r.field] = read(state, r.source, r.role, slot, style)
-    return fields
+    return {"problem": state.problem.prompt, **params, **stage_reads(state, stage, slot, style)}
 
 
 def prompt_text(
@@ -187,9 +189,7 @@ def stage_context(index: int, style: str, rules: EpisodeRules) -> StageContext:
         style,
         rules,
         slots=lambda stage, st: slots_of(stage, st, rules.workers),
-        reads=lambda stage, st, slot: {
-            r.field: read(st, r.source, r.role, slot, style) for r in stage.reads
-        },
+        reads=lambda stage, st, slot: stage_reads(st, stage, slot, style),
     )
 
 

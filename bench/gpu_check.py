@@ -27,10 +27,14 @@ The parts, each recorded whatever became of the others:
    once with 1 adapter and once with 4 mixed (row i answered by adapter i mod 4): distinct short
    prompts (``Problem i: what is i + i?``, 25-31 bytes, one token a byte), temperature 1.0,
    ``new_tokens`` new tokens (the stop id is the vocabulary size, an id no row samples, so every
-   row runs to the limit); the ``eager_rows`` batch once more with 4 adapters and the decode step
-   eager (``compile=False``: what compiling gives, side by side); one untimed warm-up call
+   row runs to the limit); last, the ``eager_rows`` batch once more with 4 adapters and the
+   decode step eager (``compile=False``: what compiling gives, side by side); one untimed warm-up call
    (``warmup_s``: it compiles and captures CUDA graphs on first use), then the timed call (another seed): tokens/s = rows x new tokens / seconds (the
-   device synchronized around it), and on CUDA its peak allocated memory. Beside each, the bound
+   device synchronized around it), and on CUDA its peak allocated memory. The ``profile_rows``
+   batch with 4 adapters is then sampled once more for ``profile_tokens`` new tokens under
+   ``torch.profiler`` (:func:`profiled`: on CUDA the kernels its graph replays launch, how
+   many, their seconds and the longest of them), to say where a decode step's time goes.
+   Beside each, the bound
    of the device's memory bandwidth, the tokens/s of one decode step that serves every row at
    once and reads each byte it needs once::
 
@@ -48,7 +52,8 @@ The parts, each recorded whatever became of the others:
 
    Time: the part takes at most :data:`SAMPLER_S` of the budget, and never the time the first
    size's runs need to start (its ``min_s`` per routing); the child's start, the stand-in and the
-   loading count. Configurations run by rows, so the 256-row ones come last; each starts only
+   loading count. Configurations run by rows, so the 256-row ones come last but the eager one;
+   each starts only
    with its estimated seconds left: 2 x new tokens (warm-up and timed call) x the most seconds
    per decode step of the timed calls so far (the first starts with any time left; a
    compilation on the way is not in the estimate). The estimate takes a step's time not to grow
@@ -78,7 +83,8 @@ The parts, each recorded whatever became of the others:
    AdamW step (torch's defaults; so that the timed pass runs beside the adapter's two float32
    moments, as a learn phase does and as plan counts), then the timed pass, which adds its
    gradients to the warm-up's as a mini-batch's later micro-batch does (the device synchronized
-   around it; on CUDA its peak allocated memory, the peak reset before it). The figures::
+   around it; on CUDA its peak allocated memory, the peak reset before it); the first
+   micro-batch's pass once more under ``torch.profiler`` (:func:`profiled`). The figures::
 
        tokens/s = tokens / seconds
        FLOPs    = 4 x (N + n) x tokens + 4 x L x tokens x c x a x d x 2
@@ -159,9 +165,10 @@ import tempfile
 import time
 import tomllib
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -256,6 +263,8 @@ class Sampler:
     rows: tuple[int, ...]  # the batches, each sampled with 1 adapter and with ``adapters`` mixed
     new_tokens: int  # SamplingParams.max_new_tokens
     eager_rows: int  # the batch sampled once more with ``adapters`` mixed, the step eager
+    profile_rows: int  # the batch whose ``adapters``-mixed call is profiled once more
+    profile_tokens: int  # the new tokens of the profiled call
     adapters: int = 4
     rank: int = 64  # LoRA rank, alpha 32 (LoraSpec's defaults: the paper's)
     temperature: float = 1.0
@@ -263,8 +272,8 @@ class Sampler:
 
 SAMPLER_ARCH = "qwen3-0.6b"
 """The architecture the sampler part samples: its entry of :data:`SIZES` (:data:`DRY_SIZES`)."""
-SAMPLER = Sampler((16, 64, 256), 512, 64)
-DRY_SAMPLER = Sampler((2, 4), 8, 4)
+SAMPLER = Sampler((16, 64, 256), 512, 16, 64, 64)
+DRY_SAMPLER = Sampler((2, 4), 8, 4, 4, 4)
 SAMPLER_S = 150
 """The most seconds the sampler part may take."""
 COPY_BYTES = {"cuda": GIB, "cpu": 64 * 2**20}
@@ -290,6 +299,8 @@ UPDATE_ADAPTER = "policy"
 MATMUL_N = {"cuda": 8192, "cpu": 256}
 """The side of the square bfloat16 matrices whose products measure the matmul throughput."""
 MATMUL_REPEATS = 5
+PROFILE_TOP = 15
+"""The kernels (operations) a profile names, the longest first."""
 
 PROBE = """\
 import json, sys, torch
@@ -470,16 +481,16 @@ def sampler_size(sizes: tuple[Size, ...]) -> Size:
 
 def configurations(sampler: Sampler) -> list[dict[str, Any]]:
     """Each configuration of ``sampler``, in the order they run: by rows, 1 adapter then all,
-    with the engine's own choice of a compiled step (``compile`` None), and after the
-    ``eager_rows`` ones the same rows eager (``compile`` False)."""
-    out = []
-    for rows in sampler.rows:
-        for k, flag in ((1, None), (sampler.adapters, None), (sampler.adapters, False)):
-            if flag is None or rows == sampler.eager_rows:
-                out.append(
-                    {"rows": rows, "adapters": k, "new_tokens": sampler.new_tokens, "compile": flag}
-                )
-    return out
+    with the engine's own choice of a compiled step (``compile`` None), and last the
+    ``eager_rows`` batch with all adapters eager (``compile`` False: the slowest per step)."""
+    n = sampler.new_tokens
+    out = [
+        {"rows": rows, "adapters": k, "new_tokens": n, "compile": None}
+        for rows in sampler.rows
+        for k in (1, sampler.adapters)
+    ]
+    eager = {"rows": sampler.eager_rows, "adapters": sampler.adapters, "new_tokens": n}
+    return [*out, eager | {"compile": False}]
 
 
 def measure_sampler(check: Check, device: str, dry_run: bool, work: Path) -> dict[str, Any]:
@@ -528,7 +539,7 @@ def sample(out: str, folder: str, device: str, dry_run: bool, deadline: float) -
     from marlow.models import resolve_device
     from marlow.policy.adapters import adapter_names
     from marlow.rollout.hf import HFEngine
-    from marlow.types import GenRequest
+    from marlow.types import GenRequest, SamplingParams
 
     sampler, sizes = (DRY_SAMPLER, DRY_SIZES) if dry_run else (SAMPLER, SIZES)
     size = sampler_size(sizes)
@@ -583,6 +594,9 @@ def sample(out: str, folder: str, device: str, dry_run: bool, deadline: float) -
             bound_tokens_per_s=bound,
             fraction_of_bound=row["tokens_per_s"] / bound,
         )
+        if (row["rows"], k, row["compile"]) == (sampler.profile_rows, sampler.adapters, None):
+            params = SamplingParams(sampler.temperature, sampler.profile_tokens, 2)
+            row["profile"] = profiled(partial(engine.generate, requests, params), dev)
         write_json(out, result)
         print(f"sampler: {row['tokens_per_s']:.0f} tokens/s, bound {bound:.0f}", flush=True)
 
@@ -715,14 +729,17 @@ def measure_size(
     dry_run: bool,
     work: Path,
     out: dict[str, Any],
-    update: bool = True,
+    skip: Collection[str] = (),
 ) -> None:
     """Every measurement of ``size`` into ``out`` (its entry in the JSON, saved after each): the
-    stand-in, the update alone (:func:`measure_update`; recorded as skipped without ``update``),
-    then one child ``marlow train`` per routing."""
+    stand-in, the update alone (:func:`measure_update`), then one child ``marlow train`` per
+    routing; the parts ``skip`` names ("update", "runs") recorded as left out."""
     out.update(settings=asdict(size), runs=[])
+    routings = () if "runs" in skip else size.routings
+    if "runs" in skip:
+        out["runs"] = [{"routing": r} | _left_out("runs") for r in size.routings]
     if check.left() < size.min_s:
-        out["runs"] = [_skipped(r, size, check) for r in size.routings]
+        out["runs"] += [_skipped(r, size, check) for r in routings]
         return
     folder = work / size.name
     out.update(
@@ -735,13 +752,13 @@ def measure_size(
         guarded(
             check,
             f"{size.name} update",
-            lambda: measure_update(check, size, folder, device, dry_run, work),
+            lambda: measure_update(check, size, folder, device, dry_run, work, len(routings)),
         )
-        if update
+        if "update" not in skip
         else _left_out("update")
     )
     check.save()
-    for routing in size.routings:
+    for routing in routings:
         if check.left() < size.min_s:
             out["runs"].append(_skipped(routing, size, check))
             continue
@@ -897,15 +914,15 @@ def update_rows(update: Update) -> list[dict[str, Any]]:
 
 
 def measure_update(
-    check: Check, size: Size, folder: Path, device: str, dry_run: bool, work: Path
+    check: Check, size: Size, folder: Path, device: str, dry_run: bool, work: Path, runs: int
 ) -> dict[str, Any]:
     """The update alone of ``size`` (module docstring) on its stand-in in ``folder``, in one child
     process: its figures and every micro-batch's (one the child was at when it ended takes the
     child's status and error; one it did not reach is skipped); skipped, every micro-batch with
-    it, without the size's ``min_s`` per routing plus ``update_s`` left."""
+    it, without the size's ``min_s`` for each of the ``runs`` after it plus ``update_s`` left."""
     update = DRY_UPDATE if dry_run else UPDATE
     out: dict[str, Any] = {"settings": {**asdict(update), "update_s": size.update_s}}
-    needed = size.min_s * len(size.routings) + size.update_s
+    needed = size.min_s * runs + size.update_s
     if check.left() < needed:
         check.say(f"{size.name} update: skipped, {check.left():.0f} s of the budget left")
         why = f"{check.left():.0f} s of the budget left, {needed:.0f} s needed with the runs"
@@ -985,6 +1002,11 @@ def time_update(
                     torch.cuda.empty_cache()  # what the failed pass held
                 write_json(out, result)
                 continue
+            if row is result["micro_batches"][0]:  # the first: profiled once more
+                row["profile"] = profiled(
+                    partial(update_pass, model, chunk, update.temperature), dev
+                )
+                optimizer.zero_grad()
             flops = update_flops(model.config, result, row)
             measured = row["peak_allocated_gib"]
             row.update(
@@ -1068,8 +1090,6 @@ def time_passes(
     seconds, the tokens/s of the timed one and, on CUDA, its peak allocated memory."""
     import torch
 
-    from marlow.training.logprobs import score_chunk
-
     cuda = device.type == "cuda"
     seconds = []
     for timed in (False, True):
@@ -1078,8 +1098,7 @@ def time_passes(
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
         t0 = synchronized(device)
-        scored = score_chunk(model, chunk, temperature=temperature)
-        (-(scored.logp * scored.mask).sum() / scored.mask.sum()).backward()
+        update_pass(model, chunk, temperature)
         seconds.append(synchronized(device) - t0)
     optimizer.zero_grad()
     warmup, timed = seconds
@@ -1088,6 +1107,46 @@ def time_passes(
         "seconds": timed,
         "tokens_per_s": chunk.ids.numel() / timed,
         "peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB if cuda else None,
+    }
+
+
+def update_pass(model: PeftModel, chunk: Chunk, temperature: float) -> None:
+    """One pass of the update over ``chunk``: :func:`marlow.training.logprobs.score_chunk`, the
+    loss ``-(logp x mask).sum() / mask.sum()`` and its ``backward()``."""
+    from marlow.training.logprobs import score_chunk
+
+    scored = score_chunk(model, chunk, temperature=temperature)
+    (-(scored.logp * scored.mask).sum() / scored.mask.sum()).backward()
+
+
+def profiled(work: Callable[[], object], device: torch.device) -> dict[str, Any]:
+    """``work()`` once more under ``torch.profiler``: its seconds (the device synchronized), and
+    the device's work in it: on CUDA its kernels (CUDA graph replays' included), on the CPU its
+    aten operations; how many, their total seconds, and the :data:`PROFILE_TOP` names that took
+    the longest (their calls and seconds)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    t0 = synchronized(device)
+    with profile(activities=activities) as prof:
+        work()
+        synchronized(device)
+    seconds = time.perf_counter() - t0
+    if cuda:
+        events = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
+        own = [(e.key, e.count, e.self_device_time_total) for e in events]
+    else:
+        events = [e for e in prof.key_averages() if e.key.startswith("aten::")]
+        own = [(e.key, e.count, e.self_cpu_time_total) for e in events]
+    own.sort(key=lambda e: -e[2])
+    return {
+        "seconds": seconds,
+        "what": "CUDA kernels" if cuda else "aten operations",
+        "count": sum(calls for _, calls, _ in own),
+        "device_s": sum(us for _, _, us in own) / 1e6,
+        "top": [{"name": n[:120], "calls": c, "s": us / 1e6} for n, c, us in own[:PROFILE_TOP]],
     }
 
 
@@ -1108,7 +1167,7 @@ def matmul_throughput(device: torch.device, n: int) -> float:
 # -- the check --------------------------------------------------------------------------------
 
 
-SKIPPABLE = ("tests", "sampler", "update")
+SKIPPABLE = ("tests", "sampler", "update", "runs")
 """The parts ``--skip`` leaves out (the sizes' runs are chosen with ``--size``)."""
 
 
@@ -1199,8 +1258,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.sizes and size.name not in args.sizes:
                 continue
             entry = sizes[size.name] = {}
-            update = "update" not in args.skip
-            measure_size(check, size, args.device, args.dry_run, work, entry, update)
+            measure_size(check, size, args.device, args.dry_run, work, entry, args.skip)
             check.save()
             update = entry.get("update", {})
             statuses = {r["status"] for r in entry["runs"] + update.get("micro_batches", [])}

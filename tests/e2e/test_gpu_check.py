@@ -131,6 +131,24 @@ def test_the_dry_run_times_the_sampler_beside_its_bandwidth_bound(dry_run):
         assert math.isfinite(c["bound_tokens_per_s"])
         assert c["bound_tokens_per_s"] == pytest.approx(bound)
         assert c["fraction_of_bound"] == pytest.approx(c["tokens_per_s"] / bound)
+    profiled = [c for c in part["configurations"] if "profile" in c]
+    sampler = gpu_check.DRY_SAMPLER
+    assert [(c["rows"], c["adapters"], c["compile"]) for c in profiled] == [
+        (sampler.profile_rows, sampler.adapters, None)
+    ]
+    assert_profile(profiled[0]["profile"])
+
+
+def assert_profile(profile: dict) -> None:
+    """A profile of the CPU: its aten operations, the longest first, within their total."""
+    assert profile["what"] == "aten operations" and profile["seconds"] > 0
+    top = profile["top"]
+    assert 0 < len(top) <= gpu_check.PROFILE_TOP and all(
+        t["name"].startswith("aten::") for t in top
+    )
+    assert [t["s"] for t in top] == sorted((t["s"] for t in top), reverse=True)
+    assert sum(t["calls"] for t in top) <= profile["count"]
+    assert 0 < sum(t["s"] for t in top) <= profile["device_s"] + 1e-9
 
 
 def test_a_sampler_child_that_dies_is_recorded_and_what_it_measured_kept(tmp_path, monkeypatch):
@@ -180,6 +198,8 @@ def test_the_dry_run_times_the_update_alone_beside_plans_prediction(dry_run):
         assert part["weight_bytes"] == base_bytes and part["adapter_parameters"] == n
         lora = lora_shapes(model, "policy")
         assert [m["tokens"] for m in part["micro_batches"]] == list(update.tokens)
+        assert [("profile" in m) for m in part["micro_batches"]] == [True, False]
+        assert_profile(part["micro_batches"][0]["profile"])
         for m in part["micro_batches"]:
             assert m["status"] == "ok" and m["rows"] * update.row == m["tokens"], m
             assert m["tokens_per_s"] == pytest.approx(m["tokens"] / m["seconds"])
@@ -231,6 +251,16 @@ raise SystemExit("torch.OutOfMemoryError: CUDA out of memory")
     assert part["status"] == "skipped" and "needed with the runs" in part["error"]
     assert [m["status"] for m in part["micro_batches"]] == ["skipped", "skipped"]
     assert done == list(size.routings)
+
+    # --skip runs: the update needs no time for the runs, which are recorded as left out
+    check = gpu_check.Check(tmp_path, "cpu", dry_run=True, budget_s=short)
+    entry, done[:] = {}, []
+    gpu_check.measure_size(check, size, "cpu", True, tmp_path, entry, skip=("runs",))
+    assert entry["update"]["status"] == "failed" and done == []  # it ran (and died, as above)
+    assert [(r["routing"], r["status"]) for r in entry["runs"]] == [
+        (r, "skipped") for r in size.routings
+    ]
+    assert {r["error"] for r in entry["runs"]} == {"left out (--skip runs)"}
 
 
 def test_a_micro_batch_waits_for_the_one_before_and_its_estimate():

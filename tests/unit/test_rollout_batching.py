@@ -209,9 +209,9 @@ def test_the_host_reading_stops_every_k_tokens_changes_no_sample(mixed_ranks, to
 
 def test_batch_sizes_of_the_compiled_step():
     sizes = sorted({_bucket(n) for n in range(1, 300)})
-    assert sizes == [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384]
+    assert sizes == [2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384]
     assert all(n <= _bucket(n) <= max(n * 3 // 2, n + 1) or n <= 16 for n in range(1, 300))
-    assert all(_bucket(n) < 2 * n for n in range(1, 300))
+    assert all(_bucket(n) < 2 * n for n in range(2, 300)) and _bucket(1) == 2
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["compiled", "graphed"])
@@ -257,6 +257,31 @@ def test_the_compiled_step_samples_what_the_eager_step_samples(
         assert 24 in batches and len(batches) > 1  # and smaller batches after compactions
 
 
+def test_the_compiled_halves_compile_once_per_adapter_mix(mixed_ranks, tokenizer, monkeypatch):
+    """The CUDA path's replays on the CPU, across batches of 24, 16, 48 and 1 row and spans of 8
+    columns up to 40: each compiled half of a layer (the projections, the rest) is compiled once
+    for the mixed adapters and once for one adapter, never again for a new batch or span (with
+    torch.compile's limit of compilations at 2, a third one raises instead of running eager)."""
+    from torch._dynamo.utils import counters
+
+    from marlow.rollout import lean
+
+    torch._dynamo.reset()
+    counters.clear()
+    monkeypatch.setattr(lean, "_GAVE_UP", set())
+    monkeypatch.setattr(lean, "_COMPILED", {})
+    monkeypatch.setattr(lean, "_graphs_on", lambda device: True)
+    monkeypatch.setattr(lean, "SPAN_STEP", 8)
+    never = [mixed_ranks.config.vocab_size]  # no row stops: the batches stay whole
+    engine = HFEngine(mixed_ranks, tokenizer, stop_ids=never, compile=True, read_every=4)
+    params = SamplingParams(1.0, 30, seed=0)
+    with torch._dynamo.config.patch(recompile_limit=2, fail_on_recompile_limit_hit=True):
+        for n, adapters in ((21, (*ADAPTERS, BASE)), (9, ADAPTERS), (40, ADAPTERS), (1, ("gen",))):
+            engine.generate(requests(adapters, n=n), params)
+    assert not lean._GAVE_UP
+    assert counters["stats"]["unique_graphs"] == 4
+
+
 @pytest.fixture
 def broken_compiler(monkeypatch):
     """The CPU's compiled layer replaced by one that raises, counting its calls; nothing given up
@@ -269,7 +294,7 @@ def broken_compiler(monkeypatch):
 
     broken.calls = 0
     monkeypatch.setattr(lean, "_GAVE_UP", set())
-    monkeypatch.setitem(lean._COMPILED, "cpu", broken)
+    monkeypatch.setitem(lean._COMPILED, "cpu", (broken, broken))
     return broken
 
 
@@ -300,6 +325,6 @@ def test_a_compiled_step_that_fails_leaves_the_call_to_the_eager_step(
         raise torch.OutOfMemoryError("CUDA out of memory")
 
     lean._GAVE_UP.clear()
-    monkeypatch.setitem(lean._COMPILED, "cpu", short_of_memory)
+    monkeypatch.setitem(lean._COMPILED, "cpu", (short_of_memory, short_of_memory))
     with pytest.raises(torch.OutOfMemoryError):
         engine.generate(reqs, params)

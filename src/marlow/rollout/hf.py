@@ -384,10 +384,12 @@ class HFEngine:
 
 
 def _bucket(rows: int) -> int:
-    """The batch size a compiled step runs ``rows`` rows at: the next of 1, 2, 4, 8, 16, 24, 32,
+    """The batch size a compiled step runs ``rows`` rows at: the next of 2, 4, 8, 16, 24, 32,
     48, 64, 96, ... (powers of two, and above 16 their halfway points too: at most a third of a
-    batch is filler), so a call and its compactions make few shapes."""
-    size = 1
+    batch is filler), so a call and its compactions make few shapes. Never 1: torch.compile
+    compiles a batch of one row apart from the others (its dimension cannot vary), and a call
+    whose last row samples alone would wait for that compilation."""
+    size = 2
     while size < rows:
         if size < 16:
             size *= 2

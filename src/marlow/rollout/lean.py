@@ -38,9 +38,10 @@ The KV cache is one buffer per layer of (rows, kv heads, columns, head dim). A f
 columns are written and a decode step (one new token per row) attends over the columns written so
 far, as transformers does. ``compiled`` runs the decode steps at fixed shapes: the cache allocated
 once for the call's ``length`` columns and zeroed, each step attending over a fixed span of
-columns with the mask (columns not yet written are masked), its layers through ``torch.compile``
-(:func:`_compiled_layer`: every layer has the same shapes, so one compilation serves them all and
-fuses each layer's elementwise work into a few kernels). On CUDA the whole step is then captured
+columns with the mask (columns not yet written are masked), each layer's two halves around its
+cache write and attention through ``torch.compile`` (:func:`_compiled_halves`: every layer has the
+same shapes and only the rows' dimension varies, so one compilation serves every layer and batch,
+and fuses each half's elementwise work into a few kernels). On CUDA the whole step is then captured
 as a CUDA graph (:class:`_Graph`: its inputs copied into static buffers, the step one launch), when
 the call first decodes and again when its span or its rows change; the span is the columns up to
 the next multiple of :data:`SPAN_STEP` past the step's own, so early steps do not read the whole
@@ -55,8 +56,10 @@ eager step cost seconds to capture, but a call took 10 ms a step (its five captu
 step of a 4-adapter 64-row batch 11 ms, as if bound by the number of kernels: an eager step is
 about 3,300 aten operations (the 0.6B's 28 layers with LoRA, under a dispatch counter), each a
 kernel of a few microseconds even when replayed. Compiling one layer fuses its elementwise
-operations (19 generated kernels a layer on the CPU, where a layer compiles in 3 s); the compiled
-layers inside the graphs are not measured on a GPU yet.
+operations (19 generated kernels a layer on the CPU, where a layer compiles in 3 s). Compiled
+whole, a layer was compiled again for each new batch, span and last span of a call, and reached
+torch.compile's limit of 8 compilations, past which it runs eager without a word: hence the
+halves, which see neither the cache nor the span.
 """
 
 from __future__ import annotations
@@ -277,18 +280,18 @@ def _forward(
     columns: torch.Tensor,
     valid: torch.Tensor | None,
     span: int,
-    layer_step=None,
+    halves: tuple | None = None,
 ) -> torch.Tensor:
     """The next ``q`` tokens of every row (``ids`` (b, q), at ``positions`` (b, q)) written into
     the cache at ``columns`` (q,), attending over the cache's first ``span`` columns (``valid``
     (b, span): False masks a column; None: every column is real); the last token's logits (b, V)
-    in float32. Each layer is ``layer_step`` (default :func:`_layer`; the compiled step passes
-    its ``torch.compile``'d one: every layer has the same shapes, so one compilation serves all)."""
-    layer_step = layer_step or _layer
+    in float32. Each layer is :func:`_layer`, its two halves ``halves`` (default eager; the
+    compiled step passes its ``torch.compile``'d ones: every layer has the same shapes, so one
+    compilation serves all)."""
     cos, sin = rope[0][positions][:, None], rope[1][positions][:, None]  # (b, 1, q, hd)
     x = F.embedding(ids, w.embed)
     for i, layer in enumerate(w.layers):
-        x = layer_step(x, layer, keys[i], values[i], lora, cos, sin, columns, valid, span)
+        x = _layer(x, layer, keys[i], values[i], lora, cos, sin, columns, valid, span, halves)
     # as transformers: the norm over every position, then the head on the last one kept
     # (b, 1, hidden): the same kernels, so the same bits
     return _linear(_rms(x, w.norm)[:, -1:], w.head, lora)[:, -1].float()
@@ -305,19 +308,54 @@ def _layer(
     columns: torch.Tensor,
     valid: torch.Tensor | None,
     span: int,
+    halves: tuple | None = None,
 ) -> torch.Tensor:
     """One decoder layer of :func:`_forward` over ``x`` (b, q, hidden), its cache ``keys`` and
-    ``values`` (b, kv heads, columns, hd) written at ``columns``."""
+    ``values`` (b, kv heads, columns, hd) written at ``columns``: :func:`_projections`, the
+    cache write and the attention, then :func:`_rest` (``halves``: the two, default eager).
+    The cache and the span stay out of the halves, so a compiled half has the shapes of the
+    rows alone, whatever column a step writes and however many it attends over."""
+    if halves is None:
+        halves = (_projections, _rest)
+    else:  # compiled: the rows' dimension is the only symbolic size
+        _rows_vary(x, cos, sin, *(t for pair in lora for t in pair))
+    projections, rest = halves
+    query, key, value = projections(x, layer, lora, cos, sin)
+    keys.index_copy_(2, columns, key)
+    values.index_copy_(2, columns, value)
+    out = _attend(query, keys[:, :, :span], values[:, :, :span], valid)
+    if halves[1] is not _rest:
+        _rows_vary(out)
+    return rest(x, out, layer, lora)
+
+
+def _rows_vary(*tensors) -> None:
+    """Tell ``torch.compile`` that the first dimension (the rows) of each tensor among
+    ``tensors`` may change from call to call, and no other size: compiled with that dimension
+    symbolic from the start, a half serves every batch (but one row) with one compilation."""
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            torch._dynamo.maybe_mark_dynamic(t, 0)
+
+
+def _projections(
+    x: torch.Tensor, layer: dict, lora: Sequence[tuple], cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A layer's query, key and value (b, heads, q, hd) of ``x`` (b, q, hidden): the input norm,
+    the three projections, the query and key norms and the rotary angles."""
     b, q, _ = x.shape
-    hd = keys.shape[-1]
+    hd = layer["qn"].weight.shape[-1]
     h = _rms(x, layer["ln1"])
     query = _rms(_linear(h, layer["q"], lora).view(b, q, -1, hd), layer["qn"]).transpose(1, 2)
     key = _rms(_linear(h, layer["k"], lora).view(b, q, -1, hd), layer["kn"]).transpose(1, 2)
     value = _linear(h, layer["v"], lora).view(b, q, -1, hd).transpose(1, 2)
-    query, key = _rotate(query, cos, sin), _rotate(key, cos, sin)
-    keys.index_copy_(2, columns, key)
-    values.index_copy_(2, columns, value)
-    out = _attend(query, keys[:, :, :span], values[:, :, :span], valid)
+    return _rotate(query, cos, sin), _rotate(key, cos, sin), value
+
+
+def _rest(x: torch.Tensor, out: torch.Tensor, layer: dict, lora: Sequence[tuple]) -> torch.Tensor:
+    """The rest of a layer after its attention's ``out`` (b, heads, q, hd): the output
+    projection and the residual, the norm, the MLP and its residual."""
+    b, q, _ = x.shape
     x = x + _linear(out.transpose(1, 2).reshape(b, q, -1), layer["o"], lora)
     h = _rms(x, layer["ln2"])
     return x + _linear(
@@ -365,8 +403,8 @@ SPAN_STEP = 128
 """A graphed decode step attends over the cache's columns up to the next multiple of this past
 its own column (or the call's length): one capture per span a call reaches."""
 
-_COMPILED: dict[str, object] = {}
-"""The ``torch.compile``'d :func:`_layer` of each device type."""
+_COMPILED: dict[str, tuple] = {}
+"""The ``torch.compile``'d halves of :func:`_layer` of each device type."""
 _GAVE_UP: set[tuple[str, str]] = set()
 """What failed in this process, as (device type, "compile" or "graphs"): not tried again."""
 
@@ -376,16 +414,22 @@ def _graphs_on(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def _compiled_layer(device: torch.device):
-    """:func:`_layer` through ``torch.compile``, one per device type, or the eager :func:`_layer`
-    where compiling failed before. Every layer of a model has the same shapes, so one compilation
-    serves them all: the first call's shapes compiled as they are, a call whose batch or span
-    differs once more with those sizes left symbolic (torch.compile's automatic dynamic shapes),
-    and a call with other adapters (one, or several mixed) once more."""
+def _compiled_halves(device: torch.device) -> tuple | None:
+    """:func:`_projections` and :func:`_rest` through ``torch.compile``, one pair per device
+    type, or None (the eager halves) where compiling failed before. They are compiled with
+    dynamic shapes: every layer of a model has the same shapes, and the rows are the only size
+    that changes between steps and calls, so one compilation serves every layer and batch (a
+    batch of one row apart), and a call with other adapters (one, or several mixed) compiles
+    once more. Compiled with the shapes of their first call instead, they were compiled again
+    for each new batch, and the whole layer (its cache and span inside) went on to hit
+    torch.compile's limit of 8 compilations within a call's first few spans, after which it ran
+    eager without a word."""
     if (device.type, "compile") in _GAVE_UP:
-        return _layer
+        return None
     if device.type not in _COMPILED:
-        _COMPILED[device.type] = torch.compile(_layer, fullgraph=True)
+        _COMPILED[device.type] = tuple(
+            torch.compile(half, fullgraph=True) for half in (_projections, _rest)
+        )
     return _COMPILED[device.type]
 
 
@@ -419,13 +463,13 @@ class _Graph:
         self.positions = torch.zeros((rows, 1), dtype=torch.long, device=device)
         self.columns = torch.zeros(1, dtype=torch.long, device=device)
         self.valid = torch.zeros((rows, span), dtype=torch.bool, device=device)
-        self.layer_step = _compiled_layer(device)
+        self.halves = _compiled_halves(device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
         self.ready = False
 
     def run(self) -> torch.Tensor:
-        args = (self.ids, self.positions, self.columns, self.valid, self.span, self.layer_step)
+        args = (self.ids, self.positions, self.columns, self.valid, self.span, self.halves)
         return self.lean._step(*args)
 
     def __call__(self, ids, mask, positions, at: int) -> torch.Tensor:
@@ -452,10 +496,10 @@ class _Graph:
             except torch.OutOfMemoryError:
                 raise
             except Exception as err:
-                if self.layer_step is _layer:
+                if self.halves is None:
                     raise
                 _give_up(self.device, "compile", err)
-                self.layer_step = _layer
+                self.halves = None
                 self.run()
         if cuda:
             here.wait_stream(side)
@@ -605,16 +649,17 @@ class LeanQwen3:
         if not _graphs_on(device):
             columns = torch.full((1,), at, dtype=torch.long, device=device)
             valid = mask[:, : self.length].bool()
-            layer_step = _compiled_layer(device)
-            return self._step(ids, positions, columns, valid, self.length, layer_step)
+            halves = _compiled_halves(device)
+            return self._step(ids, positions, columns, valid, self.length, halves)
         span = min(self.length, (at // SPAN_STEP + 1) * SPAN_STEP)
         if self.graph is None or self.graph.span != span:
             self.graph = None  # its memory goes before the next one's is taken
             self.graph = _Graph(self, ids.shape[0], span, device)
         return self.graph(ids, mask, positions, at)
 
-    def _step(self, ids, positions, columns, valid, span, layer_step=None) -> torch.Tensor:
-        """:func:`_forward` over this call's weights and cache, its layers ``layer_step``."""
+    def _step(self, ids, positions, columns, valid, span, halves=None) -> torch.Tensor:
+        """:func:`_forward` over this call's weights and cache, its layers' halves ``halves``
+        (None: eager)."""
         return _forward(
             self.w,
             self.keys,
@@ -626,5 +671,5 @@ class LeanQwen3:
             columns,
             valid,
             span,
-            layer_step,
+            halves,
         )

@@ -35,6 +35,7 @@ import torch
 from marlow.algo.estimators import head_logprobs_and_entropy, token_logprobs_and_entropy
 from marlow.config import DEVICE_FORM, DEVICES, ConfigError, ModelConfig, TaskConfig
 from marlow.logs import Phase
+from marlow.policy.adapters import lora_in_base_dtype
 
 
 class ModelLoadError(RuntimeError):
@@ -374,7 +375,9 @@ def completion_logprobs(
     states go through the head, a chunk at a time
     (:func:`marlow.algo.estimators.head_logprobs_and_entropy`); else from the model's whole
     logits (:func:`marlow.algo.estimators.token_logprobs_and_entropy`). The trainer's scoring
-    and the HF engine's both call this, so on one model they agree bit for bit."""
+    and the HF engine's both call this, so on one model they agree bit for bit. The model's
+    forward runs under :func:`marlow.policy.adapters.lora_in_base_dtype` (on CUDA, a bfloat16
+    base's LoRA layers compute in bfloat16)."""
     length = ids.shape[1]
     steps = torch.arange(mask.shape[1], device=ids.device)
     # position of the logits that predict completion token j: P + j - 1, clamped on padding
@@ -382,13 +385,15 @@ def completion_logprobs(
     split = decoder_and_head(model)
     if split is None:
         # no KV cache: scoring reads each sequence once
-        logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits
+        with lora_in_base_dtype(model):
+            logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits
         picked = logits.gather(1, pos[:, :, None].expand(-1, -1, logits.shape[-1]))  # (T, L, V)
         logp, ent = token_logprobs_and_entropy(picked, targets, temperature)
         zero = torch.zeros((), dtype=torch.float32, device=ids.device)
         return torch.where(mask, logp, zero), torch.where(mask, ent, zero)
     decoder, head = split
-    hidden = decoder(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
+    with lora_in_base_dtype(model):
+        hidden = decoder(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
     picked = hidden.gather(1, pos[:, :, None].expand(-1, -1, hidden.shape[-1]))  # (T, L, H)
     logp, ent = head_logprobs_and_entropy(
         picked[mask], head.weight, head.bias, targets[mask], temperature

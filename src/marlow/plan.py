@@ -21,9 +21,13 @@ are then read off the model; memory figures follow from them and the config by t
       L x b x (2h + 3ad + 3gd + 4I)     per layer: the inputs of its 4 RMSNorms (2h + ad + gd);
                                         SDPA's q, k, v and output (2ad + 2gd); SwiGLU's gate, up,
                                         silu(gate) and their product (4I)
-    + 4 x sum over LoRA modules (in + r) each LoRA layer's input, cast to float32 by PEFT, and its
-                                        rank-r A output (in a float32 run q/k/v and gate/up share
-                                        one input, so this overcounts 3h per layer there)
+    + 4 x sum over LoRA modules (in + r) a float32 run: each LoRA layer's input (float32 already:
+                                        q/k/v and gate/up share one, so this overcounts 3h per
+                                        layer) and its rank-r A output
+    + b x sum over LoRA modules r       a bfloat16 or float16 run, whose LoRA layers compute in
+                                        its dtype (marlow.policy.adapters.lora_compute_dtype):
+                                        only the rank-r A output, the input being the base
+                                        layer's own
     + b x h                             the final norm's input
     + b x h                             the head's input at the completion positions, which the
                                         head keeps for its backward (chunked head, below)
@@ -135,13 +139,17 @@ def activation_bytes_per_token(
     chunked_head: bool = True,
     checkpointed: bool = False,
 ) -> int:
-    """Bytes autograd keeps per token of a forward (module docstring); ``lora`` holds (in
-    features, rank) of every LoRA layer of one adapter; ``chunked_head``: the logits go through
-    the head chunk by chunk (:func:`marlow.models.decoder_and_head`); ``checkpointed``: the
-    decoder layers are checkpointed (``grpo.activation_checkpointing``)."""
+    """Bytes autograd keeps per token of a forward (module docstring) in a run of ``b`` bytes a
+    base weight; ``lora`` holds (in features, rank) of every LoRA layer of one adapter;
+    ``chunked_head``: the logits go through the head chunk by chunk
+    (:func:`marlow.models.decoder_and_head`); ``checkpointed``: the decoder layers are
+    checkpointed (``grpo.activation_checkpointing``)."""
     s = shape
     layer = b * (2 * s.h + 3 * s.a * s.d + 3 * s.g * s.d + 4 * s.I)  # one layer's own
-    adapters = 4 * sum(inp + r for inp, r in lora)  # every layer's LoRA terms
+    # float32: each LoRA layer's input and A output; bfloat16 / float16: LoRA computes in the
+    # base's dtype (lora_compute_dtype), and keeps its A outputs alone
+    fp32 = 4 * sum(inp + r for inp, r in lora)
+    adapters = b * sum(r for _, r in lora) if b < 4 else fp32
     head = b * s.h if chunked_head else s.V * (2 * b + 3 * 4)
     if checkpointed:  # each layer's input, and one layer's own while its backward runs
         return s.L * b * s.h + layer + adapters // s.L + b * s.h + head

@@ -3,20 +3,24 @@ The learn step compares the two on the device tests' device (the CPU unless
 MARLOW_TEST_DEVICE names another: ``tests/conftest.py``); the end-to-end run puts bfloat16 on
 ``device=auto`` (the accelerator, where the machine has one) against float32 on the CPU.
 
-Tolerances come from measured differences (this 2-core machine, native bf16, torch 2.13.0),
-one learn step on the same episodes, float32 vs bfloat16 base, largest over Voting-IP,
-Eval-Opt-SP and Orch-Workers-IP; each tolerance is 3-10x the largest measured:
+Tolerances come from measured differences (``bench/precision_gap.py``: this 2-core machine,
+native bf16, torch 2.13.0), one learn step on the same episodes, float32 vs bfloat16 base (its
+LoRA computing in bfloat16: ``lora_in_base_dtype``), largest over Voting-IP, Eval-Opt-SP and
+Orch-Workers-IP; each tolerance is about 3-10x the largest measured:
 
-    entropy, nll, perplexity (relative)      5.0e-4     tolerance 2e-3
-    grad_norm, grad_norm_max, _own (rel.)    8.1e-3     tolerance 3e-2
-    grad_mass_share (absolute)               8.0e-4     tolerance 1e-2
-    loss (absolute)                          4.9e-4     tolerance 3e-3
-    chi2_update (absolute)                   2.0e-3     tolerance 1e-2
-    ratio_max (relative)                     1.8e-2     tolerance 6e-2
+    entropy, nll, perplexity (relative)      5.5e-4     tolerance 2e-3
+    grad_norm, grad_norm_max, _own (rel.)    1.9e-2     tolerance 6e-2
+    grad_mass_share (absolute)               1.3e-3     tolerance 1e-2
+    loss (absolute)                          3.4e-4     tolerance 3e-3
+    chi2_update (absolute)                   1.6e-3     tolerance 1e-2
+    ratio_max (relative)                     5.7e-3     tolerance 6e-2
     chi2_rollout of bf16 scoring vs the
-      float32 sampler (absolute)             7.0e-4     tolerance 5e-3 (float32: 1e-6)
+      float32 sampler (absolute)             1.1e-3     tolerance 5e-3 (float32: 1e-6)
     rollout_abs_dlogp, the same (absolute)   4.5e-3     tolerance 2e-2 (float32: 2.0e-7; 1e-6)
     LoRA update |d16 - d32| / |d32|          0.13       tolerance 0.3
+
+LoRA computing in float32 (PEFT's own arithmetic) measured the same within 1.5x (grad_norm_max
+2.0e-2, ratio_max 9.9e-3, chi2_update 2.4e-3).
 
 Everything else a step logs (rewards, accuracy, lengths, clip fractions, kl_to_base at the first
 step) is equal: the episodes are the same. Sampled end to end, the two runs draw different tokens
@@ -38,7 +42,7 @@ from tests.conftest import TEST_DEVICE
 from tests.integration.reference import vary_rewards
 
 RTOL = {"entropy": 2e-3, "nll": 2e-3, "perplexity": 2e-3, "ratio_max": 6e-2}
-RTOL |= dict.fromkeys(("grad_norm", "grad_norm_max", "grad_norm_own"), 3e-2)
+RTOL |= dict.fromkeys(("grad_norm", "grad_norm_max", "grad_norm_own"), 6e-2)
 ATOL = {"grad_mass_share": 1e-2, "loss": 3e-3, "chi2_update": 1e-2}
 
 

@@ -145,7 +145,7 @@ def hand_activation_bytes(arch: str, b: int, r: int, tokens: int, checkpointed: 
     h, ad, gd, inter, L, V = f["h"], f["a"] * f["d"], f["g"] * f["d"], f["I"], f["L"], f["V"]
     layer = b * (2 * h + 3 * ad + 3 * gd + 4 * inter)
     lora_inputs = 3 * h + ad + 2 * h + inter  # q, k, v | o | gate, up | down
-    lora = 4 * (lora_inputs + 7 * r)
+    lora = 4 * (lora_inputs + 7 * r) if b == 4 else b * 7 * r  # bfloat16: LoRA in it, A outputs
     chunk = 3 * min(256 * 2**20, tokens * 4 * V)
     layers = L * b * h + layer + lora if checkpointed else L * (layer + lora)
     return tokens * (layers + b * h + b * h) + chunk

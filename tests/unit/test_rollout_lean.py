@@ -6,7 +6,14 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from marlow.policy.adapters import LoraSpec, activate, attach_adapters, merged
+from marlow.policy.adapters import (
+    LoraSpec,
+    activate,
+    attach_adapters,
+    lora_compute_dtype,
+    lora_in_base_dtype,
+    merged,
+)
 from marlow.rollout.hf import HFEngine, _Transformers
 from marlow.rollout.lean import LeanQwen3
 from marlow.types import BASE, GenRequest, SamplingParams
@@ -200,7 +207,9 @@ def lora_model(qwen3, dtype=torch.float32):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_lean_computes_an_unmerged_lora_adapter_as_peft_does(qwen3, dtype):
     """Each active adapter through the lean forward: the model's (PEFT's) logits, bit for bit,
-    float32 LoRA factors over a float32 or bfloat16 base, padded rows leaving the batch."""
+    float32 LoRA factors over a float32 or bfloat16 base, padded rows leaving the batch; over the
+    bfloat16 base both compute LoRA in bfloat16 (PEFT under ``lora_in_base_dtype``, as the
+    trainer scores)."""
     model = lora_model(qwen3, dtype)
     ids, mask, positions = padded_batch([5, 9, 3, 9, 1])
     logits = {}
@@ -208,13 +217,41 @@ def test_lean_computes_an_unmerged_lora_adapter_as_peft_does(qwen3, dtype):
         for adapter in ("gen", "agg", BASE):
             activate(model, adapter)
             assert LeanQwen3.supports(model)
-            theirs = run(_Transformers(model), ids, mask, positions, 5, drop_at=2)
+            with lora_in_base_dtype(model):
+                theirs = run(_Transformers(model), ids, mask, positions, 5, drop_at=2)
             ours = run(LeanQwen3(model, 5, ids.shape[1] + 5), ids, mask, positions, 5, drop_at=2)
             for t, (a, b) in enumerate(zip(ours, theirs, strict=True)):
                 torch.testing.assert_close(a, b, atol=0, rtol=0, msg=f"{adapter} step {t}")
             logits[adapter] = ours[0]
     assert not torch.allclose(logits["gen"], logits["agg"], atol=1e-3)  # not vacuous
     assert not torch.allclose(logits["gen"], logits[BASE], atol=1e-3)
+
+
+def test_lora_computes_in_a_low_precision_bases_dtype(qwen3):
+    """Over a bfloat16 base, the lean forward's factors are bfloat16 (eager or compiled), as
+    ``lora_in_base_dtype`` makes PEFT's LoRA compute: each adapter still moves the logits as
+    PEFT's float32 factors do, within bfloat16 round-off, far less than the adapter's own effect.
+    Over a float32 base they stay float32."""
+    model = lora_model(qwen3, torch.bfloat16)
+    assert lora_compute_dtype(torch.bfloat16) == torch.bfloat16
+    assert lora_compute_dtype(torch.float16) == torch.float16
+    assert lora_compute_dtype(torch.float32) == torch.float32
+    ids, mask, positions = padded_batch([5, 9, 3])
+    length = ids.shape[1] + 1
+    single = LeanQwen3(lora_model(qwen3), 3, length, compiled=True)
+    assert single.w.layers[0]["q"].a.dtype == torch.float32
+    with torch.inference_mode():
+        activate(model, "gen")
+        for compiled in (False, True):
+            lean = LeanQwen3(model, 3, length, compiled=compiled)
+            factors = (lean.w.layers[0]["q"].a, lean.w.layers[-1]["down"].b)
+            assert [t.dtype for t in factors] == [torch.bfloat16] * 2
+        ours = LeanQwen3(model, 3, length)(ids, mask, positions, 0)
+        peft = _Transformers(model)(ids, mask, positions, 0)  # float32 LoRA
+        activate(model, BASE)
+        base = _Transformers(model)(ids, mask, positions, 0)
+    error, effect = (ours - peft).abs().max(), (peft - base).abs().max()
+    assert 0 < error < effect / 10, (error, effect)
 
 
 def test_an_adapter_the_lean_forward_does_not_compute_takes_the_models_forward(qwen3):

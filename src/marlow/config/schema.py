@@ -855,8 +855,9 @@ class RunConfig(_Section):
     )
     dtype: Dtype = Field(
         "float32",
-        description="the frozen base weights' dtype (and so its activations); LoRA weights, "
-        "optimizer state and log-prob arithmetic stay float32",
+        description="the frozen base weights' dtype (and so its activations, and LoRA's "
+        "arithmetic over a bfloat16/float16 base); LoRA weights, optimizer state and log-prob "
+        "arithmetic stay float32",
     )
     steps: int = Field(
         500, ge=0, description="training steps; 0 only for an evaluation run (routing base or map)"

@@ -17,9 +17,11 @@ Departures from plain PEFT usage, and why:
   layer's dtype, then (``autocast_adapter_dtype=True``, passed explicitly here) casts bfloat16
   and float16 LoRA weights to float32. Its LoRA forward casts the layer's input to the LoRA
   weights' dtype and the sum back to the base output's dtype, so a bfloat16 base and float32
-  adapters mix with no autocast, and the gradients, and the AdamW state built from them, are
-  float32. (The random LoRA A of a bfloat16 base has passed through bfloat16 once on creation,
-  so it is the float32 run's rounded to bfloat16; B starts at 0 either way.)
+  adapters mix; marlow's scoring runs them under :func:`lora_in_base_dtype` instead, which
+  computes LoRA in the base's dtype (autocast). The gradients, and the AdamW state built from
+  them, are float32 either way. (The random LoRA A of a bfloat16 base has passed through
+  bfloat16 once on creation, so it is the float32 run's rounded to bfloat16; B starts at 0
+  either way.)
 * **Saving is atomic per adapter**: each ``out_dir/<name>/`` is written beside its final place and
   renamed in, in the standard PEFT layout (``adapter_config.json`` + ``adapter_model.safetensors``)
   that ``PeftModel.from_pretrained(base, out_dir/<name>)`` loads anywhere.
@@ -270,6 +272,48 @@ def use_adapter(model: nn.Module, name: str) -> Iterator[nn.Module]:
         yield model
     finally:
         activate(model, previous)
+
+
+def lora_compute_dtype(base_dtype: torch.dtype) -> torch.dtype:
+    """The dtype LoRA layers compute in over a base of ``base_dtype``: the base's own where it is
+    bfloat16 or float16 (:func:`lora_in_base_dtype`), else float32 (the factors'). The lean
+    sampling forward (:mod:`marlow.rollout.lean`) casts its factors to it and ``marlow plan``
+    counts the activations it keeps, so that sampling, scoring and the plan agree."""
+    return base_dtype if base_dtype in (torch.bfloat16, torch.float16) else torch.float32
+
+
+@contextmanager
+def lora_in_base_dtype(model: nn.Module) -> Iterator[None]:
+    """Inside the ``with`` block, the LoRA layers of ``model`` compute in
+    :func:`lora_compute_dtype` of its base's dtype: over a bfloat16 or float16 base,
+    ``torch.autocast`` to that dtype (on every device marlow runs on), and
+    PEFT's cast of each LoRA layer's input to its float32 factors turned off, so the factors are
+    cast down (once per forward) instead of the activations up, and ``B(A(x)) * scaling`` and
+    its sum with the base output stay in the base's dtype. The factors, their gradients and the
+    optimizer's state stay float32 (mixed precision, as Hugging Face's Trainer runs a bfloat16
+    model). Elsewhere nothing changes.
+
+    Why: on one H200, the update of a bfloat16 Qwen3-0.6B stand-in with a rank-64 adapter on
+    8,192 tokens spent most of its device time in elementwise kernels around PEFT's float32 LoRA
+    (the input cast up, the scaling, the sum, the cast back down: each over every token) and in
+    float32 GEMMs without tensor cores, the base's bfloat16 GEMMs about a tenth of it (the
+    profile in ``bench/results/gpu_check.json``); on a 2-core CPU it pays too
+    (``bench/lora_dtype.py``)."""
+    weight = model.get_input_embeddings().weight
+    dtype = lora_compute_dtype(weight.dtype)
+    if dtype == torch.float32 or not adapter_names(model):
+        yield
+        return
+    layers = _lora_state(model).layers
+    casting = [getattr(layer, "cast_input_dtype_enabled", True) for layer in layers]
+    for layer in layers:
+        layer.cast_input_dtype_enabled = False
+    try:
+        with torch.autocast(weight.device.type, dtype=dtype):
+            yield
+    finally:
+        for layer, was in zip(layers, casting, strict=True):
+            layer.cast_input_dtype_enabled = was
 
 
 def can_merge(model: nn.Module, name: str) -> bool:

@@ -17,6 +17,9 @@ rows; tiny-l (3.2M parameters) 20,985 instead of 16,894 at 256 rows (``bench/rol
   an adapter folded in by :func:`marlow.policy.adapters.merged` looks like), or plain LoRA on
   linear layers (no DoRA, no LoRA bias, none on the embedding), whose update it adds as PEFT
   does: the input cast to the factors' dtype, ``B(A(x)) * scaling`` added, the sum cast back.
+  The factors are first cast to :func:`marlow.policy.adapters.lora_compute_dtype` (a bfloat16
+  base's dtype; float32 over a float32 base), the arithmetic the trainer's scoring runs under
+  :func:`marlow.policy.adapters.lora_in_base_dtype`.
 
 Several adapters in one call: each linear's LoRA factors are stacked, A as
 (sum of ranks, in) and B as (out, sum of ranks), one GEMM each for every row of the batch, and a
@@ -25,8 +28,9 @@ per-row 0/1 mask over the stacked rank keeps only the row's own adapter's column
 multiplies it. A row of one adapter then gets its own update plus exact zeros from the others',
 summed in another blocking order by the GEMM: equal to PEFT's within float round-off (tests).
 A call of one adapter, or of the base, takes PEFT's arithmetic as it is (no mask) and its logits
-equal transformers' (and PEFT's) bit for bit, in float32 and bf16, padded or not, after rows
-leave the batch (``tests/unit/test_rollout_lean.py``, torch 2.13, transformers 5.24).
+equal transformers' (and PEFT's, under ``lora_in_base_dtype``) bit for bit, in float32 and bf16,
+padded or not, after rows leave the batch (``tests/unit/test_rollout_lean.py``, torch 2.13,
+transformers 5.24).
 
 It follows transformers' operations in the same order with the same kernels (RMSNorm in float32,
 rotary angles as ``position * inv_freq``, scaled-dot-product attention: causal with the padding
@@ -41,8 +45,8 @@ once for the call's ``length`` columns and zeroed, each step attending over a fi
 columns with the mask (columns not yet written are masked), each layer's two halves around its
 cache write and attention through ``torch.compile`` (:func:`_compiled_halves`: every layer has the
 same shapes and only the rows' dimension varies, so one compilation serves every layer and batch,
-and fuses each half's elementwise work into a few kernels). On CUDA the whole step is then captured
-as a CUDA graph (:class:`_Graph`: its inputs copied into static buffers, the step one launch), when
+and fuses each half's elementwise work into a few kernels). On CUDA the whole step is then
+captured as a CUDA graph (:class:`_Graph`: its inputs copied into static buffers, the step one launch), when
 the call first decodes and again when its span or its rows change; the span is the columns up to
 the next multiple of :data:`SPAN_STEP` past the step's own, so early steps do not read the whole
 cache. Off CUDA a step attends over all ``length`` columns, so every step of a call has the same
@@ -59,7 +63,11 @@ kernel of a few microseconds even when replayed. Compiling one layer fuses its e
 operations (19 generated kernels a layer on the CPU, where a layer compiles in 3 s). Compiled
 whole, a layer was compiled again for each new batch, span and last span of a call, and reached
 torch.compile's limit of 8 compilations, past which it runs eager without a word: hence the
-halves, which see neither the cache nor the span.
+halves, which see neither the cache nor the span. With the halves, on one H200
+(``bench/results/gpu_check.json``), a 64-row call of 4 adapters mixed took 8.3 ms a step, and
+its profile showed half of the device's time in the float32 LoRA factors' GEMMs (no tensor
+cores: ``sgemm`` and split-K kernels), the bfloat16 base GEMMs an eighth: hence the factors in
+the base's dtype (not measured on a GPU yet).
 """
 
 from __future__ import annotations
@@ -68,12 +76,13 @@ import contextlib
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from transformers import Qwen3ForCausalLM
 
-from marlow.policy.adapters import active_adapter
+from marlow.policy.adapters import active_adapter, lora_compute_dtype
 from marlow.types import BASE
 
 
@@ -146,10 +155,15 @@ def _check_plain_lora(module: torch.nn.Module, adapter: str) -> None:
 
 
 def _lora(
-    module: torch.nn.Module, adapters: Sequence[str], layouts: list[_Layout], stack: bool = True
+    module: torch.nn.Module,
+    adapters: Sequence[str],
+    layouts: list[_Layout],
+    stack: bool = True,
+    dtype: torch.dtype | None = None,
 ) -> _Linear:
     """``module`` as :class:`_Linear` under the call's ``adapters`` (a new layout is appended to
-    ``layouts``); a LoRA layer of another kind than plain raises :class:`_Unsupported`."""
+    ``layouts``), the stacked factors cast to ``dtype`` (None: theirs); a LoRA layer of another
+    kind than plain raises :class:`_Unsupported`."""
     base = _plain(module)
     if type(base) is not torch.nn.Linear:
         raise _Unsupported
@@ -166,7 +180,7 @@ def _lora(
     layout = _Layout(
         tuple(module.lora_A[n].weight.shape[0] if n in present else 0 for n in adapters),
         tuple(float(module.scaling[n]) if n in present else 0.0 for n in adapters),
-        a[0].dtype,
+        dtype or a[0].dtype,
     )
     if layout not in layouts:
         layouts.append(layout)
@@ -174,11 +188,15 @@ def _lora(
         return _Linear(base.weight, base.bias, a[0], b[0], layouts.index(layout))
     a_all = a[0] if len(a) == 1 else torch.cat(a, dim=0)
     b_all = b[0] if len(b) == 1 else torch.cat(b, dim=1)
+    a_all, b_all = a_all.to(layout.dtype), b_all.to(layout.dtype)
     return _Linear(base.weight, base.bias, a_all, b_all, layouts.index(layout))
 
 
 def _parts(
-    model: torch.nn.Module, adapters: Sequence[str], stack: bool = True
+    model: torch.nn.Module,
+    adapters: Sequence[str],
+    stack: bool = True,
+    factors_dtype: torch.dtype | None = None,
 ) -> tuple[_Weights, list] | None:
     """The weights the lean forward reads under ``adapters`` and the layouts of their stacked
     LoRA factors, or None where it would not compute the model's forward: not a transformers
@@ -186,7 +204,8 @@ def _parts(
     plain linear / embedding (a quantised or replaced one), an adapter on the embedding, or an
     adapter that is not plain LoRA on linear layers (DoRA, a LoRA bias, several names at once).
     ``stack`` False: the checks alone, the factors not copied into stacks (the weights then do
-    not compute the call)."""
+    not compute the call). ``factors_dtype``: the stacked LoRA factors cast to it (None:
+    theirs)."""
     causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
     if not isinstance(causal_lm, Qwen3ForCausalLM):
         return None
@@ -205,24 +224,25 @@ def _parts(
     ):
         return None
     layouts: list[_Layout] = []
+    lora = partial(_lora, adapters=adapters, layouts=layouts, stack=stack, dtype=factors_dtype)
     try:
         layers = tuple(
             {
                 "ln1": _norm(layer.input_layernorm),
-                "q": _lora(layer.self_attn.q_proj, adapters, layouts, stack),
-                "k": _lora(layer.self_attn.k_proj, adapters, layouts, stack),
-                "v": _lora(layer.self_attn.v_proj, adapters, layouts, stack),
+                "q": lora(layer.self_attn.q_proj),
+                "k": lora(layer.self_attn.k_proj),
+                "v": lora(layer.self_attn.v_proj),
                 "qn": _norm(layer.self_attn.q_norm),
                 "kn": _norm(layer.self_attn.k_norm),
-                "o": _lora(layer.self_attn.o_proj, adapters, layouts, stack),
+                "o": lora(layer.self_attn.o_proj),
                 "ln2": _norm(layer.post_attention_layernorm),
-                "gate": _lora(layer.mlp.gate_proj, adapters, layouts, stack),
-                "up": _lora(layer.mlp.up_proj, adapters, layouts, stack),
-                "down": _lora(layer.mlp.down_proj, adapters, layouts, stack),
+                "gate": lora(layer.mlp.gate_proj),
+                "up": lora(layer.mlp.up_proj),
+                "down": lora(layer.mlp.down_proj),
             }
             for layer in body.layers
         )
-        head = _lora(causal_lm.get_output_embeddings(), adapters, layouts, stack)
+        head = lora(causal_lm.get_output_embeddings())
     except _Unsupported:
         return None
     weights = _Weights(
@@ -534,10 +554,9 @@ class LeanQwen3:
     def for_model(cls, model: torch.nn.Module, rows: int, length: int, **kw) -> LeanQwen3 | None:
         """The lean forward of ``model``, or None where it is not supported."""
         adapters = tuple(kw.pop("adapters", None) or (active_adapter(model),))
-        parts = _parts(model, adapters)
-        if parts is None:
+        if not cls.supports(model, adapters):
             return None
-        return cls(model, rows, length, adapters=adapters, parts=parts, **kw)
+        return cls(model, rows, length, adapters=adapters, **kw)
 
     def __init__(
         self,
@@ -548,18 +567,19 @@ class LeanQwen3:
         adapters: Sequence[str] | None = None,
         row_adapters: Sequence[int] | torch.Tensor | None = None,
         compiled: bool = False,
-        parts: tuple | None = None,
     ) -> None:
         adapters = tuple(adapters or (active_adapter(model),))
-        parts = parts or _parts(model, adapters)
-        if parts is None:
-            raise ValueError("LeanQwen3 needs a Qwen3 model on plain weights (LeanQwen3.supports)")
-        self.w, (layouts, inv_freq) = parts
-        dtype, device = self.w.embed.dtype, self.w.embed.device
-        self.length = length
+        device = next(model.parameters()).device
         # the fixed shapes need CUDA graphs on CUDA, and the compiled layers elsewhere
         needs = "graphs" if _graphs_on(device) else "compile"
         self.compiled = compiled and (device.type, needs) not in _GAVE_UP
+        base_dtype = model.get_input_embeddings().weight.dtype
+        parts = _parts(model, adapters, factors_dtype=lora_compute_dtype(base_dtype))
+        if parts is None:
+            raise ValueError("LeanQwen3 needs a Qwen3 model on plain weights (LeanQwen3.supports)")
+        self.w, (layouts, inv_freq) = parts
+        dtype = self.w.embed.dtype
+        self.length = length
         # Compiled: the call's columns allocated at once (fixed shapes) and zeroed (a step reads
         # the columns not yet written too, masked with weight 0, and 0 times a NaN left in memory
         # would still be NaN). Eager: grown by doubling up to ``length`` as columns are written
@@ -590,7 +610,9 @@ class LeanQwen3:
             [torch.full((r,), i, dtype=torch.long) for i, r in enumerate(layout.ranks)]
         ).to(self.row_adapters.device)  # (rank sum,): the adapter of each stacked column
         mask = (self.row_adapters[:, None] == owner[None, :]).to(layout.dtype)[:, None, :]
-        scaling = torch.tensor(layout.scalings, dtype=layout.dtype, device=mask.device)
+        # in float32 at least: a bfloat16 scaling such as 1/3 would be off by a fixed 0.2%
+        wide = torch.promote_types(layout.dtype, torch.float32)
+        scaling = torch.tensor(layout.scalings, dtype=wide, device=mask.device)
         return mask, scaling[self.row_adapters][:, None, None]
 
     def select(self, keep: torch.Tensor) -> None:

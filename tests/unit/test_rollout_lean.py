@@ -11,7 +11,6 @@ from marlow.policy.adapters import (
     activate,
     attach_adapters,
     lora_compute_dtype,
-    lora_in_base_dtype,
     merged,
 )
 from marlow.rollout.hf import HFEngine, _Transformers
@@ -208,8 +207,8 @@ def lora_model(qwen3, dtype=torch.float32):
 def test_lean_computes_an_unmerged_lora_adapter_as_peft_does(qwen3, dtype):
     """Each active adapter through the lean forward: the model's (PEFT's) logits, bit for bit,
     float32 LoRA factors over a float32 or bfloat16 base, padded rows leaving the batch; over the
-    bfloat16 base both compute LoRA in bfloat16 (PEFT under ``lora_in_base_dtype``, as the
-    trainer scores)."""
+    bfloat16 base both compute LoRA in bfloat16 (the model's forward under
+    ``lora_in_base_dtype``, as the trainer scores)."""
     model = lora_model(qwen3, dtype)
     ids, mask, positions = padded_batch([5, 9, 3, 9, 1])
     logits = {}
@@ -217,8 +216,7 @@ def test_lean_computes_an_unmerged_lora_adapter_as_peft_does(qwen3, dtype):
         for adapter in ("gen", "agg", BASE):
             activate(model, adapter)
             assert LeanQwen3.supports(model)
-            with lora_in_base_dtype(model):
-                theirs = run(_Transformers(model), ids, mask, positions, 5, drop_at=2)
+            theirs = run(_Transformers(model), ids, mask, positions, 5, drop_at=2)
             ours = run(LeanQwen3(model, 5, ids.shape[1] + 5), ids, mask, positions, 5, drop_at=2)
             for t, (a, b) in enumerate(zip(ours, theirs, strict=True)):
                 torch.testing.assert_close(a, b, atol=0, rtol=0, msg=f"{adapter} step {t}")
@@ -247,7 +245,7 @@ def test_lora_computes_in_a_low_precision_bases_dtype(qwen3):
             factors = (lean.w.layers[0]["q"].a, lean.w.layers[-1]["down"].b)
             assert [t.dtype for t in factors] == [torch.bfloat16] * 2
         ours = LeanQwen3(model, 3, length)(ids, mask, positions, 0)
-        peft = _Transformers(model)(ids, mask, positions, 0)  # float32 LoRA
+        peft = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1]
         activate(model, BASE)
         base = _Transformers(model)(ids, mask, positions, 0)
     error, effect = (ours - peft).abs().max(), (peft - base).abs().max()

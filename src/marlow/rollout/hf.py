@@ -62,7 +62,14 @@ from packaging.version import Version
 from transformers import DynamicCache
 
 from marlow.models import completion_logprobs
-from marlow.policy.adapters import activate, active_adapter, adapter_names, can_merge, merged
+from marlow.policy.adapters import (
+    activate,
+    active_adapter,
+    adapter_names,
+    can_merge,
+    lora_in_base_dtype,
+    merged,
+)
 from marlow.rollout.base import check_requests
 from marlow.rollout.lean import LeanQwen3
 from marlow.types import BASE, Completion, FinishReason, GenRequest, SamplingParams
@@ -408,23 +415,25 @@ def _compaction(done: torch.Tensor, size: int) -> torch.Tensor:
 
 
 class _Transformers:
-    """The model's own forward with a ``DynamicCache``: any causal LM, any adapter state. Called
-    like :class:`marlow.rollout.lean.LeanQwen3`: the next tokens (b, q) at column ``at``, the mask
-    of every column, their positions; the last position's logits (b, V) in float32."""
+    """The model's own forward with a ``DynamicCache``: any causal LM, any adapter state, LoRA
+    computing as in the trainer's scoring (:func:`marlow.policy.adapters.lora_in_base_dtype`).
+    Called like :class:`marlow.rollout.lean.LeanQwen3`: the next tokens (b, q) at column ``at``,
+    the mask of every column, their positions; the last position's logits (b, V) in float32."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self.cache = DynamicCache(config=model.config)
 
     def __call__(self, ids, mask, positions, at: int) -> torch.Tensor:
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask[:, : at + ids.shape[1]],
-            position_ids=positions,
-            **{CACHE_KWARG: self.cache},
-            use_cache=True,
-            logits_to_keep=1,  # only the last position's logits are needed
-        )
+        with lora_in_base_dtype(self.model):  # the arithmetic of the trainer's scoring
+            out = self.model(
+                input_ids=ids,
+                attention_mask=mask[:, : at + ids.shape[1]],
+                position_ids=positions,
+                **{CACHE_KWARG: self.cache},
+                use_cache=True,
+                logits_to_keep=1,  # only the last position's logits are needed
+            )
         return out.logits[:, -1, :].float()  # (B, V)
 
     def select(self, keep: torch.Tensor) -> None:

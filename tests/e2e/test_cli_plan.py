@@ -91,9 +91,11 @@ OFF = "grpo.activation_checkpointing=off"
             80,
             {"max_batch", "micro_tokens"},
         ),
-        # one turn alone is too long for the card
-        (("rollout.max_new_tokens=30000", OFF), 80, {"max_new_tokens"}),
-        ((OFF,), 40, {"max_new_tokens", "micro_tokens"}),  # the paper preset on a 40 GiB card
+        # one turn alone is too long for the card, and the rollout batch of the longest turn
+        # that fits too
+        (("rollout.max_new_tokens=30000", OFF), 80, {"max_new_tokens", "max_batch"}),
+        # the paper preset on a 32 GiB card, its rollout batches small
+        (("rollout.max_batch=8", OFF), 32, {"max_new_tokens", "micro_tokens"}),
         # checkpointed layers (auto, a Hugging Face model): the activations fit, the KV cache not
         (("rollout.max_batch=256", "grpo.micro_tokens=65536"), 80, {"max_batch"}),
         ((), 40, {"max_batch"}),

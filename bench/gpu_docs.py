@@ -57,6 +57,24 @@ def section(result: dict[str, Any] | None) -> str:
         "",
         *_sampler(result.get("sampler")),
         *_update(result["sizes"]),
+        *_profiles(result),
+        *_runs(result["sizes"]),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _runs(sizes: dict[str, Any]) -> list[str]:
+    """The runs' step and plan tables (none where no run took a step) and their troubles."""
+    runs = [(name, run) for name, size in sizes.items() for run in size["runs"]]
+    troubles = [
+        f"* {name} {run['routing']}: {run['status']}: {run.get('error', '')}".rstrip(": ")
+        for name, run in runs
+        if run["status"] != "ok"
+    ]
+    troubles = ["Runs that did not complete:", "", *troubles] if troubles else []
+    if not any(run.get("steps") for _, run in runs):
+        return ["No training run took a step.", "", *troubles] if troubles else []
+    lines = [
         "Each step of each run (seconds from the trainer's `time/*` metrics; sampled tokens per "
         "second of the rollout; peak GPU memory of each phase from its `memory/*` metrics):",
         "",
@@ -64,7 +82,6 @@ def section(result: dict[str, Any] | None) -> str:
         "| peak allocated GiB, rollout / learn | peak reserved GiB, rollout / learn |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    runs = [(name, run) for name, size in result["sizes"].items() for run in size["runs"]]
     for name, run in runs:
         for s in run.get("steps", []):
             lines.append(
@@ -94,14 +111,46 @@ def section(result: dict[str, Any] | None) -> str:
             f"| {_vs(run['learn_peak_allocated_gib'], fixed + plan['activations_gib'])} "
             f"| {_vs(run['peak_allocated_gib'], plan['peak_gib'])} |"
         )
-    troubles = [
-        f"* {name} {run['routing']}: {run['status']}: {run.get('error', '')}".rstrip(": ")
-        for name, run in runs
-        if run["status"] != "ok"
+    return [*lines, "", *troubles] if troubles else lines
+
+
+PROFILE_ROWS = 8
+"""The longest kernels a profile's table lists."""
+
+
+def _profiles(result: dict[str, Any]) -> list[str]:
+    """A table of each profile the check took (the sampler's configuration, each size's first
+    update micro-batch): its kernels, their time, and the longest of them."""
+    sampler = result.get("sampler") or {}
+    tokens = sampler.get("settings", {}).get("profile_tokens")
+    found = [
+        (
+            f"sampling {c['rows']} rows of {c['adapters']} adapters for {tokens} new tokens",
+            c["profile"],
+        )
+        for c in sampler.get("configurations", [])
+        if "profile" in c
     ]
-    if troubles:
-        lines += ["", "Runs that did not complete:", "", *troubles]
-    return "\n".join(lines) + "\n"
+    for name, size in result["sizes"].items():
+        for m in size.get("update", {}).get("micro_batches", []):
+            if "profile" in m:
+                found.append((f"the {name} update of {m['tokens']:,} tokens", m["profile"]))
+    lines = []
+    for what, p in found:
+        lines += [
+            f"Profile of {what} (`torch.profiler` over one call more; kernels replayed from "
+            f"CUDA graphs count): {p['count']:,} {p['what']}, {p['device_s']:.3f} s of their "
+            f"time in {p['seconds']:.2f} s (the profiler's own cost included); the longest:",
+            "",
+            "| kernel | calls | seconds |",
+            "|---|---|---|",
+            *(
+                f"| `{t['name'].replace('|', '/')}` | {t['calls']:,} | {t['s']:.4f} |"
+                for t in p["top"][:PROFILE_ROWS]
+            ),
+            "",
+        ]
+    return lines
 
 
 def _sampler(part: dict[str, Any] | None) -> list[str]:

@@ -1,11 +1,12 @@
 """Benchmark: the learn phase's memory on the CPU, with and without checkpointed decoder layers.
 
     .venv/bin/python bench/learn_memory.py [--runs off:4 on:4 on:12] [--row-tokens 512]
-        [--out bench/results/learn_memory.json]
+        [--dtype float32] [--out bench/results/learn_memory.json]
 
 A Qwen3-0.6B stand-in (its published shape, random weights: ``marlow.archs.stand_in``, saved
-once under ``MARLOW_CACHE``), loaded in float32 as a CPU run loads it, with one LoRA adapter of
-rank 64 on every linear layer. Each run (``SETTING:ROWS``: ``grpo.activation_checkpointing`` off
+once under ``MARLOW_CACHE``), loaded in ``--dtype`` (float32 as a CPU run loads it by default;
+bfloat16 as the paper preset's runs, whose LoRA then computes in bfloat16), with one LoRA
+adapter of rank 64 on every linear layer. Each run (``SETTING:ROWS``: ``grpo.activation_checkpointing`` off
 or on, and the rows of the micro-batch) in a process of its own: the base and the adapter loaded
 (its resident memory then is the baseline), then one update pass over a micro-batch of ``rows``
 x ``row_tokens`` tokens (the last 3/4 of each row its completion) as the trainer makes it
@@ -45,7 +46,7 @@ def rss_gib() -> float:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-def child(folder: str, checkpointing: str, rows: int, row_tokens: int) -> dict:
+def child(folder: str, checkpointing: str, rows: int, row_tokens: int, dtype: str) -> dict:
     """One setting's measurement, in this (fresh) process."""
     import torch
 
@@ -56,7 +57,7 @@ def child(folder: str, checkpointing: str, rows: int, row_tokens: int) -> dict:
     from marlow.training.batch import Chunk
     from marlow.training.logprobs import score_chunk
 
-    base, _ = load_base(ModelConfig(name=folder), dtype="float32", device=torch.device("cpu"))
+    base, _ = load_base(ModelConfig(name=folder), dtype=dtype, device=torch.device("cpu"))
     model = attach_adapters(base, ["policy"], LoraSpec(rank=RANK), seed=0).train()
     on = checkpointing == "on"
     if on:
@@ -76,7 +77,8 @@ def child(folder: str, checkpointing: str, rows: int, row_tokens: int) -> dict:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
     shape, lora = Shape.of(base.config), lora_shapes(model, "policy")
     chunked = decoder_and_head(model) is not None
-    planned = activation_bytes(shape, 4, lora, rows * row_tokens, chunked, checkpointed=on)
+    b = base.dtype.itemsize
+    planned = activation_bytes(shape, b, lora, rows * row_tokens, chunked, checkpointed=on)
     return {
         "activation_checkpointing": checkpointing,
         "tokens": rows * row_tokens,
@@ -103,12 +105,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", nargs="+", default=["off:4", "on:4", "on:12"])
     ap.add_argument("--row-tokens", type=int, default=512)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)  # FOLDER SETTING ROWS
     args = ap.parse_args()
     if args.child:
         folder, setting, rows = args.child
-        print(json.dumps(child(folder, setting, int(rows), args.row_tokens)))
+        print(json.dumps(child(folder, setting, int(rows), args.row_tokens, args.dtype)))
         return
     folder = stand_in()
     env = {"MALLOC_MMAP_THRESHOLD_": "65536", **os.environ}
@@ -116,7 +119,7 @@ def main() -> None:
     for run in args.runs:
         setting, rows = run.split(":")
         cmd = [sys.executable, __file__, "--child", str(folder), setting, rows]
-        cmd += ["--row-tokens", str(args.row_tokens)]
+        cmd += ["--row-tokens", str(args.row_tokens), "--dtype", args.dtype]
         done = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
         r = runs[-1]
@@ -135,7 +138,7 @@ def main() -> None:
             "torch_threads": __import__("torch").get_num_threads(),
             "arch": ARCH,
             "rank": RANK,
-            "dtype": "float32",
+            "dtype": args.dtype,
             "malloc_mmap_threshold": env["MALLOC_MMAP_THRESHOLD_"],
             "runs": runs,
         }

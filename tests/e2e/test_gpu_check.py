@@ -453,6 +453,31 @@ def test_the_section_of_a_gpu_run_has_the_update_alone_table(dry_run):
 
 
 @pytest.mark.slow  # the dry run takes ~45 s on 2 cores: make test-slow
+def test_the_section_shows_each_profile_and_leaves_out_runs_that_took_no_step(dry_run):
+    result = as_gpu_run(dry_run[1])
+    name, entry = next(iter(result["sizes"].items()))
+    text = gpu_docs.section(result)
+    sampler, update = gpu_check.DRY_SAMPLER, entry["update"]["micro_batches"][0]
+    configuration = next(c for c in result["sampler"]["configurations"] if "profile" in c)
+    rows, k, new = sampler.profile_rows, sampler.adapters, sampler.profile_tokens
+    for what, profile in (
+        (f"sampling {rows} rows of {k} adapters for {new} new tokens", configuration["profile"]),
+        (f"the {name} update of {update['tokens']:,} tokens", update["profile"]),
+    ):
+        assert f"Profile of {what} (" in text
+        assert f"{profile['count']:,} aten operations, {profile['device_s']:.3f} s" in text
+        top = profile["top"][: gpu_docs.PROFILE_ROWS]
+        assert len(top) > 1
+        assert all(f"| `{t['name']}` | {t['calls']:,} | {t['s']:.4f} |" in text for t in top)
+    assert text.index("| model | tokens |") < text.index("Profile of")
+    for run in entry["runs"]:
+        run.update(steps=[], status="skipped", error="left out (--skip runs)")
+    text = gpu_docs.section(result)
+    assert "| model | routing | step |" not in text and "No training run took a step." in text
+    assert f"* {name} ip: skipped: left out (--skip runs)" in text
+
+
+@pytest.mark.slow  # the dry run takes ~45 s on 2 cores: make test-slow
 def test_the_section_refuses_a_cpu_run_and_a_page_without_its_markers(dry_run, tmp_path):
     with pytest.raises(gpu_docs.DocsError, match="ran on 'cpu' .a dry run"):
         gpu_docs.section(dry_run[1])

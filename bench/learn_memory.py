@@ -10,8 +10,9 @@ adapter of rank 64 on every linear layer. Each run (``SETTING:ROWS``: ``grpo.act
 or on, and the rows of the micro-batch) in a process of its own: the base and the adapter loaded
 (its resident memory then is the baseline), then one update pass over a micro-batch of ``rows``
 x ``row_tokens`` tokens (the last 3/4 of each row its completion) as the trainer makes it
-(``score_chunk``, the loss's backward, the model in training mode). Reported: the peak resident
-memory (``ru_maxrss``) less the baseline, the pass's seconds, and ``marlow plan``'s activations
+(``score_chunk``, the loss's backward, the model in training mode). Every weight is read once
+before the baseline is taken (a bfloat16 load left the weights out of the resident memory until
+the pass read them). Reported: the peak resident memory (``ru_maxrss``) less the baseline, the pass's seconds, and ``marlow plan``'s activations
 for the same micro-batch (:func:`marlow.plan.activation_bytes`).
 
 The children run with ``MALLOC_MMAP_THRESHOLD_=65536`` (unless set): glibc then maps every
@@ -68,6 +69,9 @@ def child(folder: str, checkpointing: str, rows: int, row_tokens: int, dtype: st
     mask = torch.ones(rows, row_tokens - prompt, dtype=torch.bool)
     chunk = Chunk(list(range(rows)), ids, torch.ones_like(ids), torch.full((rows,), prompt),
                   ids[:, prompt:], mask)  # fmt: skip
+    with torch.no_grad():  # every weight read once: a bfloat16 load leaves them unmapped
+        for p in model.parameters():
+            p.sum()
     baseline = rss_gib()
     start = time.perf_counter()
     with use_adapter(model, "policy"):

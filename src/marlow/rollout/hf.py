@@ -100,9 +100,9 @@ class HFEngine:
     same arithmetic without the per-module Python) instead of the model's; False: always the
     model's forward, one pass per adapter.
     ``compile``: the lean decode step at fixed shapes, its layers through ``torch.compile`` (on
-    CUDA the step replayed from CUDA graphs); None: on CUDA only. On this CPU the compilation
-    took 15 s (a cold compile cache) and saved 4.1 of 22.8 ms per sampled position of a
-    Python-bound model (``bench/lean_lora.py``): it pays after about 3,700 positions of one
+    CUDA the step replayed from CUDA graphs); None: on CUDA only. On this CPU the first
+    compiled call took 4.4 s and the compiled step saved 1.4 of 24.3 ms per sampled position of
+    a Python-bound model (``bench/lean_lora.py``): it pays after about 3,000 positions of one
     shape, more than a tiny-world call samples, so auto leaves the CPU eager.
     ``read_every``: how often the host reads whether rows have stopped (module docstring).
     """

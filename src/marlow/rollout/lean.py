@@ -310,6 +310,8 @@ def _forward(
     compilation serves all)."""
     cos, sin = rope[0][positions][:, None], rope[1][positions][:, None]  # (b, 1, q, hd)
     x = F.embedding(ids, w.embed)
+    if halves is not None:  # compiled: the rows' dimension is the only symbolic size
+        _rows_vary(x, cos, sin, *(t for pair in lora for t in pair))
     for i, layer in enumerate(w.layers):
         x = _layer(x, layer, keys[i], values[i], lora, cos, sin, columns, valid, span, halves)
     # as transformers: the norm over every position, then the head on the last one kept
@@ -335,16 +337,12 @@ def _layer(
     cache write and the attention, then :func:`_rest` (``halves``: the two, default eager).
     The cache and the span stay out of the halves, so a compiled half has the shapes of the
     rows alone, whatever column a step writes and however many it attends over."""
-    if halves is None:
-        halves = (_projections, _rest)
-    else:  # compiled: the rows' dimension is the only symbolic size
-        _rows_vary(x, cos, sin, *(t for pair in lora for t in pair))
-    projections, rest = halves
+    projections, rest = halves or (_projections, _rest)
     query, key, value = projections(x, layer, lora, cos, sin)
     keys.index_copy_(2, columns, key)
     values.index_copy_(2, columns, value)
     out = _attend(query, keys[:, :, :span], values[:, :, :span], valid)
-    if halves[1] is not _rest:
+    if halves is not None:
         _rows_vary(out)
     return rest(x, out, layer, lora)
 
@@ -352,7 +350,10 @@ def _layer(
 def _rows_vary(*tensors) -> None:
     """Tell ``torch.compile`` that the first dimension (the rows) of each tensor among
     ``tensors`` may change from call to call, and no other size: compiled with that dimension
-    symbolic from the start, a half serves every batch (but one row) with one compilation."""
+    symbolic from the start, a half serves every batch (but one row) with one compilation. A
+    half is compiled at the first layer that calls it, so the step's inputs are marked once a
+    step and each attention's output once a layer (what the compiled halves return needs none:
+    the compiled graph's guards take any size of a symbolic dimension)."""
     for t in tensors:
         if isinstance(t, torch.Tensor):
             torch._dynamo.maybe_mark_dynamic(t, 0)

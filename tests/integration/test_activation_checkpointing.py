@@ -28,10 +28,17 @@ def one_step(cfg, out):
     return record, grads, weights, forwards
 
 
-@pytest.mark.parametrize("fold", ["on", "off"])
-def test_checkpointed_layers_train_exactly_as_without(small_config, tmp_path, fold):
+@pytest.mark.parametrize(
+    ("fold", "dtype"), [("on", "float32"), ("off", "float32"), ("off", "bfloat16")]
+)
+def test_checkpointed_layers_train_exactly_as_without(small_config, tmp_path, fold, dtype):
+    """bfloat16: the forward's LoRA computes in bfloat16 (``lora_in_base_dtype``), and so does
+    its recompute in the backward, after the context has closed (the autocast the checkpoint
+    restores; PEFT's cast of the input up to float32 and back to bfloat16 there is exact)."""
+
     def cfg(checkpointing: str):
         return small_config(
+            dtype=dtype,
             workflow={"name": "voting"},
             policy={"routing": "ip"},
             rollout={"temperature": 0.8},

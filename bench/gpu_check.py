@@ -28,7 +28,9 @@ The parts, each recorded whatever became of the others:
    prompts (``Problem i: what is i + i?``, 25-31 bytes, one token a byte), temperature 1.0,
    ``new_tokens`` new tokens (the stop id is the vocabulary size, an id no row samples, so every
    row runs to the limit); last, the ``eager_rows`` batch once more with 4 adapters and the
-   decode step eager (``compile=False``: what compiling gives, side by side); one untimed warm-up call
+   decode step eager (``compile=False``: what compiling gives, side by side), for
+   ``eager_tokens`` new tokens (on an H200 its 512 took the part's last 100 s and did not
+   finish: a step of eager kernels is that slow); one untimed warm-up call
    (``warmup_s``: it compiles and captures CUDA graphs on first use), then the timed call (another seed): tokens/s = rows x new tokens / seconds (the
    device synchronized around it), and on CUDA its peak allocated memory. The ``profile_rows``
    batch with 4 adapters is then sampled once more for ``profile_tokens`` new tokens under
@@ -263,6 +265,7 @@ class Sampler:
     rows: tuple[int, ...]  # the batches, each sampled with 1 adapter and with ``adapters`` mixed
     new_tokens: int  # SamplingParams.max_new_tokens
     eager_rows: int  # the batch sampled once more with ``adapters`` mixed, the step eager
+    eager_tokens: int  # the new tokens of that eager call
     profile_rows: int  # the batch whose ``adapters``-mixed call is profiled once more
     profile_tokens: int  # the new tokens of the profiled call
     adapters: int = 4
@@ -272,8 +275,8 @@ class Sampler:
 
 SAMPLER_ARCH = "qwen3-0.6b"
 """The architecture the sampler part samples: its entry of :data:`SIZES` (:data:`DRY_SIZES`)."""
-SAMPLER = Sampler((16, 64, 256), 512, 16, 64, 64)
-DRY_SAMPLER = Sampler((2, 4), 8, 4, 4, 4)
+SAMPLER = Sampler((16, 64, 256), 512, 16, 64, 64, 64)
+DRY_SAMPLER = Sampler((2, 4), 8, 4, 4, 4, 4)
 SAMPLER_S = 150
 """The most seconds the sampler part may take."""
 COPY_BYTES = {"cuda": GIB, "cpu": 64 * 2**20}
@@ -489,7 +492,11 @@ def configurations(sampler: Sampler) -> list[dict[str, Any]]:
         for rows in sampler.rows
         for k in (1, sampler.adapters)
     ]
-    eager = {"rows": sampler.eager_rows, "adapters": sampler.adapters, "new_tokens": n}
+    eager = {
+        "rows": sampler.eager_rows,
+        "adapters": sampler.adapters,
+        "new_tokens": sampler.eager_tokens,
+    }
     return [*out, eager | {"compile": False}]
 
 
@@ -574,7 +581,7 @@ def sample(out: str, folder: str, device: str, dry_run: bool, deadline: float) -
         requests = [GenRequest(prompts[i], names[i % k]) for i in range(row["rows"])]
         try:
             engine = engines[row["compile"]]
-            row.update(time_calls(engine, requests, sampler, dev), compiled=engine.compiled)
+            row.update(time_calls(engine, requests, sampler, n, dev), compiled=engine.compiled)
         except Exception as err:
             row.update(status="failed", error=one_line(err))
             print(f"sampler: {row['error']}", flush=True)
@@ -639,10 +646,15 @@ def adapted_stand_in(
 
 
 def time_calls(
-    engine: HFEngine, requests: list[GenRequest], sampler: Sampler, device: torch.device
+    engine: HFEngine,
+    requests: list[GenRequest],
+    sampler: Sampler,
+    new_tokens: int,
+    device: torch.device,
 ) -> dict[str, Any]:
-    """One untimed warm-up call of ``engine`` on ``requests`` and the timed one (seeds 0 and 1):
-    their seconds, the tokens/s of the timed one and, on CUDA, its peak allocated memory."""
+    """One untimed warm-up call of ``engine`` on ``requests`` for ``new_tokens`` new tokens and
+    the timed one (seeds 0 and 1): their seconds, the tokens/s of the timed one and, on CUDA, its
+    peak allocated memory."""
     import torch
 
     from marlow.types import SamplingParams
@@ -653,13 +665,13 @@ def time_calls(
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
         t0 = synchronized(device)
-        engine.generate(requests, SamplingParams(sampler.temperature, sampler.new_tokens, seed))
+        engine.generate(requests, SamplingParams(sampler.temperature, new_tokens, seed))
         seconds.append(synchronized(device) - t0)
     warmup, timed = seconds
     return {
         "warmup_s": warmup,
         "seconds": timed,
-        "tokens_per_s": len(requests) * sampler.new_tokens / timed,
+        "tokens_per_s": len(requests) * new_tokens / timed,
         "peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB if cuda else None,
     }
 

@@ -376,8 +376,8 @@ def completion_logprobs(
     (:func:`marlow.algo.estimators.head_logprobs_and_entropy`); else from the model's whole
     logits (:func:`marlow.algo.estimators.token_logprobs_and_entropy`). The trainer's scoring
     and the HF engine's both call this, so on one model they agree bit for bit. The model's
-    forward runs under :func:`marlow.policy.adapters.lora_in_base_dtype` (on CUDA, a bfloat16
-    base's LoRA layers compute in bfloat16)."""
+    forward runs under :func:`marlow.policy.adapters.lora_in_base_dtype` (a bfloat16 base's
+    LoRA layers compute in bfloat16)."""
     length = ids.shape[1]
     steps = torch.arange(mask.shape[1], device=ids.device)
     # position of the logits that predict completion token j: P + j - 1, clamped on padding

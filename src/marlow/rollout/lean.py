@@ -46,10 +46,10 @@ columns with the mask (columns not yet written are masked), each layer's two hal
 cache write and attention through ``torch.compile`` (:func:`_compiled_halves`: every layer has the
 same shapes and only the rows' dimension varies, so one compilation serves every layer and batch,
 and fuses each half's elementwise work into a few kernels). On CUDA the whole step is then
-captured as a CUDA graph (:class:`_Graph`: its inputs copied into static buffers, the step one launch), when
-the call first decodes and again when its span or its rows change; the span is the columns up to
-the next multiple of :data:`SPAN_STEP` past the step's own, so early steps do not read the whole
-cache. Off CUDA a step attends over all ``length`` columns, so every step of a call has the same
+captured as a CUDA graph (:class:`_Graph`: its inputs copied into static buffers, the step one
+launch), when the call first decodes and again when its span or its rows change; the span is the
+columns up to the next multiple of :data:`SPAN_STEP` past the step's own, so early steps do not
+read the whole cache. Off CUDA a step attends over all ``length`` columns, so every step of a call has the same
 shapes. Both write the new key and value at a column given as a tensor, so no step reads the
 device.
 
@@ -196,7 +196,6 @@ def _parts(
     model: torch.nn.Module,
     adapters: Sequence[str],
     stack: bool = True,
-    factors_dtype: torch.dtype | None = None,
 ) -> tuple[_Weights, list] | None:
     """The weights the lean forward reads under ``adapters`` and the layouts of their stacked
     LoRA factors, or None where it would not compute the model's forward: not a transformers
@@ -204,8 +203,8 @@ def _parts(
     plain linear / embedding (a quantised or replaced one), an adapter on the embedding, or an
     adapter that is not plain LoRA on linear layers (DoRA, a LoRA bias, several names at once).
     ``stack`` False: the checks alone, the factors not copied into stacks (the weights then do
-    not compute the call). ``factors_dtype``: the stacked LoRA factors cast to it (None:
-    theirs)."""
+    not compute the call). The stacked LoRA factors are cast to
+    :func:`marlow.policy.adapters.lora_compute_dtype` of the base's dtype."""
     causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
     if not isinstance(causal_lm, Qwen3ForCausalLM):
         return None
@@ -224,7 +223,8 @@ def _parts(
     ):
         return None
     layouts: list[_Layout] = []
-    lora = partial(_lora, adapters=adapters, layouts=layouts, stack=stack, dtype=factors_dtype)
+    dtype = lora_compute_dtype(_plain(embed).weight.dtype)
+    lora = partial(_lora, adapters=adapters, layouts=layouts, stack=stack, dtype=dtype)
     try:
         layers = tuple(
             {
@@ -570,17 +570,15 @@ class LeanQwen3:
         compiled: bool = False,
     ) -> None:
         adapters = tuple(adapters or (active_adapter(model),))
-        device = next(model.parameters()).device
-        # the fixed shapes need CUDA graphs on CUDA, and the compiled layers elsewhere
-        needs = "graphs" if _graphs_on(device) else "compile"
-        self.compiled = compiled and (device.type, needs) not in _GAVE_UP
-        base_dtype = model.get_input_embeddings().weight.dtype
-        parts = _parts(model, adapters, factors_dtype=lora_compute_dtype(base_dtype))
+        parts = _parts(model, adapters)
         if parts is None:
             raise ValueError("LeanQwen3 needs a Qwen3 model on plain weights (LeanQwen3.supports)")
         self.w, (layouts, inv_freq) = parts
-        dtype = self.w.embed.dtype
+        dtype, device = self.w.embed.dtype, self.w.embed.device
         self.length = length
+        # the fixed shapes need CUDA graphs on CUDA, and the compiled layers elsewhere
+        needs = "graphs" if _graphs_on(device) else "compile"
+        self.compiled = compiled and (device.type, needs) not in _GAVE_UP
         # Compiled: the call's columns allocated at once (fixed shapes) and zeroed (a step reads
         # the columns not yet written too, masked with weight 0, and 0 times a NaN left in memory
         # would still be NaN). Eager: grown by doubling up to ``length`` as columns are written

@@ -602,6 +602,13 @@ class GRPOConfig(_Section):
         "Hugging Face model, whose activations dominate the learn phase's memory, off for a "
         "tiny scale, whose activations are small and whose step is compute-bound",
     )
+    compile: Switch = Field(
+        "auto",
+        description="run the decoder layers through torch.compile in scoring and the update "
+        "(marlow.models.compile_layers: each layer's elementwise work fused into a few "
+        "kernels; the same log-probs and gradients up to float round-off); auto: on for CUDA, "
+        "off on the CPU (the compilation costs more start-up than a tiny world's run takes)",
+    )
     micro_tokens: int = Field(
         8192,
         ge=1,

@@ -425,7 +425,9 @@ class _Transformers:
         self.cache = DynamicCache(config=model.config)
 
     def __call__(self, ids, mask, positions, at: int) -> torch.Tensor:
-        with lora_in_base_dtype(self.model):  # the arithmetic of the trainer's scoring
+        # the arithmetic of the trainer's scoring, its layers eager even where the trainer
+        # compiled them (marlow.models.compile_layers): the cache grows every token
+        with lora_in_base_dtype(self.model), torch.compiler.set_stance("force_eager"):
             out = self.model(
                 input_ids=ids,
                 attention_mask=mask[:, : at + ids.shape[1]],

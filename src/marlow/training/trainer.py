@@ -45,7 +45,14 @@ from marlow.diagnostics.sinks import JsonlSink, first_event, open_sinks, read_js
 from marlow.diagnostics.truncation import truncation_warnings
 from marlow.fileio import write_json, write_text
 from marlow.logs import Phase
-from marlow.models import checkpoint_layers, checkpoints_layers, resolve_device, vocabulary
+from marlow.models import (
+    checkpoint_layers,
+    checkpoints_layers,
+    compile_layers,
+    compiles_layers,
+    resolve_device,
+    vocabulary,
+)
 from marlow.policy.adapters import (
     adapter_parameters,
     can_fold,
@@ -158,6 +165,14 @@ class Trainer:
                     raise ConfigError(
                         f"config field 'grpo.activation_checkpointing' is on, but {err}; "
                         "valid: auto, off"
+                    ) from None
+        if compiles_layers(config, self.device):  # grpo.compile
+            try:
+                compile_layers(self.model)
+            except ValueError as err:  # auto: a model without such layers runs eager
+                if config.grpo.compile == "on":
+                    raise ConfigError(
+                        f"config field 'grpo.compile' is on, but {err}; valid: auto, off"
                     ) from None
         self.pad_id = self.tokenizer.pad_token_id
         self.optim = AdapterOptimizers(

@@ -1,0 +1,158 @@
+"""marlow.models.compile_layers: decoder layers through torch.compile score and backpropagate as
+the eager ones (float32 within round-off; bfloat16 no farther from float32's than eager), over
+every adapter and the base, checkpointed or not; the sampling loop through the model's modules
+runs them eager; a compilation that fails warns once and leaves them eager."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from marlow import models
+from marlow.models import checkpoint_layers, compile_layers, completion_logprobs
+from marlow.policy.adapters import LoraSpec, attach_adapters, use_adapter
+from marlow.types import BASE
+from tests.conftest import build_tiny_qwen3
+
+ADAPTERS = ("gen", "agg")
+
+
+def lora_model(dtype=torch.float32):
+    """A 2-layer random Qwen3 with two adapters whose B factors are not zero."""
+    model = attach_adapters(build_tiny_qwen3(), list(ADAPTERS), LoraSpec(8, 16), seed=0)
+    torch.manual_seed(1)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.1)
+    return model.to(dtype).train()
+
+
+def rows(seed: int, n: int, length: int):
+    """Right-padded rows (the first cut short) and their completions, as the trainer scores."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, 64, (n, length), generator=g)
+    attention = torch.ones_like(ids)
+    attention[0, length - 3 :] = 0
+    prompt = torch.full((n,), length // 2)
+    targets = ids[:, length // 2 :]
+    return ids, attention, prompt, targets, attention[:, length // 2 :].bool()
+
+
+def passes(model) -> list:
+    """Each adapter's and the base's log-probs, entropies and (adapters) LoRA gradients, on
+    micro-batches of two shapes."""
+    out = []
+    for i, adapter in enumerate((*ADAPTERS, BASE)):
+        for n, length in ((3, 20), (5, 27)):
+            batch = rows(10 * i + n, n, length)
+            model.zero_grad(set_to_none=True)
+            with use_adapter(model, adapter):
+                logp, ent = completion_logprobs(model, *batch, 0.8)
+                if adapter != BASE:
+                    (-(logp * batch[-1]).sum()).backward()
+            grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+            out.append((logp.detach(), ent, grads))
+    return out
+
+
+def assert_close_passes(ours, theirs, tol: float) -> None:
+    for (logp, ent, grads), (their_logp, their_ent, their_grads) in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(logp, their_logp, atol=tol, rtol=tol)
+        torch.testing.assert_close(ent, their_ent, atol=tol, rtol=tol)
+        assert grads.keys() == their_grads.keys()
+        for k, g in their_grads.items():
+            torch.testing.assert_close(grads[k], g, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("checkpointed", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_compiled_layers_score_and_backprop_as_eager_ones(checkpointed, monkeypatch):
+    monkeypatch.setattr(models, "_GAVE_UP", [])
+    model = lora_model()
+    if checkpointed:
+        checkpoint_layers(model)
+    eager = passes(model)
+    assert any(g for _, _, g in eager)  # gradients to compare
+    assert compile_layers(model) == 2
+    torch._dynamo.reset()  # so that the graphs counted are this test's
+    counters.clear()
+    compiled = passes(model)
+    assert counters["stats"]["unique_graphs"] >= 2 and not counters["graph_break"]
+    assert not models._GAVE_UP
+    assert_close_passes(compiled, eager, 1e-4)  # measured: 1.2e-5 apart at most
+    compile_layers(model, on=False)
+    counters.clear()
+    assert_close_passes(passes(model), eager, 0.0)  # eager again: the same bits
+    assert not counters["stats"]["unique_graphs"]
+
+
+@pytest.mark.slow
+def test_compiled_bfloat16_layers_are_no_farther_from_float32_than_eager_ones(monkeypatch):
+    """A fused kernel rounds to bfloat16 once where eager rounds after every operation."""
+    monkeypatch.setattr(models, "_GAVE_UP", [])
+    exact = passes(lora_model())
+    model = lora_model(torch.bfloat16)
+    eager = passes(model)
+    compile_layers(model)
+    compiled = passes(model)
+
+    def gap(run) -> float:  # the largest relative error of a log-prob or a gradient
+        worst = 0.0
+        for (logp, _, grads), (ref_logp, _, ref_grads) in zip(run, exact, strict=True):
+            worst = max(worst, float((logp - ref_logp).abs().max() / ref_logp.abs().max()))
+            for k, g in ref_grads.items():
+                worst = max(worst, float((grads[k] - g).norm() / g.norm()))
+        return worst
+
+    assert gap(eager) > 0  # bfloat16 is not float32
+    assert gap(compiled) <= 1.5 * gap(eager)
+
+
+def test_sampling_through_the_models_modules_runs_compiled_layers_eager(tokenizer, monkeypatch):
+    from marlow.rollout.hf import HFEngine
+    from marlow.types import GenRequest, SamplingParams
+
+    monkeypatch.setattr(models, "_GAVE_UP", [])
+    model = lora_model().eval()
+    engine = HFEngine(model, tokenizer, lean=False, stop_ids=[3])
+    requests = [GenRequest([5, 6, 7 + i], adapter) for i, adapter in enumerate(ADAPTERS * 2)]
+    params = SamplingParams(0.0, 12, seed=0)
+    before = engine.generate(requests, params)
+    compile_layers(model)
+    counters.clear()
+    after = engine.generate(requests, params)
+    assert not counters["stats"]["unique_graphs"]  # nothing compiled: the cache grows per token
+    assert [c.token_ids for c in after] == [c.token_ids for c in before]
+    assert [c.logprobs for c in after] == [c.logprobs for c in before]
+
+
+def test_a_failed_compilation_warns_once_and_runs_eager(monkeypatch):
+    monkeypatch.setattr(models, "_GAVE_UP", [])
+
+    def broken(fn, **_):
+        def call(*args, **kwargs):
+            raise torch._dynamo.exc.TorchDynamoException("backend raised:\nno compiler here\nmore")
+
+        return call
+
+    model = lora_model()
+    eager = passes(model)
+    monkeypatch.setattr(torch, "compile", broken)
+    compile_layers(model)
+    with pytest.warns(RuntimeWarning, match="compiling the decoder layers failed") as seen:
+        ours = passes(model)
+    assert len(seen) == 1 and "no compiler here" in str(seen[0].message)
+    assert "more" not in str(seen[0].message)  # one line: the first that says what failed
+    assert_close_passes(ours, eager, 0.0)
+
+
+def test_compile_layers_needs_decoder_layers_and_auto_is_cuda_only(small_config):
+    with pytest.raises(ValueError, match="no decoder layers that can be compiled"):
+        compile_layers(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    cfg = small_config()
+    assert not models.compiles_layers(cfg, torch.device("cpu"))
+    assert models.compiles_layers(cfg, torch.device("cuda", 0))
+    assert models.compiles_layers(small_config(grpo={"compile": "on"}), torch.device("cpu"))
+    assert not models.compiles_layers(
+        small_config(grpo={"compile": "off"}), torch.device("cuda", 0)
+    )

@@ -117,19 +117,24 @@ The parts, each recorded whatever became of the others:
    :func:`marlow.models.decoder_and_head` applies), and the ratio measured / predicted of the
    peak allocated memory (None off CUDA).
 
-   Time: the child takes at most the size's ``update_s`` (45 s for the 0.6B, 60 for the 1.7B,
-   75 for the 4B: the child's start, the load and the matmuls count), and runs only with the
-   size's ``min_s`` per routing plus ``update_s`` left, so that its runs keep the time they need
-   to start; otherwise it is skipped. The first micro-batch runs with any time left; each next
-   one only after the one before succeeded and with its estimate left: 2 (warm-up and timed
-   pass) x the one before's timed seconds x the ratio of their tokens. Plan predicts more than
-   one H100's 79.2 GiB for every size's 32,768-token micro-batch (0.6B 79.4 GiB, 1.7B 134.5,
-   4B 260.0) and 72.7 GiB for the 4B's 8,192: a pass that does not fit fails with an
-   out-of-memory error, which is recorded. What the part costs the default budget comes
-   out of the runs after it: at most ``update_s`` a size, mostly the child's start and the
-   loading of the stand-in, the passes that fit being a fraction of a second each at an H100's
-   bf16 rate (by the formula above, 18 TFLOPs for the 0.6B's 8,192 tokens, 128 for the 4B's);
-   in the dry run the child took 11 s on a shared 2-core CPU.
+   The layers are compiled (:func:`marlow.models.compile_layers`) as a run's are on CUDA
+   (``grpo.compile`` auto), and in the dry run (so that CI runs that path): the warm-up pass
+   compiles them (``warmup_s``). The first micro-batch is then timed once more with eager
+   layers (``eager``: the same warm-up and timed pass), side by side.
+
+   Time: the child takes at most the size's ``update_s`` (105 s for the 0.6B, 120 for the
+   1.7B, 135 for the 4B: the child's start, the load, the matmuls and the compilation count;
+   a minute of each is left for the compilation, not measured on a GPU yet), and runs only
+   with the size's ``min_s`` per routing plus ``update_s`` left, so that its runs keep the time
+   they need to start; otherwise it is skipped. The first micro-batch runs with any time left;
+   each next one only after the one before succeeded and with its estimate left: 2 (warm-up
+   and timed pass) x the one before's timed seconds x the ratio of their tokens. Plan predicts
+   3.37 and 5.88 GiB for the 0.6B's two micro-batches, 6.65 and 11.21 for the 1.7B's, 12.85
+   and 20.05 for the 4B's: every one fits an H100. What the part costs the default budget
+   comes out of the runs after it: at most ``update_s`` a size, mostly the child's start, the
+   loading of the stand-in and the compilation, the passes that fit being a fraction of a
+   second each at an H100's bf16 rate (by the formula above, 18 TFLOPs for the 0.6B's 8,192
+   tokens, 128 for the 4B's).
 
 Lengths: the study's Voting math sampled up to 5,120 new tokens for 64 problems x 8 episodes a
 step; here one step of 4 problems x 4 episodes (48 generator turns: one rollout batch of 48) of
@@ -219,7 +224,7 @@ class Size:
     new_tokens: int  # rollout.max_new_tokens
     val_problems: int  # task.val_size
     min_s: float = MIN_RUN_S  # start each run only with this many seconds of the budget left
-    update_s: float = 45  # the most seconds of the update alone (module docstring)
+    update_s: float = 105  # the most seconds of the update alone (module docstring)
     micro_tokens: int | None = None  # grpo.micro_tokens (None: the paper preset's 6,144)
     threads: int | None = None  # torch threads (None: every core)
     shrink: dict[str, int] = field(default_factory=dict)  # config fields over the arch's
@@ -227,8 +232,8 @@ class Size:
 
 SIZES = (
     Size("qwen3-0.6b", "qwen3-0.6b", ("ip", "sp"), 1, 4, 4, 64, 1, min_s=60),
-    Size("qwen3-1.7b", "qwen3-1.7b", ("ip",), 1, 4, 4, 64, 1, min_s=75, update_s=60),
-    Size("qwen3-4b", "qwen3-4b", ("ip",), 1, 4, 4, 64, 1, min_s=90, update_s=75),
+    Size("qwen3-1.7b", "qwen3-1.7b", ("ip",), 1, 4, 4, 64, 1, min_s=75, update_s=120),
+    Size("qwen3-4b", "qwen3-4b", ("ip",), 1, 4, 4, 64, 1, min_s=90, update_s=135),
 )
 DRY_SIZES = (
     # The 0.6B's vocabulary (which the stand-in's tokenizer needs) on 2 narrow layers; short
@@ -962,7 +967,7 @@ def time_update(
     import torch
 
     from marlow.config import ModelConfig
-    from marlow.models import checkpoint_layers, load_base, resolve_device
+    from marlow.models import checkpoint_layers, compile_layers, load_base, resolve_device
     from marlow.plan import non_embedding_parameters
     from marlow.policy.adapters import LoraSpec, adapter_parameters, attach_adapters, use_adapter
 
@@ -980,6 +985,10 @@ def time_update(
     }
     model = attach_adapters(base, [UPDATE_ADAPTER], LoraSpec(rank=update.rank), seed=0)
     checkpoint_layers(model)  # as a run's update of a Hugging Face model (auto)
+    # compiled as a run's on CUDA (grpo.compile auto), and in the dry run, so that CI runs it
+    result["compiled"] = dev.type == "cuda" or dry_run
+    if result["compiled"]:
+        compile_layers(model)
     params = list(adapter_parameters(model, UPDATE_ADAPTER).values())
     result["adapter_parameters"] = sum(p.numel() for p in params)
     result["load_s"] = round(time.monotonic() - t0, 1)
@@ -1019,6 +1028,10 @@ def time_update(
                     partial(update_pass, model, chunk, update.temperature), dev
                 )
                 optimizer.zero_grad()
+                if result["compiled"]:  # and timed with eager layers, side by side
+                    compile_layers(model, on=False)
+                    row["eager"] = time_passes(model, chunk, optimizer, update.temperature, dev)
+                    compile_layers(model)
             flops = update_flops(model.config, result, row)
             measured = row["peak_allocated_gib"]
             row.update(

@@ -212,32 +212,38 @@ def _update(sizes: dict[str, Any]) -> list[str]:
         "The update alone: `score_chunk` (the LM head chunk by chunk), the loss and its backward "
         f"on one micro-batch of rows of {s['row']:,} tokens ({s['prompt']:,} of them prompt) of "
         f"random ids, a stand-in in bfloat16 with one LoRA adapter of rank {s['rank']} on every "
-        "linear; one untimed warm-up pass and an AdamW step, then the timed pass. Beside it, "
+        "linear; one untimed warm-up pass and an AdamW step, then the timed pass; its layers "
+        "compiled where the check ran them so (`grpo.compile`, on for CUDA), and the first "
+        "micro-batch timed once more with eager layers (eager tokens/s). Beside it, "
         "the fraction of the card's bf16 matmul throughput (measured in each size's run, "
         f"TFLOP/s: {matmul or 'none'}) that its FLOPs take (4 x (non-embedding + adapter "
         "parameters) x tokens, the LM head left out, + the attention's; the formula in "
         "`bench/gpu_check.py`), and `marlow plan`'s base + adapter + activations for the same "
         "micro-batch (GiB; ratio = peak allocated / plan):",
         "",
-        "| model | tokens | tokens/s | fraction of bf16 peak | peak allocated GiB | plan GiB "
-        "| ratio |",
-        "|---|---|---|---|---|---|---|",
+        "| model | tokens | layers | tokens/s | eager tokens/s | fraction of bf16 peak "
+        "| peak allocated GiB | plan GiB | ratio |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     troubles = []
     for name, part in parts.items():
         if "micro_batches" not in part:
             troubles.append(f"* {name}: {part.get('error', 'no result')}")
+        layers = "compiled" if part.get("compiled") else "eager"
         for m in part.get("micro_batches", []):
             plan = _num(m["plan"]["peak_gib"], 2) if "plan" in m else "-"
             if m["status"] != "ok":
                 tokens = f"{m['tokens']:,}"
-                after = ["-", "-", plan, "-"]
-                _not_done(lines, troubles, [name, tokens], m, after, f"{name} {tokens} tokens")
+                after = ["-", "-", "-", plan, "-"]
+                _not_done(
+                    lines, troubles, [name, tokens, layers], m, after, f"{name} {tokens} tokens"
+                )
                 continue
+            eager = _num(m["eager"]["tokens_per_s"], 0) if "eager" in m else "-"
             lines.append(
-                f"| {name} | {m['tokens']:,} | {_num(m['tokens_per_s'], 0)} "
-                f"| {m['fraction_of_peak']:.3f} | {_num(m['peak_allocated_gib'], 2)} | {plan} "
-                f"| {_num(m['ratio'], 2)} |"
+                f"| {name} | {m['tokens']:,} | {layers} | {_num(m['tokens_per_s'], 0)} "
+                f"| {eager} | {m['fraction_of_peak']:.3f} | {_num(m['peak_allocated_gib'], 2)} "
+                f"| {plan} | {_num(m['ratio'], 2)} |"
             )
     if troubles:
         lines += ["", "Update micro-batches that did not complete:", "", *troubles]

@@ -36,7 +36,7 @@ import torch
 from marlow.algo.estimators import head_logprobs_and_entropy, token_logprobs_and_entropy
 from marlow.config import DEVICE_FORM, DEVICES, ConfigError, ModelConfig, TaskConfig
 from marlow.logs import Phase
-from marlow.policy.adapters import lora_in_base_dtype
+from marlow.policy.adapters import lora_in_base_dtype, recompute_as_forward
 
 
 class ModelLoadError(RuntimeError):
@@ -405,7 +405,8 @@ def _layer_call(layer: torch.nn.Module, *args, **kwargs):
     if state["checkpointed"] and layer.training and torch.is_grad_enabled():
         from torch.utils.checkpoint import checkpoint
 
-        return checkpoint(run, *args, use_reentrant=False, **kwargs)
+        context = partial(recompute_as_forward, layer)  # LoRA's arithmetic as in the forward
+        return checkpoint(run, *args, use_reentrant=False, context_fn=context, **kwargs)
     return run(*args, **kwargs)
 
 

@@ -202,6 +202,12 @@ def test_the_dry_run_times_the_update_alone_beside_plans_prediction(dry_run):
         assert [m["tokens"] for m in part["micro_batches"]] == list(update.tokens)
         assert [("profile" in m) for m in part["micro_batches"]] == [True, False]
         assert_profile(part["micro_batches"][0]["profile"])
+        # compiled, as CI's dry run runs it, and the first micro-batch once more eager
+        assert part["compiled"] is True
+        assert [("eager" in m) for m in part["micro_batches"]] == [True, False]
+        eager = part["micro_batches"][0]["eager"]
+        assert eager["tokens_per_s"] == pytest.approx(update.tokens[0] / eager["seconds"])
+        assert eager["warmup_s"] > 0 and eager["peak_allocated_gib"] is None
         for m in part["micro_batches"]:
             assert m["status"] == "ok" and m["rows"] * update.row == m["tokens"], m
             assert m["tokens_per_s"] == pytest.approx(m["tokens"] / m["seconds"])
@@ -430,14 +436,19 @@ def test_the_section_of_a_gpu_run_has_the_update_alone_table(dry_run):
     name, entry = next(iter(result["sizes"].items()))
     part = entry["update"]
     text = gpu_docs.section(result)
-    assert "| model | tokens | tokens/s | fraction of bf16 peak | peak allocated GiB |" in text
+    assert (
+        "| model | tokens | layers | tokens/s | eager tokens/s | fraction of bf16 peak "
+        "| peak allocated GiB |"
+    ) in text
     assert f"(measured in each size's run, TFLOP/s: {name} " in text
     for m in part["micro_batches"]:
+        eager = f"{m['eager']['tokens_per_s']:,.0f}" if "eager" in m else "-"
         assert (
-            f"| {name} | {m['tokens']:,} | {m['tokens_per_s']:,.0f} "
+            f"| {name} | {m['tokens']:,} | compiled | {m['tokens_per_s']:,.0f} | {eager} "
             f"| {m['fraction_of_peak']:.3f} | 3.00 | {m['plan']['peak_gib']:.2f} "
             f"| {3.0 / m['plan']['peak_gib']:.2f} |"
         ) in text
+    assert "eager" in part["micro_batches"][0]  # the first has its eager figure
     assert text.index("| batch |") < text.index("| model | tokens |")
     assert text.index("| model | tokens |") < text.index("| model | routing | step |")
 
@@ -445,7 +456,7 @@ def test_the_section_of_a_gpu_run_has_the_update_alone_table(dry_run):
     last.update(status="failed", error="torch.OutOfMemoryError: CUDA out of memory")
     text = gpu_docs.section(result)
     plan = f"{last['plan']['peak_gib']:.2f}"
-    assert f"| {name} | {last['tokens']:,} | failed | - | - | {plan} | - |" in text
+    assert f"| {name} | {last['tokens']:,} | compiled | failed | - | - | - | {plan} | - |" in text
     assert f"* {name} {last['tokens']:,} tokens: failed: torch.OutOfMemoryError: CUDA" in text
     entry["update"] = {"error": "RuntimeError: boom"}  # the part raised before it started
     text = gpu_docs.section(result)

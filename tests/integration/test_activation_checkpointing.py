@@ -34,7 +34,7 @@ def one_step(cfg, out):
 def test_checkpointed_layers_train_exactly_as_without(small_config, tmp_path, fold, dtype):
     """bfloat16: the forward's LoRA computes in bfloat16 (``lora_in_base_dtype``), and so does
     its recompute in the backward, after the context has closed (the autocast the checkpoint
-    restores; PEFT's cast of the input up to float32 and back to bfloat16 there is exact)."""
+    restores, and the LoRA layers set as in the forward: ``recompute_as_forward``)."""
 
     def cfg(checkpointing: str):
         return small_config(

@@ -19,21 +19,25 @@ ADAPTERS = ("gen", "agg")
 
 
 def lora_model(dtype=torch.float32):
-    """A 2-layer random Qwen3 with two adapters whose B factors are not zero."""
-    model = attach_adapters(build_tiny_qwen3(), list(ADAPTERS), LoraSpec(8, 16), seed=0)
+    """A 2-layer random Qwen3 in ``dtype`` with two adapters (float32 factors, as a run's),
+    whose B factors are not zero."""
+    base = build_tiny_qwen3().to(dtype)
+    model = attach_adapters(base, list(ADAPTERS), LoraSpec(8, 16), seed=0)
     torch.manual_seed(1)
     for name, p in model.named_parameters():
         if "lora_B" in name:
+            assert p.dtype == torch.float32
             torch.nn.init.normal_(p, std=0.1)
-    return model.to(dtype).train()
+    return model.train()
 
 
-def rows(seed: int, n: int, length: int):
-    """Right-padded rows (the first cut short) and their completions, as the trainer scores."""
+def rows(seed: int, n: int, length: int, padded: bool = True):
+    """Right-padded rows (the first cut short, where ``padded``) and their completions, as the
+    trainer scores."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(4, 64, (n, length), generator=g)
     attention = torch.ones_like(ids)
-    attention[0, length - 3 :] = 0
+    attention[0, length - 3 :] = 0 if padded else 1
     prompt = torch.full((n,), length // 2)
     targets = ids[:, length // 2 :]
     return ids, attention, prompt, targets, attention[:, length // 2 :].bool()
@@ -156,3 +160,30 @@ def test_compile_layers_needs_decoder_layers_and_auto_is_cuda_only(small_config)
     assert not models.compiles_layers(
         small_config(grpo={"compile": "off"}), torch.device("cuda", 0)
     )
+
+
+def test_a_checkpointed_compiled_bfloat16_layer_recomputes_as_in_its_forward(monkeypatch):
+    """The recompute runs after ``lora_in_base_dtype`` closed: it must compute LoRA in bfloat16
+    as the forward did, or the compiled recompute saves other tensors and the checkpoint
+    refuses them (a CheckpointError, before ``recompute_as_forward``)."""
+    monkeypatch.setattr(models, "_GAVE_UP", [])
+    model = lora_model(torch.bfloat16)
+    checkpoint_layers(model)
+    compile_layers(model)
+    torch._dynamo.reset()  # the first compilation is the checkpointed forward's
+    batch = rows(0, 4, 24, padded=False)  # no mask: the causal attention's own kernel
+
+    def grads() -> dict:
+        model.zero_grad(set_to_none=True)
+        with use_adapter(model, "gen"):
+            logp, _ = completion_logprobs(model, *batch, 1.0)
+            (-(logp * batch[-1]).sum()).backward()
+        return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+
+    checkpointed = grads()
+    checkpoint_layers(model, on=False)
+    plain = grads()
+    assert not models._GAVE_UP
+    assert plain.keys() == checkpointed.keys() and plain
+    for k, g in plain.items():
+        torch.testing.assert_close(checkpointed[k], g, atol=0, rtol=0)

@@ -39,7 +39,7 @@ import json
 import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -314,6 +314,33 @@ def lora_in_base_dtype(model: nn.Module) -> Iterator[None]:
     finally:
         for layer, was in zip(layers, casting, strict=True):
             layer.cast_input_dtype_enabled = was
+
+
+def recompute_as_forward(
+    module: nn.Module,
+) -> tuple[AbstractContextManager, AbstractContextManager]:
+    """A ``context_fn`` for ``torch.utils.checkpoint`` of ``module`` (a decoder layer), called
+    at its forward: the forward as it is, and the recompute in the backward with ``module``'s
+    LoRA layers casting as they did in the forward. The recompute runs after
+    :func:`lora_in_base_dtype` has closed, under the autocast the checkpoint restores: without
+    this, PEFT would cast each LoRA input up to float32 there (exact, but another computation:
+    a compiled layer's recompute then saves other tensors than its forward did, which the
+    checkpoint refuses)."""
+    layers = [m for m in module.modules() if isinstance(m, LoraLayer)]
+    casting = [getattr(m, "cast_input_dtype_enabled", True) for m in layers]
+
+    @contextmanager
+    def as_in_the_forward() -> Iterator[None]:
+        now = [getattr(m, "cast_input_dtype_enabled", True) for m in layers]
+        for m, cast in zip(layers, casting, strict=True):
+            m.cast_input_dtype_enabled = cast
+        try:
+            yield
+        finally:
+            for m, cast in zip(layers, now, strict=True):
+                m.cast_input_dtype_enabled = cast
+
+    return nullcontext(), as_in_the_forward()
 
 
 def can_merge(model: nn.Module, name: str) -> bool:

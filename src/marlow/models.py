@@ -350,6 +350,10 @@ COMPILE_LIMIT = 64
 default, 8, is for one function): one per adapter and base, per kind of pass (with gradients,
 where the first layer's input needs none and the others' do; without; in inference mode) and
 per batch of one row (the adapter-sync check's probe)."""
+_LIMIT = (
+    "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+)
+"""The setting's name (torch before 2.7 called it ``cache_size_limit``)."""
 
 
 def compile_layers(model: torch.nn.Module, on: bool = True) -> int:
@@ -417,7 +421,7 @@ def _compiled_call(layer: torch.nn.Module, compiled: Callable, *args, **kwargs):
     if _GAVE_UP:
         return layer._call_impl(*args, **kwargs)
     try:
-        with torch._dynamo.config.patch(recompile_limit=COMPILE_LIMIT):
+        with torch._dynamo.config.patch(**{_LIMIT: COMPILE_LIMIT}):
             return compiled(*args, **kwargs)
     except _COMPILER_ERRORS as err:  # not the checkpoint's own signal to stop a recompute
         _give_up_compiling(err)

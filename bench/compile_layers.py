@@ -1,0 +1,110 @@
+"""Benchmark: an update pass with the decoder layers compiled (``grpo.compile``,
+:func:`marlow.models.compile_layers`) and eager, side by side.
+
+    .venv/bin/python bench/compile_layers.py [--proxy] [--layers 4] [--rows 2]
+        [--row-tokens 512] [--repeats 5] [--device cpu] [--out bench/results/compile_layers.json]
+
+The model: a Qwen3 of Qwen3-0.6B's widths (hidden 1,024, MLP 3,072, 16 query and 8 key-value
+heads of 128) with ``--layers`` layers, or with ``--proxy`` the Python-bound stand-in of
+``bench/lean_lora.py`` (the 0.6B's 28 layers at width 64: the arithmetic is negligible, so what
+is timed is the per-operation cost, as where a GPU's update is bound by its kernels); a
+4,096-id vocabulary (the head is not what is measured), random weights in bfloat16, one LoRA
+adapter of rank 64 (alpha 32) on every linear layer, in training mode, the layers checkpointed
+as a run's update of a Hugging Face model has them. One pass is what the trainer's update makes
+of a micro-batch (:func:`marlow.models.completion_logprobs` over ``rows`` x ``row-tokens``
+random ids, the last 3/4 of each row its completion, and the backward of the summed log-probs).
+The compiled layers' first pass (their compilation) is timed apart; then each is timed
+``repeats`` times after an untimed one, alternating round by round (so that a machine's drift
+falls on both), and the median of each is reported with their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from marlow.archs import arch_config
+from marlow.fileio import write_json
+from marlow.models import checkpoint_layers, compile_layers, completion_logprobs
+from marlow.policy.adapters import LoraSpec, attach_adapters, use_adapter
+
+LAYERS = ("eager", "compiled")
+PROXY = {
+    "num_hidden_layers": 28,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--proxy", action="store_true", help="28 layers of width 64 (Python-bound)")
+    ap.add_argument("--layers", type=int, default=4, help="layers at the 0.6B's widths")
+    ap.add_argument("--rows", type=int, default=2)
+    ap.add_argument("--row-tokens", type=int, default=512)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", type=Path, default=Path("bench/results/compile_layers.json"))
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    shape = PROXY if args.proxy else {"num_hidden_layers": args.layers}
+    fields = {**arch_config("qwen3-0.6b"), **shape, "vocab_size": 4096}
+    fields.update(bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    base = Qwen3ForCausalLM(Qwen3Config(**fields)).to(device, torch.bfloat16)
+    model = attach_adapters(base, ["policy"], LoraSpec(rank=64), seed=0).train()
+    checkpoint_layers(model)
+    ids = torch.randint(0, 4096, (args.rows, args.row_tokens), device=device)
+    prompt = args.row_tokens // 4
+    prompt_len = torch.full((args.rows,), prompt, device=device)
+    targets = ids[:, prompt:]
+    mask = torch.ones_like(targets, dtype=torch.bool)
+
+    def one(layers: str) -> float:
+        compile_layers(model, on=layers == "compiled")
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        logp, _ = completion_logprobs(
+            model, ids, torch.ones_like(ids), prompt_len, targets, mask, 1.0
+        )
+        (-logp.sum()).backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        model.zero_grad(set_to_none=True)
+        return time.perf_counter() - t0
+
+    seconds: dict[str, list[float]] = {a: [] for a in LAYERS}
+    with use_adapter(model, "policy"):
+        one("eager")  # untimed
+        first = one("compiled")  # the compilation
+        for _ in range(args.repeats):
+            for a in LAYERS:
+                seconds[a].append(one(a))
+    median = {a: statistics.median(s) for a, s in seconds.items()}
+    result = {
+        "settings": {**vars(args), "out": str(args.out), "threads": torch.get_num_threads()},
+        "torch": torch.__version__,
+        "first_compiled_s": first,
+        "seconds": seconds,
+        "median_s": median,
+        "tokens_per_s": {a: args.rows * args.row_tokens / m for a, m in median.items()},
+        "eager_over_compiled": median["eager"] / median["compiled"],
+    }
+    write_json(args.out, result)
+    print(f"compiled layers: first pass {first:.1f} s (the compilation)")
+    for a in LAYERS:
+        print(f"{a} layers: {median[a]:.3f} s a pass (median of {args.repeats})")
+    print(f"eager / compiled: {result['eager_over_compiled']:.2f}x -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()

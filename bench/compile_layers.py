@@ -1,8 +1,11 @@
 """Benchmark: an update pass with the decoder layers compiled (``grpo.compile``,
-:func:`marlow.models.compile_layers`) and eager, side by side.
+:func:`marlow.models.compile_layers`) and eager, side by side; or (``--steps``) whole training
+steps of ``bench/vs_trl.py``'s marlow run with each.
 
     .venv/bin/python bench/compile_layers.py [--proxy] [--layers 4] [--rows 2]
         [--row-tokens 512] [--repeats 5] [--device cpu] [--out bench/results/compile_layers.json]
+    .venv/bin/python bench/compile_layers.py --steps 8 [--max-new 12]
+        [--out bench/results/compile_layers_steps.json]
 
 The model: a Qwen3 of Qwen3-0.6B's widths (hidden 1,024, MLP 3,072, 16 query and 8 key-value
 heads of 128) with ``--layers`` layers, or with ``--proxy`` the Python-bound stand-in of
@@ -16,6 +19,14 @@ random ids, the last 3/4 of each row its completion, and the backward of the sum
 The compiled layers' first pass (their compilation) is timed apart; then each is timed
 ``repeats`` times after an untimed one, alternating round by round (so that a machine's drift
 falls on both), and the median of each is reported with their ratio.
+
+``--steps N``: ``bench/vs_trl.py``'s single-agent marlow run (the tiny-s math world, float32,
+32 problems x 8 samples, ``--max-new`` new tokens, 2 threads; its :func:`marlow_config`) trained
+for 1 + N steps three times, one after another: the CPU's default (eager layers, LoRA folded:
+``grpo.fold_lora`` auto), eager unfolded, and compiled (``grpo.compile=on``, which leaves the
+LoRA unfolded). Each reports every step's seconds and its update's (``time/update_s``), and the
+medians of the steps after the first; the steps that compiled are the first and any that met a
+new shape (a one-row micro-batch).
 """
 
 from __future__ import annotations
@@ -52,8 +63,13 @@ def main() -> None:
     ap.add_argument("--row-tokens", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--out", type=Path, default=Path("bench/results/compile_layers.json"))
+    ap.add_argument("--steps", type=int, default=0, help="train steps of vs_trl's run instead")
+    ap.add_argument("--max-new", type=int, default=12, help="new tokens a turn (--steps)")
+    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    if args.steps:
+        return steps(args)
+    args.out = args.out or Path("bench/results/compile_layers.json")
     device = torch.device(args.device)
     torch.manual_seed(0)
     shape = PROXY if args.proxy else {"num_hidden_layers": args.layers}
@@ -104,6 +120,52 @@ def main() -> None:
     for a in LAYERS:
         print(f"{a} layers: {median[a]:.3f} s a pass (median of {args.repeats})")
     print(f"eager / compiled: {result['eager_over_compiled']:.2f}x -> {args.out}")
+
+
+SETTINGS = {
+    "eager, folded (the CPU's default)": {"compile": "off", "fold_lora": "auto"},
+    "eager, unfolded": {"compile": "off", "fold_lora": "off"},
+    "compiled": {"compile": "on", "fold_lora": "auto"},
+}
+
+
+def steps(args: argparse.Namespace) -> None:
+    """``--steps``: the training steps of each setting (module docstring)."""
+    import tempfile
+
+    from marlow.training.trainer import Trainer
+    from vs_trl import marlow_config
+
+    out = args.out or Path("bench/results/compile_layers_steps.json")
+    run = argparse.Namespace(routing="sp", micro_tokens=4096, max_new=args.max_new, threads=2)
+    run.seed = 0
+    result: dict = {"settings": {"steps": args.steps, "max_new": args.max_new}, "runs": {}}
+    for label, grpo in SETTINGS.items():
+        cfg = marlow_config(run)
+        cfg = cfg.model_copy(update={"grpo": cfg.grpo.model_copy(update=grpo)})
+        with tempfile.TemporaryDirectory() as tmp, Trainer(cfg, Path(tmp) / "run") as trainer:
+            rows = []
+            for step in range(args.steps + 1):
+                t0 = time.perf_counter()
+                record = trainer.train_step(step)
+                rows.append(
+                    {"step_s": time.perf_counter() - t0, "update_s": record["time/update_s"]}
+                )
+        later = rows[1:]
+        result["runs"][label] = {
+            "steps": rows,
+            "median_step_s": statistics.median(r["step_s"] for r in later),
+            "median_update_s": statistics.median(r["update_s"] for r in later),
+        }
+        r = result["runs"][label]
+        print(
+            f"{label}: first step {rows[0]['step_s']:.1f} s, then {r['median_step_s']:.3f} s a "
+            f"step (median), update {r['median_update_s']:.3f} s; slowest later step "
+            f"{max(x['step_s'] for x in later):.1f} s"
+        )
+    result["torch"] = torch.__version__
+    write_json(out, result)
+    print(f"-> {out}")
 
 
 if __name__ == "__main__":

@@ -340,9 +340,12 @@ def checkpoint_layers(model: torch.nn.Module, on: bool = True) -> int:
 
 def compiles_layers(config, device: torch.device) -> bool:
     """Whether a run compiles its decoder layers for scoring and the update (``grpo.compile``;
-    auto: on CUDA only)."""
+    auto: on CUDA, unless ``grpo.fold_lora`` is on: a folded layer's forward is made anew every
+    step, which the compiled layers would compile again)."""
     setting = config.grpo.compile
-    return device.type == "cuda" if setting == "auto" else setting == "on"
+    if setting == "auto":
+        return device.type == "cuda" and config.grpo.fold_lora != "on"
+    return setting == "on"
 
 
 COMPILE_LIMIT = 64

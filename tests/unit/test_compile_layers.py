@@ -10,6 +10,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from marlow import models
+from marlow.config import ConfigError
 from marlow.models import checkpoint_layers, compile_layers, completion_logprobs
 from marlow.policy.adapters import LoraSpec, attach_adapters, use_adapter
 from marlow.types import BASE
@@ -166,6 +167,23 @@ def test_compile_layers_needs_decoder_layers_and_auto_is_cuda_only(small_config)
     assert not models.compiles_layers(
         small_config(grpo={"compile": "off"}), torch.device("cuda", 0)
     )
+    # a folded layer's forward is made anew every step: never both
+    folding = small_config(grpo={"fold_lora": "on"})
+    assert not models.compiles_layers(folding, torch.device("cuda", 0))
+    with pytest.raises(ConfigError, match="grpo.fold_lora and grpo.compile are both on"):
+        small_config(grpo={"fold_lora": "on", "compile": "on"})
+
+
+def test_compiled_layers_turn_auto_folding_off(small_config, tmp_path):
+    """A float32 run on the CPU folds its LoRA by default, unless its layers are compiled."""
+    from marlow.training.trainer import Trainer
+
+    with Trainer(small_config(), tmp_path / "plain") as t:
+        assert all(t.fold.values())
+    with Trainer(small_config(grpo={"compile": "on"}), tmp_path / "compiled") as t:
+        assert not any(t.fold.values())
+        layers = models.checkpointable_layers(t.model)
+        assert all(layer._marlow_call["compiled"] is not None for layer in layers)
 
 
 def test_a_checkpointed_compiled_bfloat16_layer_recomputes_as_in_its_forward(monkeypatch):

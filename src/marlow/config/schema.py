@@ -590,8 +590,9 @@ class GRPOConfig(_Section):
         "(x @ (W + s*B@A).T, rebuilt with gradient at every forward: one matmul instead of three "
         "and no per-token scale and sum; the same loss and gradients up to float round-off) and "
         "score its logp_old the same way; auto: on for a float32 base on the CPU, where it is "
-        "faster (bench/vs_trl.py), off elsewhere (on a GPU the weight-sized gradient costs more "
-        "than it saves); needs plain LoRA linears without dropout",
+        "faster (bench/vs_trl.py), unless grpo.compile is on, off elsewhere (on a GPU the "
+        "weight-sized gradient costs more than it saves); needs plain LoRA linears without "
+        "dropout",
     )
     activation_checkpointing: Switch = Field(
         "auto",
@@ -607,7 +608,8 @@ class GRPOConfig(_Section):
         description="run the decoder layers through torch.compile in scoring and the update "
         "(marlow.models.compile_layers: each layer's elementwise work fused into a few "
         "kernels; the same log-probs and gradients up to float round-off); auto: on for CUDA, "
-        "off on the CPU (the compilation costs more start-up than a tiny world's run takes)",
+        "off on the CPU, and off where grpo.fold_lora is on (a folded layer's forward is made "
+        "anew every step; bench/compile_layers.py and bench/vs_trl.py measure the CPU's gain)",
     )
     micro_tokens: int = Field(
         8192,
@@ -650,6 +652,16 @@ class GRPOConfig(_Section):
                 f"role weights must be >= 0 (a negative one flips the sign), got {bad}"
             )
         return v
+
+    @model_validator(mode="after")
+    def _fold_or_compile(self) -> GRPOConfig:
+        if self.fold_lora == "on" and self.compile == "on":
+            raise ValueError(
+                "grpo.fold_lora and grpo.compile are both on: a folded LoRA layer's forward is "
+                "made anew every step, so the compiled layers would compile again every step; "
+                "valid: one of them on, the other auto or off"
+            )
+        return self
 
 
 class OptimConfig(_Section):

@@ -156,7 +156,8 @@ class Trainer:
         self.style, self.rules = a.style, a.rules
         # float32 on the CPU: folding (update) is exact enough and faster
         cpu_float32 = self.device.type == "cpu" and config.dtype == "float32"
-        self.fold = self._fold_adapters(config, cpu_float32)
+        compiled = compiles_layers(config, self.device)  # grpo.compile
+        self.fold = self._fold_adapters(config, cpu_float32 and not compiled)
         if checkpoints_layers(config):  # grpo.activation_checkpointing
             try:
                 checkpoint_layers(self.model)
@@ -166,7 +167,7 @@ class Trainer:
                         f"config field 'grpo.activation_checkpointing' is on, but {err}; "
                         "valid: auto, off"
                     ) from None
-        if compiles_layers(config, self.device):  # grpo.compile
+        if compiled:
             try:
                 compile_layers(self.model)
             except ValueError as err:  # auto: a model without such layers runs eager
@@ -234,12 +235,13 @@ class Trainer:
             first_group=first_group,
         )
 
-    def _fold_adapters(self, config: RunConfig, cpu_float32: bool) -> dict[str, bool]:
+    def _fold_adapters(self, config: RunConfig, auto_on: bool) -> dict[str, bool]:
         """Per adapter: whether its update and logp_old pass fold the LoRA into one weight per
-        layer (``grpo.fold_lora``; auto: float32 on the CPU, where that is faster)."""
+        layer (``grpo.fold_lora``; auto: float32 on the CPU, where that is faster, unless the
+        layers are compiled: ``auto_on``)."""
         fold = config.grpo.fold_lora
         if fold == "auto":
-            return {a: cpu_float32 and can_fold(self.model, a) for a in self.adapters}
+            return {a: auto_on and can_fold(self.model, a) for a in self.adapters}
         if fold == "on":
             for a in self.adapters:
                 if not can_fold(self.model, a):

@@ -138,7 +138,7 @@ def steps(args: argparse.Namespace) -> None:
 
     out = args.out or Path("bench/results/compile_layers_steps.json")
     run = argparse.Namespace(routing="sp", micro_tokens=4096, max_new=args.max_new, threads=2)
-    run.seed = 0
+    run.seed, run.compile = 0, "auto"  # vs_trl's defaults; each setting's own below
     result: dict = {"settings": {"steps": args.steps, "max_new": args.max_new}, "runs": {}}
     for label, grpo in SETTINGS.items():
         cfg = marlow_config(run)

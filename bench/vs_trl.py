@@ -32,7 +32,7 @@ TRL is a bench-only extra; install it in its own virtual environment so that tor
     python3.11 -m venv /tmp/trlvenv && /tmp/trlvenv/bin/pip install torch==2.13.0 \
         && /tmp/trlvenv/bin/pip install -e '.[bench-trl]'
     /tmp/trlvenv/bin/python bench/vs_trl.py [--steps 5] [--warmup 1] [--max-new 96] \
-        [--threads 2] [--cache-dir DIR] [--eval-problems 256] [--seed 0]
+        [--threads 2] [--compile auto] [--cache-dir DIR] [--eval-problems 256] [--seed 0]
 """
 
 from __future__ import annotations
@@ -102,6 +102,7 @@ def marlow_config(args):
             f"grpo.group_size={GROUP_SIZE}",
             f"grpo.minibatch_turns={BATCH_PROBLEMS * GROUP_SIZE}",
             f"grpo.micro_tokens={args.micro_tokens}",
+            f"grpo.compile={args.compile}",
             "grpo.epochs=1",
             f"grpo.clip_low={CLIP_LOW}",
             f"grpo.clip_high={CLIP_HIGH}",
@@ -186,6 +187,13 @@ def main() -> None:
         default=4096,
         help="marlow's grpo.micro_tokens (padded tokens per forward: memory and speed, not "
         "math; bench/micro_tokens.py); TRL takes its 256 sequences in one forward",
+    )
+    ap.add_argument(
+        "--compile",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="marlow's grpo.compile (auto: off on the CPU; on: compiled layers, LoRA unfolded; "
+        "the compilation falls in the warm-up step and the first one-row micro-batch)",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cache-dir", default=None, help="tiny-world cache (default: marlow's)")
@@ -398,7 +406,7 @@ def main() -> None:
         f"marlow: routing {args.routing}, micro_tokens {cfg.grpo.micro_tokens}, merge_lora "
         f"{cfg.rollout.merge_lora} (sampling: {'on' if mtrainer.engine.merge else 'off'}), "
         f"fold_lora {cfg.grpo.fold_lora} (update: "
-        f"{'on' if all(mtrainer.fold.values()) else 'off'}), "
+        f"{'on' if all(mtrainer.fold.values()) else 'off'}), compile {cfg.grpo.compile}, "
         f"minibatch_turns {cfg.grpo.minibatch_turns} (logp_old "
         "fused into the update forward), kl_to_base off, post-update chi2 on diagnostics step 1 "
         f"only (every {DIAGNOSTICS_EVERY}; a warm-up step), a one-turn finiteness probe on the "

@@ -37,12 +37,11 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from marlow.archs import arch_config
+from lora_dtype import adapted_stand_in, update_pass
 from marlow.fileio import write_json
-from marlow.models import checkpoint_layers, compile_layers, completion_logprobs
-from marlow.policy.adapters import LoraSpec, attach_adapters, use_adapter
+from marlow.models import checkpoint_layers, compile_layers
+from marlow.policy.adapters import use_adapter
 
 LAYERS = ("eager", "compiled")
 PROXY = {
@@ -71,32 +70,13 @@ def main() -> None:
         return steps(args)
     args.out = args.out or Path("bench/results/compile_layers.json")
     device = torch.device(args.device)
-    torch.manual_seed(0)
-    shape = PROXY if args.proxy else {"num_hidden_layers": args.layers}
-    fields = {**arch_config("qwen3-0.6b"), **shape, "vocab_size": 4096}
-    fields.update(bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    base = Qwen3ForCausalLM(Qwen3Config(**fields)).to(device, torch.bfloat16)
-    model = attach_adapters(base, ["policy"], LoraSpec(rank=64), seed=0).train()
+    model = adapted_stand_in(PROXY if args.proxy else {"num_hidden_layers": args.layers}, device)
     checkpoint_layers(model)
-    ids = torch.randint(0, 4096, (args.rows, args.row_tokens), device=device)
-    prompt = args.row_tokens // 4
-    prompt_len = torch.full((args.rows,), prompt, device=device)
-    targets = ids[:, prompt:]
-    mask = torch.ones_like(targets, dtype=torch.bool)
+    one_pass = update_pass(model, args.rows, args.row_tokens)
 
     def one(layers: str) -> float:
         compile_layers(model, on=layers == "compiled")
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        logp, _ = completion_logprobs(
-            model, ids, torch.ones_like(ids), prompt_len, targets, mask, 1.0
-        )
-        (-logp.sum()).backward()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        model.zero_grad(set_to_none=True)
-        return time.perf_counter() - t0
+        return one_pass()
 
     seconds: dict[str, list[float]] = {a: [] for a in LAYERS}
     with use_adapter(model, "policy"):

@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -46,32 +47,15 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("bench/results/lora_dtype.json"))
     args = ap.parse_args()
     device = torch.device(args.device)
-    torch.manual_seed(0)
-    fields = {**arch_config("qwen3-0.6b"), "num_hidden_layers": args.layers, "vocab_size": 4096}
-    fields.update(bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    base = Qwen3ForCausalLM(Qwen3Config(**fields)).to(device, torch.bfloat16)
-    model = attach_adapters(base, ["policy"], LoraSpec(rank=64), seed=0).train()
-    ids = torch.randint(0, 4096, (args.rows, args.row_tokens), device=device)
-    prompt = args.row_tokens // 4
-    prompt_len = torch.full((args.rows,), prompt, device=device)
-    targets = ids[:, prompt:]
-    mask = torch.ones_like(targets, dtype=torch.bool)
+    model = adapted_stand_in({"num_hidden_layers": args.layers}, device)
+    one_pass = update_pass(model, args.rows, args.row_tokens)
     ours = marlow.models.lora_in_base_dtype
 
     def one(arithmetic: str) -> float:
         marlow.models.lora_in_base_dtype = (
             ours if arithmetic == "bfloat16" else lambda model: contextlib.nullcontext()
         )
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        logp, _ = completion_logprobs(
-            model, ids, torch.ones_like(ids), prompt_len, targets, mask, 1.0
-        )
-        (-logp.sum()).backward()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter() - t0
+        return one_pass()
 
     seconds: dict[str, list[float]] = {a: [] for a in ARITHMETICS}
     try:
@@ -81,7 +65,6 @@ def main() -> None:
             for _ in range(args.repeats):
                 for a in ARITHMETICS:
                     seconds[a].append(one(a))
-                    model.zero_grad(set_to_none=True)
     finally:
         marlow.models.lora_in_base_dtype = ours
     median = {a: statistics.median(s) for a, s in seconds.items()}
@@ -97,6 +80,45 @@ def main() -> None:
     for a in ARITHMETICS:
         print(f"LoRA in {a}: {median[a]:.3f} s a pass (median of {args.repeats})")
     print(f"float32 / bfloat16: {result['float32_over_bfloat16']:.2f}x -> {args.out}")
+
+
+def adapted_stand_in(shape: dict, device: torch.device) -> torch.nn.Module:
+    """A Qwen3 of Qwen3-0.6B's config with ``shape``'s fields over it and a 4,096-id vocabulary,
+    random bfloat16 weights (seed 0) on ``device``, one LoRA adapter ``policy`` of rank 64
+    (alpha 32) on every linear layer, in training mode."""
+    torch.manual_seed(0)
+    fields = {**arch_config("qwen3-0.6b"), **shape, "vocab_size": 4096}
+    fields.update(bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    base = Qwen3ForCausalLM(Qwen3Config(**fields)).to(device, torch.bfloat16)
+    return attach_adapters(base, ["policy"], LoraSpec(rank=64), seed=0).train()
+
+
+def update_pass(model: torch.nn.Module, rows: int, row_tokens: int) -> Callable[[], float]:
+    """One update pass of ``model`` (its active adapter) as the trainer makes it, over ``rows``
+    x ``row_tokens`` random ids, the last 3/4 of each row its completion: a callable that runs
+    it (:func:`marlow.models.completion_logprobs`, the backward of the summed log-probs, the
+    gradients dropped) and returns its seconds, the device synchronized around it."""
+    device = next(model.parameters()).device
+    ids = torch.randint(0, 4096, (rows, row_tokens), device=device)
+    prompt = row_tokens // 4
+    prompt_len = torch.full((rows,), prompt, device=device)
+    targets = ids[:, prompt:]
+    mask = torch.ones_like(targets, dtype=torch.bool)
+
+    def run() -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        logp, _ = completion_logprobs(
+            model, ids, torch.ones_like(ids), prompt_len, targets, mask, 1.0
+        )
+        (-logp.sum()).backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        model.zero_grad(set_to_none=True)
+        return time.perf_counter() - t0
+
+    return run
 
 
 if __name__ == "__main__":

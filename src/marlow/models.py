@@ -32,6 +32,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from marlow.algo.estimators import head_logprobs_and_entropy, token_logprobs_and_entropy
 from marlow.config import DEVICE_FORM, DEVICES, ConfigError, ModelConfig, TaskConfig
@@ -410,8 +411,6 @@ def _layer_call(layer: torch.nn.Module, *args, **kwargs):
     if state["compiled"] is not None and not _GAVE_UP:
         run = partial(_compiled_call, layer, state["compiled"])
     if state["checkpointed"] and layer.training and torch.is_grad_enabled():
-        from torch.utils.checkpoint import checkpoint
-
         context = partial(recompute_as_forward, layer)  # LoRA's arithmetic as in the forward
         return checkpoint(run, *args, use_reentrant=False, context_fn=context, **kwargs)
     return run(*args, **kwargs)
@@ -421,7 +420,7 @@ def _compiled_call(layer: torch.nn.Module, compiled: Callable, *args, **kwargs):
     """``layer``'s forward through ``compiled``, allowed :data:`COMPILE_LIMIT` compilations; a
     failure to compile (:data:`_COMPILER_ERRORS`) warns and turns every compiled layer of the process
     eager (:func:`_give_up_compiling`)."""
-    if _GAVE_UP:
+    if _GAVE_UP:  # since this call was bound: a checkpoint's recompute after a failure
         return layer._call_impl(*args, **kwargs)
     try:
         with torch._dynamo.config.patch(**{_LIMIT: COMPILE_LIMIT}):

@@ -101,7 +101,7 @@ def marlow_config(args):
             f"grpo.batch_problems={BATCH_PROBLEMS}",
             f"grpo.group_size={GROUP_SIZE}",
             f"grpo.minibatch_turns={BATCH_PROBLEMS * GROUP_SIZE}",
-            f"grpo.micro_tokens={args.micro_tokens}",
+            *([f"grpo.micro_tokens={args.micro_tokens}"] if args.micro_tokens else []),
             f"grpo.compile={args.compile}",
             "grpo.epochs=1",
             f"grpo.clip_low={CLIP_LOW}",
@@ -184,9 +184,10 @@ def main() -> None:
     ap.add_argument(
         "--micro-tokens",
         type=int,
-        default=4096,
+        default=None,
         help="marlow's grpo.micro_tokens (padded tokens per forward: memory and speed, not "
-        "math; bench/micro_tokens.py); TRL takes its 256 sequences in one forward",
+        "math; bench/micro_tokens.py; default: marlow's); TRL takes its 256 sequences in one "
+        "forward",
     )
     ap.add_argument(
         "--compile",

@@ -38,6 +38,7 @@ from marlow.algo.estimators import head_logprobs_and_entropy, token_logprobs_and
 from marlow.config import DEVICE_FORM, DEVICES, ConfigError, ModelConfig, TaskConfig
 from marlow.logs import Phase
 from marlow.policy.adapters import lora_in_base_dtype, recompute_as_forward
+from marlow.shared_prompts import pack_shared_prompts
 
 
 class ModelLoadError(RuntimeError):
@@ -484,6 +485,7 @@ def completion_logprobs(
     targets: torch.Tensor,
     mask: torch.Tensor,
     temperature: float,
+    share_prompts: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs (with gradient when enabled) and entropies (detached) of the completion tokens
     ``targets`` (T, L) after prompts of ``prompt_len`` (T,) in right-padded sequences ``ids``
@@ -495,7 +497,11 @@ def completion_logprobs(
     logits (:func:`marlow.algo.estimators.token_logprobs_and_entropy`). The trainer's scoring
     and the HF engine's both call this, so on one model they agree bit for bit. The model's
     forward runs under :func:`marlow.policy.adapters.lora_in_base_dtype` (a bfloat16 base's
-    LoRA layers compute in bfloat16)."""
+    LoRA layers compute in bfloat16).
+
+    ``share_prompts``: rows with the same prompt forward it once where that is estimated cheaper
+    (:mod:`marlow.shared_prompts`; the chunked-head models only); the same results up to float
+    round-off."""
     length = ids.shape[1]
     steps = torch.arange(mask.shape[1], device=ids.device)
     # position of the logits that predict completion token j: P + j - 1, clamped on padding
@@ -510,11 +516,26 @@ def completion_logprobs(
         zero = torch.zeros((), dtype=torch.float32, device=ids.device)
         return torch.where(mask, logp, zero), torch.where(mask, ent, zero)
     decoder, head = split
+    packing = None
+    if share_prompts:
+        packing = pack_shared_prompts(ids, prompt_len, mask, decoder.config, head.weight.dtype)
     with lora_in_base_dtype(model):
-        hidden = decoder(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
-    picked = hidden.gather(1, pos[:, :, None].expand(-1, -1, hidden.shape[-1]))  # (T, L, H)
+        if packing is None:
+            hidden = decoder(input_ids=ids, attention_mask=attention, use_cache=False)
+        else:
+            hidden = decoder(
+                input_ids=packing.ids,
+                attention_mask=packing.mask,
+                position_ids=packing.positions,
+                use_cache=False,
+            )
+    hidden = hidden.last_hidden_state
+    if packing is None:
+        picked = hidden.gather(1, pos[:, :, None].expand(-1, -1, hidden.shape[-1]))[mask]
+    else:
+        picked = hidden.flatten(0, 1)[packing.index[mask]]  # (N, H)
     logp, ent = head_logprobs_and_entropy(
-        picked[mask], head.weight, head.bias, targets[mask], temperature
+        picked, head.weight, head.bias, targets[mask], temperature
     )
     full = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     return full.masked_scatter(mask, logp), full.masked_scatter(mask, ent)

@@ -7,12 +7,18 @@ from __future__ import annotations
 import pytest
 import torch
 
+from marlow import models
 from marlow.training import trainer as trainer_module
 from marlow.training.trainer import Trainer
 from tests.integration.reference import assert_same_step, learn_keeping_gradients
 
 
 def one_step(cfg, out, monkeypatch, fused: bool):
+    # Each row forwards its own prompt here: the separate pass and the update cut the rows into
+    # micro-batches differently, and a packed row's round-off depends on its batch-mates, which
+    # the first AdamW step (about lr * sign(g)) can turn into 1e-6 on a weight whose gradient is
+    # near zero. Packing's own equality: tests/unit/test_shared_prompts.py.
+    monkeypatch.setattr(models, "pack_shared_prompts", lambda *a: None)
     trainer = Trainer(cfg, out)
     episodes = trainer.rollout(trainer.task.train_batch(0, 1, 2), 4, 0.8, seed=5)
     for ep in episodes:

@@ -54,10 +54,10 @@ class Passes:
         real_chunk, real_merged = logprobs.score_chunk, grpo.merged
         real_score, real_end = trainer.engine.score, trainer.optim.end_step
 
-        def score_chunk(model, chunk, temperature):
+        def score_chunk(model, chunk, temperature, share_prompts=True):
             self._add(self._kind(model), chunk.ids.shape[0], temperature)
             self.chunks += 1
-            return real_chunk(model, chunk, temperature)
+            return real_chunk(model, chunk, temperature, share_prompts)
 
         @contextmanager
         def merged(model, name):

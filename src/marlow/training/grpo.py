@@ -223,7 +223,7 @@ def update_adapter(
         order = torch.randperm(len(u.rows.lengths), generator=generator).tolist()
         for start in range(0, len(order), cfg.update_turns):
             idx, weights = u.mini_batch(order[start : start + cfg.update_turns])
-            own, total_loss = u.backward(idx, weights)
+            own, total_loss = u.backward(idx, weights, whole=cfg.update_turns >= len(order))
             u.step(own, total_loss)
     u.finish()
 
@@ -350,11 +350,19 @@ class _AdapterUpdate:
         return idx, token_weights(mask, self.cfg.aggregation)[local_pos]
 
     def backward(
-        self, idx: list[int], weights: torch.Tensor
+        self, idx: list[int], weights: torch.Tensor, whole: bool
     ) -> tuple[GradientParts | None, torch.Tensor]:
         """Forward and backward of this rank's rows ``idx`` of the mini-batch, micro-batch by
         micro-batch (part-pure, each part's consecutive). Returns the parts' gradients (when
-        :attr:`_Rows.measured`, else None) and the summed loss, on the device."""
+        :attr:`_Rows.measured`, else None) and the summed loss, on the device.
+
+        ``whole``: the mini-batch is every row of the adapter. Only then do rows that share a
+        prompt forward it once (:mod:`marlow.shared_prompts`). A mini-batch drawn at random
+        from the batch is scored one row a sequence: the rows of one prompt it holds depend on
+        the routing (an IP adapter's mini-batch holds one role's turns, an SP mini-batch mixes
+        roles, so fewer of its rows share a prompt), and sharing there made Voting's IP step 5%
+        cheaper than SP's for no reason of the algorithm (``bench/step_cost.py``: IP/SP 0.949,
+        1.005 without)."""
         total_loss = torch.zeros((), device=self.device)  # read once per update, after backwards
         own = GradientParts(self.params, self.ranks) if self.rows.measured else None
         keys, adapter = self.rows.keys, self.batch.adapter
@@ -366,6 +374,7 @@ class _AdapterUpdate:
                 temperature=self.temperature,
                 micro_tokens=self.cfg.micro_tokens,
                 keys=[keys[i] for i in idx],
+                share_prompts=whole,
             ):
                 rows = [idx[j] for j in local]
                 if own is not None:

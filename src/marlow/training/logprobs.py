@@ -46,11 +46,19 @@ class Scored:
     mask: torch.Tensor  # (T, L) bool, True on real completion tokens
 
 
-def score_chunk(model, chunk: Chunk, temperature: float) -> Scored:
+def score_chunk(model, chunk: Chunk, temperature: float, share_prompts: bool = True) -> Scored:
     """Log-probs (with gradient when enabled) and entropies of one micro-batch's completions
-    (:func:`marlow.models.completion_logprobs`)."""
+    (:func:`marlow.models.completion_logprobs`; ``share_prompts``: rows with the same prompt
+    forward it once where that is cheaper)."""
     logp, ent = completion_logprobs(
-        model, chunk.ids, chunk.attention, chunk.prompt_len, chunk.targets, chunk.mask, temperature
+        model,
+        chunk.ids,
+        chunk.attention,
+        chunk.prompt_len,
+        chunk.targets,
+        chunk.mask,
+        temperature,
+        share_prompts,
     )
     return Scored(logp, ent, chunk.mask)
 
@@ -95,12 +103,15 @@ def score_rows(
     temperature: float,
     micro_tokens: int,
     keys: Sequence[Hashable] | None = None,
+    share_prompts: bool = True,
 ) -> Iterator[tuple[list[int], Scored]]:
     """Score ``rows`` of ``batch`` in micro-batches (see :func:`micro_batches`), lazily: yields
     (indices into ``rows``, Scored of those rows in that order). A caller that backpropagates can
     free each chunk's graph before the next is built. ``keys`` (one per row of ``rows``, e.g. its
-    role) keeps micro-batches key-pure and each key's consecutive."""
+    role) keeps micro-batches key-pure and each key's consecutive. ``share_prompts``: as
+    :func:`score_chunk`."""
     rows = list(rows)
     lengths = [batch.seq_len[i] for i in rows]
     for local in micro_batches(lengths, micro_tokens, keys=keys):
-        yield local, score_chunk(model, batch.chunk([rows[j] for j in local]), temperature)
+        chunk = batch.chunk([rows[j] for j in local])
+        yield local, score_chunk(model, chunk, temperature, share_prompts)

@@ -404,7 +404,7 @@ def main() -> None:
         f"{args.steps} timed steps after {args.warmup} warm-up, interleaved (TRL k, marlow k)"
     )
     print(
-        f"marlow: routing {args.routing}, micro_tokens {cfg.grpo.micro_tokens}, merge_lora "
+        f"marlow: routing {args.routing}, micro_tokens {cfg.grpo.micro_tokens} ({mtrainer.grpo.micro_tokens}), merge_lora "
         f"{cfg.rollout.merge_lora} (sampling: {'on' if mtrainer.engine.merge else 'off'}), "
         f"fold_lora {cfg.grpo.fold_lora} (update: "
         f"{'on' if all(mtrainer.fold.values()) else 'off'}), compile {cfg.grpo.compile}, "

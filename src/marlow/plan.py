@@ -189,6 +189,45 @@ def tokens_that_fit(room: float, per_token: int, shape: Shape, chunked_head: boo
     return max(fits, default=unfilled)
 
 
+MICRO_TOKENS_OFF_CUDA = 8192
+"""``grpo.micro_tokens=auto`` off CUDA: on a 2-core CPU, 8,192 and 4,096 gave the same update
+and 65,536 a third slower (``bench/micro_tokens.py``: large buffers cost more to allocate and
+touch there than their arithmetic)."""
+MICRO_TOKENS_MAX = 32768
+"""``grpo.micro_tokens=auto``'s most on CUDA: the largest micro-batch the GPU check measures."""
+MICRO_TOKENS_STEP = 1024
+ACTIVATION_SHARE = 0.5
+"""``grpo.micro_tokens=auto`` on CUDA gives one micro-batch's activations at most this share of
+the card's memory left beside the base weights and the adapters: the rest is margin for what the
+memory model leaves out (the CUDA context, the allocator's fragmentation, the optimizer's
+transient buffers, compiled kernels' workspaces)."""
+
+
+def auto_micro_tokens(
+    shape: Shape,
+    b: int,
+    lora: list[tuple[int, int]],
+    chunked_head: bool,
+    checkpointed: bool,
+    beside: int,
+    memory: int | None,
+) -> int:
+    """``grpo.micro_tokens=auto``: :data:`MICRO_TOKENS_OFF_CUDA` where ``memory`` is None (not
+    a CUDA device) or no adapter trains (``lora`` empty); else the most tokens of one forward
+    whose activations (:func:`activation_bytes`) fit in :data:`ACTIVATION_SHARE` of the card's
+    ``memory`` bytes left beside ``beside`` bytes (the base weights and the adapters), rounded
+    down to a multiple of :data:`MICRO_TOKENS_STEP`, at most :data:`MICRO_TOKENS_MAX` and at
+    least one step (a card too small for that does not fit the run: ``marlow plan`` says so)."""
+    if memory is None or not lora:
+        return MICRO_TOKENS_OFF_CUDA
+    room = ACTIVATION_SHARE * (memory - beside)
+    per_token = activation_bytes_per_token(shape, b, lora, chunked_head, checkpointed)
+    fits = tokens_that_fit(room, per_token, shape, chunked_head) if room > 0 else 0
+    return max(
+        MICRO_TOKENS_STEP, min(MICRO_TOKENS_MAX, fits // MICRO_TOKENS_STEP * MICRO_TOKENS_STEP)
+    )
+
+
 def kv_cache_bytes(shape: Shape, b: int, sequences: int, tokens: int) -> int:
     """Keys and values of ``sequences`` sequences of ``tokens`` tokens, every layer."""
     return sequences * tokens * shape.L * 2 * shape.g * shape.d * b
@@ -213,6 +252,8 @@ class Plan:
     adapters: list[AdapterPlan]
     base_bytes: int
     adapter_bytes: int  # all adapters
+    micro_tokens: int  # grpo.micro_tokens, auto resolved (auto_micro_tokens)
+    micro_tokens_auto: bool  # grpo.micro_tokens is auto
     forward_tokens: int  # tokens of the largest forward: max(grpo.micro_tokens, one turn)
     activation_bytes: int
     checkpointed: bool  # the decoder layers' activations are checkpointed in the update
@@ -253,12 +294,16 @@ def plan_run(
     non_embedding = non_embedding_parameters(base)
     adapters, lora = _attach(base, cfg, workflow.roles)
     turn = prompt_tokens + cfg.rollout.max_new_tokens
-    tokens = max(cfg.grpo.micro_tokens, turn)
     chunked = decoder_and_head(base) is not None
     ckpt = checkpoints_layers(cfg) and bool(checkpointable_layers(base))
     per_token = activation_bytes_per_token(shape, b, lora, chunked, ckpt) if adapters else 0
     base_bytes = parameters * b
     adapter_bytes = sum(a.bytes for a in adapters)
+    micro = cfg.grpo.micro_tokens
+    if micro == "auto":
+        card = None if gpu_mem_gib is None else int(gpu_mem_gib * GIB)
+        micro = auto_micro_tokens(shape, b, lora, chunked, ckpt, base_bytes + adapter_bytes, card)
+    tokens = max(micro, turn)
     activations = activation_bytes(shape, b, lora, tokens, chunked, ckpt) if adapters else 0
     kv = kv_cache_bytes(shape, b, cfg.rollout.max_batch, turn)
     peak = base_bytes + adapter_bytes + max(activations, kv)
@@ -272,10 +317,12 @@ def plan_run(
         if adapters and room >= kv and most >= turn:
             max_micro = most
         if not fits:
-            suggestions = suggest(cfg, shape, b, per_token, room, prompt_tokens, chunked)
+            suggestions = suggest(cfg, micro, shape, b, per_token, room, prompt_tokens, chunked)
     return Plan(
         model=cfg.model.name,
         source=source,
+        micro_tokens=micro,
+        micro_tokens_auto=cfg.grpo.micro_tokens == "auto",
         dtype=cfg.dtype,
         parameters=parameters,
         non_embedding=non_embedding,
@@ -301,6 +348,7 @@ def plan_run(
 
 def suggest(
     cfg: RunConfig,
+    micro_tokens: int,
     shape: Shape,
     b: int,
     per_token: int,
@@ -319,7 +367,8 @@ def suggest(
       split) is already too long; then the two above are sized for the shorter turn;
     * ``dtype`` / ``policy.lora_rank`` / ``model.name``: when the weights alone leave no room.
 
-    ``chunked_head``: the activations include the chunked head's chunk (:func:`tokens_that_fit`).
+    ``micro_tokens``: the run's ``grpo.micro_tokens``, ``auto`` resolved. ``chunked_head``: the
+    activations include the chunked head's chunk (:func:`tokens_that_fit`).
     The ``--prompt-tokens`` assumption (:data:`PROMPT_TOKENS`) is part of every figure."""
     r = cfg.rollout
     if room <= 0:  # the weights and adapters alone pass the card
@@ -339,7 +388,7 @@ def suggest(
     turn = prompt_tokens + new
     if kv_cache_bytes(shape, b, r.max_batch, turn) > room:
         out["rollout.max_batch"] = math.floor(room / kv_cache_bytes(shape, b, 1, turn))
-    if per_token and max(cfg.grpo.micro_tokens, turn) > forward:
+    if per_token and max(micro_tokens, turn) > forward:
         out["grpo.micro_tokens"] = forward
     return out
 
@@ -437,10 +486,17 @@ def render(plan: Plan) -> list:
     trainable = sum(a.trainable for a in plan.adapters)
     total = f"{plan.parameters + trainable:,}"
     table.add_row("peak", total, f"{trainable:,}", _gib(plan.peak_bytes), style="bold")
+    auto = ""
+    if plan.micro_tokens_auto:
+        auto = (
+            " (grpo.micro_tokens auto: off CUDA; --gpu-mem sizes it to a card)"
+            if plan.gpu_mem_gib is None
+            else f" (grpo.micro_tokens auto, sized to {plan.gpu_mem_gib:g} GiB)"
+        )
     notes = [
         f"base: {plan.dtype} weights; {plan.non_embedding:,} non-embedding parameters",
         "adapters: LoRA weights, gradients and AdamW state, float32; activations: one "
-        f"micro-batch of {plan.forward_tokens:,} tokens"
+        f"micro-batch of {plan.forward_tokens:,} tokens{auto}"
         + (", its layers checkpointed (grpo.activation_checkpointing)" if plan.checkpointed else "")
         if plan.adapters
         else "adapters: none (the routing trains nothing, so no backward and no activations)",

@@ -262,3 +262,28 @@ def test_a_model_it_cannot_plan_names_the_field_and_the_choices(name, needle, mo
 def test_a_folder_without_config_json(tmp_path):
     with pytest.raises(ConfigError, match="has no config.json"):
         plan(f"model.name={tmp_path}")
+
+
+def test_auto_micro_tokens_is_8192_without_a_card_and_sized_to_one_with_it():
+    paper = ("preset=paper", "grpo.micro_tokens=auto", "rollout.max_batch=16")
+    assert plan(*paper, "model.name=qwen3-0.6b").forward_tokens == 8192  # no card: off CUDA
+    assert plan(*paper, "model.name=qwen3-0.6b", gpu_mem_gib=80).micro_tokens == 32768  # capped
+    assert (
+        plan(*paper, "model.name=qwen3-4b", "grpo.micro_tokens=6144", gpu_mem_gib=24).micro_tokens
+        == 6144
+    )
+    sized = plan(*paper, "model.name=qwen3-4b", gpu_mem_gib=24)
+    n = sized.micro_tokens
+    assert sized.micro_tokens_auto and n % 1024 == 0 and 1024 <= n < 32768
+    room = 0.5 * (24 * GIB - sized.base_bytes - sized.adapter_bytes)  # half of what is left
+
+    def activations(tokens: int) -> int:
+        return plan(*paper, "model.name=qwen3-4b", f"grpo.micro_tokens={tokens}").activation_bytes
+
+    assert activations(n) <= room < activations(n + 1024)  # the most that fits, in steps of 1024
+
+
+@pytest.mark.parametrize("value", [0, -5, "big", 1.5, True])
+def test_micro_tokens_takes_auto_or_a_positive_whole_number(value):
+    with pytest.raises(ConfigError, match=r"^config field 'grpo.micro_tokens': must be auto or"):
+        load_config(None, [f"grpo.micro_tokens={value}"])

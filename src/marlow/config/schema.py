@@ -611,12 +611,13 @@ class GRPOConfig(_Section):
         "off on the CPU, and off where grpo.fold_lora is on (a folded layer's forward is made "
         "anew every step; bench/compile_layers.py and bench/vs_trl.py measure the CPU's gain)",
     )
-    micro_tokens: int = Field(
-        8192,
-        ge=1,
-        description="max padded tokens per forward (memory and speed, not math: 8192 keeps a "
-        "1.7B model's activations in GPU memory and, on a CPU, the step's buffers small; "
-        "bench/micro_tokens.py)",
+    micro_tokens: int | Literal["auto"] = Field(
+        "auto",
+        description="max padded tokens per forward (memory and speed, not math); auto: 8192 "
+        "off CUDA (the step's buffers stay small: bench/micro_tokens.py), and on CUDA the most "
+        "tokens (a multiple of 1024) whose activations (marlow plan's memory model) fit in "
+        "half the card's memory beside the base weights and the adapters, at most 32768 "
+        "(marlow.plan.auto_micro_tokens)",
     )
 
     @property
@@ -624,6 +625,13 @@ class GRPOConfig(_Section):
         """Turns per optimizer update: ``minibatch_turns``, times ``group_size`` when the unit is
         prompts."""
         return self.minibatch_turns * (self.group_size if self.minibatch_unit == "prompts" else 1)
+
+    @field_validator("micro_tokens", mode="before")
+    @classmethod
+    def _micro_tokens(cls, v: Any) -> Any:
+        if v == "auto" or (type(v) is int and v >= 1):
+            return v
+        raise ValueError(f"must be auto or a whole number of tokens >= 1, got {v!r}")
 
     @field_validator("policy_loss")
     @classmethod

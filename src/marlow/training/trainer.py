@@ -50,8 +50,17 @@ from marlow.models import (
     checkpoints_layers,
     compile_layers,
     compiles_layers,
+    decoder_and_head,
     resolve_device,
     vocabulary,
+)
+from marlow.plan import (
+    ACTIVATION_SHARE,
+    MICRO_TOKENS_MAX,
+    OPTIMIZER_BYTES,
+    Shape,
+    auto_micro_tokens,
+    lora_shapes,
 )
 from marlow.policy.adapters import (
     adapter_parameters,
@@ -158,10 +167,12 @@ class Trainer:
         cpu_float32 = self.device.type == "cpu" and config.dtype == "float32"
         compiled = compiles_layers(config, self.device)  # grpo.compile
         self.fold = self._fold_adapters(config, cpu_float32 and not compiled)
-        if checkpoints_layers(config):  # grpo.activation_checkpointing
+        checkpointed = checkpoints_layers(config)  # grpo.activation_checkpointing
+        if checkpointed:
             try:
                 checkpoint_layers(self.model)
             except ValueError as err:  # auto: a model without such layers keeps its activations
+                checkpointed = False
                 if config.grpo.activation_checkpointing == "on":
                     raise ConfigError(
                         f"config field 'grpo.activation_checkpointing' is on, but {err}; "
@@ -175,6 +186,10 @@ class Trainer:
                     raise ConfigError(
                         f"config field 'grpo.compile' is on, but {err}; valid: auto, off"
                     ) from None
+        # grpo.micro_tokens=auto, resolved; the run's config.yaml keeps auto
+        self.grpo = config.grpo.model_copy(
+            update={"micro_tokens": self._micro_tokens(config, checkpointed)}
+        )
         self.pad_id = self.tokenizer.pad_token_id
         self.optim = AdapterOptimizers(
             {a: list(adapter_parameters(self.model, a).values()) for a in self.adapters},
@@ -235,6 +250,35 @@ class Trainer:
             first_group=first_group,
         )
 
+    def _micro_tokens(self, config: RunConfig, checkpointed: bool) -> int:
+        """``grpo.micro_tokens``, ``auto`` resolved (:func:`marlow.plan.auto_micro_tokens`) from
+        this model, its adapters and, on CUDA, the card's memory; said in the log on CUDA."""
+        micro = config.grpo.micro_tokens
+        if micro != "auto":
+            return micro
+        card = None
+        if self.device.type == "cuda":
+            card = torch.cuda.get_device_properties(self.device).total_memory
+        model = self.model
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        b = getattr(torch, config.dtype).itemsize
+        beside = sum(p.numel() for p in base.parameters() if not p.requires_grad) * b
+        beside += sum(
+            OPTIMIZER_BYTES * sum(p.numel() for p in adapter_parameters(self.model, a).values())
+            for a in self.adapters
+        )
+        lora = lora_shapes(self.model, self.adapters[0]) if self.adapters else []
+        chunked = decoder_and_head(self.model) is not None
+        n = auto_micro_tokens(Shape.of(base.config), b, lora, chunked, checkpointed, beside, card)
+        if card is not None:
+            self.log(
+                f"grpo.micro_tokens auto: {n:,} tokens a forward (their activations in marlow "
+                f"plan's memory model take at most {ACTIVATION_SHARE:.0%} of the card's "
+                f"{card / 2**30:.1f} GiB beside the weights and adapters; at most "
+                f"{MICRO_TOKENS_MAX:,})"
+            )
+        return n
+
     def _fold_adapters(self, config: RunConfig, auto_on: bool) -> dict[str, bool]:
         """Per adapter: whether its update and logp_old pass fold the LoRA into one weight per
         layer (``grpo.fold_lora``; auto: float32 on the CPU, where that is faster, unless the
@@ -292,7 +336,7 @@ class Trainer:
 
         batch -> advantages -> logp_old -> update -> metrics (``marlow.training.grpo`` says which
         passes are fused or sampled)."""
-        g, temperature = self.cfg.grpo, self.cfg.rollout.temperature
+        g, temperature = self.grpo, self.cfg.rollout.temperature
         diagnose = self.diagnostics_step(step)
         t1 = time.perf_counter()
         turns, rows = credit_rows(episodes)

@@ -9,10 +9,10 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from marlow import models
 from marlow.algo.estimators import head_logprobs_and_entropy, token_logprobs_and_entropy
-from marlow.algo.policy_loss import LossInputs, LossSettings, policy_loss, policy_loss_names
-from marlow.policy.adapters import LoraSpec, adapter_parameters, attach_adapters, use_adapter
-from marlow.training import logprobs
+from marlow.algo.policy_loss import policy_loss_names
+from marlow.policy.adapters import LoraSpec, attach_adapters
 from marlow.training.batch import Chunk
+from tests.unit.scoring_checks import LossAndGrads, assert_same_scoring
 
 QWEN3_VOCAB = 151_936
 
@@ -118,42 +118,18 @@ def test_scoring_through_the_head_equals_the_whole_logits(
     gradients of scoring the model's whole logits."""
     model, chunk = real_vocab
     assert models.decoder_and_head(model) is not None  # the chunked path applies
-    params = adapter_parameters(model, "policy")
-    gen = torch.Generator().manual_seed(2)
-    with torch.no_grad(), use_adapter(model, "policy"):  # ratios near 1: inside and at the clip
-        now = logprobs.score_chunk(model, chunk, temperature).logp
-    old = now + 0.2 * torch.randn(chunk.mask.shape, generator=gen)
-    advantages = torch.randn(3, generator=gen)
-
+    run = LossAndGrads(model, chunk, "policy", loss_name, temperature)
     chunks = []  # every chunked call's tokens: the chunked path ran
-
-    def run(chunked: bool):
-        with monkeypatch.context() as mp:
-            if chunked:
-                real = models.head_logprobs_and_entropy
-                mp.setattr(
-                    models,
-                    "head_logprobs_and_entropy",
-                    lambda *a: chunks.append(len(a[0])) or real(*a, chunk_tokens=4),
-                )
-            else:
-                mp.setattr(models, "decoder_and_head", lambda m: None)
-            for p in params.values():
-                p.grad = None
-            with use_adapter(model, "policy"):
-                s = logprobs.score_chunk(model, chunk, temperature)
-            out = policy_loss(loss_name)(LossInputs(s.logp, old, advantages), LossSettings())
-            loss = (out.loss * chunk.mask).sum() / chunk.mask.sum()
-            loss.backward()
-            return s, loss.detach(), {k: p.grad.clone() for k, p in params.items()}
-
-    ours, our_loss, our_grads = run(True)
-    theirs, their_loss, their_grads = run(False)
+    real = models.head_logprobs_and_entropy
+    with monkeypatch.context() as mp:
+        mp.setattr(
+            models,
+            "head_logprobs_and_entropy",
+            lambda *a: chunks.append(len(a[0])) or real(*a, chunk_tokens=4),
+        )
+        ours = run()
+    with monkeypatch.context() as mp:
+        mp.setattr(models, "decoder_and_head", lambda m: None)
+        theirs = run()
     assert chunks == [int(chunk.mask.sum())]  # the real completion tokens alone, once
-    torch.testing.assert_close(ours.logp, theirs.logp, atol=2e-5, rtol=0)
-    torch.testing.assert_close(ours.entropy, theirs.entropy, atol=2e-5, rtol=0)
-    assert (ours.logp[~chunk.mask] == 0).all() and (ours.entropy[~chunk.mask] == 0).all()
-    torch.testing.assert_close(our_loss, their_loss, atol=1e-6, rtol=1e-6)
-    assert any(float(g.abs().max()) > 1e-4 for g in their_grads.values())
-    for name, g in their_grads.items():
-        torch.testing.assert_close(our_grads[name], g, atol=1e-6, rtol=1e-5, msg=name)
+    assert_same_scoring(ours, theirs, chunk.mask, logp_atol=2e-5)

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import Qwen3Config
 
 from marlow import models
-from marlow.algo.policy_loss import LossInputs, LossSettings, policy_loss, policy_loss_names
-from marlow.policy.adapters import LoraSpec, adapter_parameters, attach_adapters, use_adapter
+from marlow.algo.policy_loss import policy_loss_names
+from marlow.policy.adapters import LoraSpec, attach_adapters
 from marlow.shared_prompts import layout_cost, pack_shared_prompts, packable
-from marlow.training import logprobs
 from marlow.training.batch import Chunk
+from tests.unit.scoring_checks import LossAndGrads, assert_same_scoring
 
 QWEN3_06B = {
     "hidden_size": 1024,
@@ -23,21 +23,15 @@ QWEN3_06B = {
 }
 
 
-def small_qwen3(attention: str) -> Qwen3ForCausalLM:
-    """A random two-layer Qwen3 of width 32 (grouped-query attention) with two LoRA adapters
+def adapted(make_model, attention: str):
+    """conftest's tiny random Qwen3 (two layers, grouped-query attention) with two LoRA adapters
     moved off zero."""
-    config = Qwen3Config(
-        vocab_size=96,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        attn_implementation=attention,
+    model = attach_adapters(
+        make_model(seed=0, vocab_size=96, attn_implementation=attention),
+        ["voter", "judge"],
+        LoraSpec(4, 8),
+        seed=0,
     )
-    torch.manual_seed(0)
-    model = attach_adapters(Qwen3ForCausalLM(config), ["voter", "judge"], LoraSpec(4, 8), seed=0)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -81,41 +75,20 @@ def grouped_rows(seed: int = 0) -> list[tuple[list[int], list[int]]]:
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
 @pytest.mark.parametrize("loss_name", policy_loss_names())
-def test_packed_scoring_equals_one_row_a_sequence(monkeypatch, attention, temperature, loss_name):
-    model = small_qwen3(attention)
+def test_packed_scoring_equals_one_row_a_sequence(
+    make_model, monkeypatch, attention, temperature, loss_name
+):
+    model = adapted(make_model, attention)
     chunk = chunk_of(grouped_rows())
     cfg = model.get_base_model().config
     packing = pack_shared_prompts(chunk.ids, chunk.prompt_len, chunk.mask, cfg, torch.float32)
     assert packing is not None and packing.ids.shape[0] == 3  # one sequence per prompt
-    params = adapter_parameters(model, "judge")
-    gen = torch.Generator().manual_seed(2)
-    with torch.no_grad(), use_adapter(model, "judge"):
-        now = logprobs.score_chunk(model, chunk, temperature).logp
-    old = now + 0.2 * torch.randn(chunk.mask.shape, generator=gen)
-    advantages = torch.randn(len(chunk.rows), generator=gen)
-
-    def run(packed: bool):
-        with monkeypatch.context() as mp:
-            if not packed:
-                mp.setattr(models, "pack_shared_prompts", lambda *a: None)
-            for p in params.values():
-                p.grad = None
-            with use_adapter(model, "judge"):
-                s = logprobs.score_chunk(model, chunk, temperature)
-            out = policy_loss(loss_name)(LossInputs(s.logp, old, advantages), LossSettings())
-            loss = (out.loss * chunk.mask).sum() / chunk.mask.sum()
-            loss.backward()
-            return s, loss.detach(), {k: p.grad.clone() for k, p in params.items()}
-
-    ours, our_loss, our_grads = run(True)
-    theirs, their_loss, their_grads = run(False)
-    torch.testing.assert_close(ours.logp, theirs.logp, atol=1e-5, rtol=0)
-    torch.testing.assert_close(ours.entropy, theirs.entropy, atol=1e-5, rtol=0)
-    assert (ours.logp[~chunk.mask] == 0).all() and (ours.entropy[~chunk.mask] == 0).all()
-    torch.testing.assert_close(our_loss, their_loss, atol=1e-6, rtol=1e-5)
-    assert any(float(g.abs().max()) > 1e-3 for g in their_grads.values())
-    for name, g in their_grads.items():
-        torch.testing.assert_close(our_grads[name], g, atol=1e-6, rtol=1e-5, msg=name)
+    run = LossAndGrads(model, chunk, "judge", loss_name, temperature)
+    ours = run()
+    with monkeypatch.context() as mp:
+        mp.setattr(models, "pack_shared_prompts", lambda *a: None)
+        theirs = run()
+    assert_same_scoring(ours, theirs, chunk.mask, logp_atol=1e-5)
 
 
 def test_the_layout_of_two_rows_after_one_prompt():

@@ -148,6 +148,18 @@ def small_config(tiny_cache):
     return shrunk_config
 
 
+@pytest.fixture
+def one_row_a_sequence(monkeypatch):
+    """Every row forwards its own prompt (``marlow.shared_prompts`` off). For tests that hold
+    an updated weight to another computation's within a small share of the learning rate: a
+    packed row's round-off depends on its batch-mates, and AdamW's first step (about lr x
+    sign(g)) turns it into a visible difference on a weight whose gradient is near zero.
+    Packing's own equality: tests/unit/test_shared_prompts.py."""
+    import marlow.models
+
+    monkeypatch.setattr(marlow.models, "pack_shared_prompts", lambda *a: None)
+
+
 @pytest.fixture(scope="session")
 def trained_voting(tiny_cache, tmp_path_factory) -> Path:
     """A Voting-SP run of 2 steps on the quickstart's shipped world, which answers arithmetic

@@ -87,6 +87,7 @@ from marlow.policy.adapters import LoraSpec, adapter_parameters, attach_adapters
 from marlow.policy.routing import make_routing
 from marlow.tiny.model import SCALES, model_config
 from marlow.tiny.tokenizer import build_tokenizer
+from marlow.training.logprobs import MICRO_TOKENS_OFF_CUDA
 from marlow.workflows.validate import check_run_config
 
 PROMPT_TOKENS = 1024
@@ -189,10 +190,6 @@ def tokens_that_fit(room: float, per_token: int, shape: Shape, chunked_head: boo
     return max(fits, default=unfilled)
 
 
-MICRO_TOKENS_OFF_CUDA = 8192
-"""``grpo.micro_tokens=auto`` off CUDA: on a 2-core CPU, 8,192 and 4,096 gave the same update
-and 65,536 a third slower (``bench/micro_tokens.py``: large buffers cost more to allocate and
-touch there than their arithmetic)."""
 MICRO_TOKENS_MAX = 32768
 """``grpo.micro_tokens=auto``'s most on CUDA: the largest micro-batch the GPU check measures."""
 MICRO_TOKENS_STEP = 1024

@@ -14,11 +14,6 @@ from tests.integration.reference import assert_same_step, learn_keeping_gradient
 
 
 def one_step(cfg, out, monkeypatch, fused: bool):
-    # Each row forwards its own prompt here: the separate pass and the update cut the rows into
-    # micro-batches differently, and a packed row's round-off depends on its batch-mates, which
-    # the first AdamW step (about lr * sign(g)) can turn into 1e-6 on a weight whose gradient is
-    # near zero. Packing's own equality: tests/unit/test_shared_prompts.py.
-    monkeypatch.setattr(models, "pack_shared_prompts", lambda *a: None)
     trainer = Trainer(cfg, out)
     episodes = trainer.rollout(trainer.task.train_batch(0, 1, 2), 4, 0.8, seed=5)
     for ep in episodes:
@@ -39,7 +34,11 @@ def one_step(cfg, out, monkeypatch, fused: bool):
 
 
 @pytest.mark.parametrize("routing", ["ip", "sp"])
-def test_fused_logp_old_equals_the_separate_pass(small_config, tmp_path, monkeypatch, routing):
+def test_fused_logp_old_equals_the_separate_pass(
+    small_config, tmp_path, monkeypatch, routing, one_row_a_sequence
+):
+    """The separate pass and the update cut the rows into micro-batches differently: rows
+    forward their own prompts (``one_row_a_sequence``)."""
     cfg = small_config(
         workflow={"name": "voting"},
         policy={"routing": routing},
@@ -113,7 +112,6 @@ def test_the_chunked_head_trains_like_the_whole_logits(
     """Log-probs through the LM head chunk by chunk (the default for Qwen3) against the model's
     whole logits, on the tiny world: one Voting-IP update's loss, gradients, updated weights and
     every metric within float round-off (one update, as the test above, and its tolerances)."""
-    from marlow import models
 
     cfg = small_config(
         workflow={"name": "voting"},

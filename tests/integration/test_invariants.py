@@ -37,7 +37,7 @@ def plain_grpo_step(model, episodes, params, *, lr, temperature, clip, eps=1e-6)
     return float(loss.detach()), norm
 
 
-def test_single_sp_equals_plain_grpo(small_config, tmp_path):
+def test_single_sp_equals_plain_grpo(small_config, tmp_path, one_row_a_sequence):
     cfg = small_config(
         workflow={"name": "single"},
         policy={"routing": "sp"},

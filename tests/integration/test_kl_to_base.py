@@ -111,7 +111,7 @@ def test_kl_to_base_reads_the_base_log_probs_of_the_kl_penalty(small_config, tmp
 
     def beside_a_second_pass(meter, batch):
         after = dataclasses.replace(batch, base_logp=None)
-        score_base(trainer.model, after, 0.8, cfg.grpo.micro_tokens)
+        score_base(trainer.model, after, 0.8, trainer.grpo.micro_tokens)
         torch.testing.assert_close(batch.base_logp, after.base_logp, atol=1e-6, rtol=0)
         alone = Meter()
         kl_to_base_stats(alone, after)

@@ -8,7 +8,7 @@ import torch
 
 from marlow.algo.turn_advantages import CreditRows
 from marlow.training.batch import build_batches
-from marlow.training.logprobs import micro_batches, score_rows
+from marlow.training.logprobs import MICRO_TOKENS_OFF_CUDA, micro_batches, score_rows
 from marlow.types import Turn
 
 
@@ -90,3 +90,13 @@ def test_scores_do_not_depend_on_the_partition(make_model):
         torch.testing.assert_close(a, c, atol=1e-5, rtol=0)
         torch.testing.assert_close(b, c, atol=1e-5, rtol=0)
         assert bool((c < 0).all())  # real log-probs, not padding zeros
+
+
+def test_an_auto_budget_no_card_sized_cuts_at_8192_tokens():
+    lengths = [100] * 200  # 20,000 tokens
+    assert micro_batches(lengths, "auto") == micro_batches(lengths, MICRO_TOKENS_OFF_CUDA)
+    assert MICRO_TOKENS_OFF_CUDA == 8192 and [len(c) for c in micro_batches(lengths, "auto")] == [
+        81,
+        81,
+        38,
+    ]

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -37,6 +38,11 @@ from marlow.models import completion_logprobs
 from marlow.training.batch import AdapterBatch, Chunk
 
 MAX_PAD_WASTE = 0.25  # at most this share of a micro-batch's padded tokens is padding
+MICRO_TOKENS_OFF_CUDA = 8192
+"""``grpo.micro_tokens=auto`` off CUDA, and wherever no card sized it (``micro_tokens="auto"``
+given here): on a 2-core CPU, 8,192 and 4,096 gave the same update and 65,536 a third slower
+(``bench/micro_tokens.py``: large buffers cost more to allocate and touch there than their
+arithmetic). A trainer on CUDA sizes it to the card (:func:`marlow.plan.auto_micro_tokens`)."""
 
 
 @dataclass
@@ -65,7 +71,7 @@ def score_chunk(model, chunk: Chunk, temperature: float, share_prompts: bool = T
 
 def micro_batches(
     lengths: Sequence[int],
-    micro_tokens: int,
+    micro_tokens: int | Literal["auto"],
     max_waste: float = MAX_PAD_WASTE,
     keys: Sequence[Hashable] | None = None,
 ) -> list[list[int]]:
@@ -73,7 +79,10 @@ def micro_batches(
     so that rows of similar length share a batch. A batch closes when its padded size would pass
     ``micro_tokens`` or when padding would exceed ``max_waste`` of it. Each index appears exactly
     once. With ``keys`` (one per row), rows are first split by key (in order of first
-    appearance): no batch mixes two keys, and the batches of one key come one after another."""
+    appearance): no batch mixes two keys, and the batches of one key come one after another.
+    ``micro_tokens="auto"`` (a config's, not sized to a card): :data:`MICRO_TOKENS_OFF_CUDA`."""
+    if micro_tokens == "auto":
+        micro_tokens = MICRO_TOKENS_OFF_CUDA
     buckets: dict[Hashable, list[int]] = {}
     for i in range(len(lengths)):
         buckets.setdefault(None if keys is None else keys[i], []).append(i)
@@ -101,7 +110,7 @@ def score_rows(
     rows: Sequence[int],
     *,
     temperature: float,
-    micro_tokens: int,
+    micro_tokens: int | Literal["auto"],
     keys: Sequence[Hashable] | None = None,
     share_prompts: bool = True,
 ) -> Iterator[tuple[list[int], Scored]]:

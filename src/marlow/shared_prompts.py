@@ -90,6 +90,8 @@ def pack_shared_prompts(
         return None
     rows = ids.tolist()
     plen = prompt_len.tolist()
+    if min(plen) < 1:  # no state predicts a first token: left to the plain layout
+        return None
     clen = mask.sum(1).tolist()
     groups: dict[tuple[int, ...], list[int]] = {}
     for t, (row, p) in enumerate(zip(rows, plen, strict=True)):

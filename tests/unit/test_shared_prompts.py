@@ -121,6 +121,7 @@ def test_no_shared_prompt_or_long_completions_stay_plain():
         return pack_shared_prompts(c.ids, c.prompt_len, c.mask, cfg, torch.float32) is not None
 
     assert not packs([([3, 4], [5, 6]), ([3, 5], [5, 6])])  # no two rows share a prompt
+    assert not packs([([], [7] * 4) for _ in range(8)])  # no prompt: no state predicts token 0
     assert packs([(prompt, [7] * 128) for _ in range(8)])
     assert not packs([(prompt, [7] * 512) for _ in range(8)])
     # the figures the module's docstring quotes, at Qwen3-0.6B's widths

@@ -14,7 +14,9 @@ are then read off the model; memory figures follow from them and the config by t
   though only the adapter being updated holds them at one time.
 * **activations of one micro-batch** = N x (per-token bytes), with N = the largest forward the
   trainer makes: max(``grpo.micro_tokens``, one turn of prompt + ``rollout.max_new_tokens``
-  tokens), since a turn longer than ``micro_tokens`` is scored alone. Per token, what autograd
+  tokens), since a turn longer than ``micro_tokens`` is scored alone. ``grpo.micro_tokens=auto``
+  is sized to ``--gpu-mem`` as a CUDA run sizes it to its card (:func:`auto_micro_tokens`), and
+  is 8,192 without one. Per token, what autograd
   keeps for the backward of a Qwen3 decoder under LoRA (a frozen base: no weight gradients), with
   h hidden, a / g query / key-value heads of size d, I the MLP width, L layers, V the vocabulary:
 

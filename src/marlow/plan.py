@@ -84,12 +84,12 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, Pre
 from marlow.algo.estimators import HEAD_CHUNK_BYTES
 from marlow.archs import arch_config, arch_names, shipped_arch
 from marlow.config import ConfigError, RunConfig
+from marlow.config.schema import MICRO_TOKENS_OFF_CUDA
 from marlow.models import checkpointable_layers, checkpoints_layers, decoder_and_head
 from marlow.policy.adapters import LoraSpec, adapter_parameters, attach_adapters
 from marlow.policy.routing import make_routing
 from marlow.tiny.model import SCALES, model_config
 from marlow.tiny.tokenizer import build_tokenizer
-from marlow.training.logprobs import MICRO_TOKENS_OFF_CUDA
 from marlow.workflows.validate import check_run_config
 
 PROMPT_TOKENS = 1024

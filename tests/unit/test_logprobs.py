@@ -7,8 +7,9 @@ import random
 import torch
 
 from marlow.algo.turn_advantages import CreditRows
+from marlow.config.schema import MICRO_TOKENS_OFF_CUDA
 from marlow.training.batch import build_batches
-from marlow.training.logprobs import MICRO_TOKENS_OFF_CUDA, micro_batches, score_rows
+from marlow.training.logprobs import micro_batches, score_rows
 from marlow.types import Turn
 
 

@@ -50,6 +50,13 @@ def _on_off(value: Any) -> Any:
     return ("on" if value else "off") if isinstance(value, bool) else value
 
 
+MICRO_TOKENS_OFF_CUDA = 8192
+"""``grpo.micro_tokens=auto`` off CUDA, and wherever no card sized it (an ``auto`` handed straight
+to the scoring functions): on a 2-core CPU, 8,192 and 4,096 gave the same update and 65,536 a
+third slower (``bench/micro_tokens.py``: large buffers cost more to allocate and touch there
+than their arithmetic). A trainer on CUDA sizes it to the card
+(:func:`marlow.plan.auto_micro_tokens`)."""
+
 Switch = Annotated[Literal["auto", "on", "off"], BeforeValidator(_on_off)]
 """A setting that is ``auto`` (marlow decides, its description says how), ``on`` or ``off``."""
 

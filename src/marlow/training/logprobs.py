@@ -34,15 +34,11 @@ from typing import Literal
 
 import torch
 
+from marlow.config.schema import MICRO_TOKENS_OFF_CUDA
 from marlow.models import completion_logprobs
 from marlow.training.batch import AdapterBatch, Chunk
 
 MAX_PAD_WASTE = 0.25  # at most this share of a micro-batch's padded tokens is padding
-MICRO_TOKENS_OFF_CUDA = 8192
-"""``grpo.micro_tokens=auto`` off CUDA, and wherever no card sized it (``micro_tokens="auto"``
-given here): on a 2-core CPU, 8,192 and 4,096 gave the same update and 65,536 a third slower
-(``bench/micro_tokens.py``: large buffers cost more to allocate and touch there than their
-arithmetic). A trainer on CUDA sizes it to the card (:func:`marlow.plan.auto_micro_tokens`)."""
 
 
 @dataclass

@@ -622,10 +622,11 @@ def adapted_stand_in(
     factors and of one token's KV cache."""
     import torch
 
+    from marlow.archs import Shape
     from marlow.archs.stand_in import save_stand_in
     from marlow.config import ModelConfig
     from marlow.models import load_base
-    from marlow.plan import Shape, kv_cache_bytes
+    from marlow.plan import kv_cache_bytes
     from marlow.policy.adapters import LoraSpec, adapter_parameters, attach_adapters
 
     t0 = time.monotonic()
@@ -1060,8 +1061,9 @@ def update_plan(model: PeftModel, b: int, figures: dict[str, Any], tokens: int) 
     (``b`` bytes a base weight): base (``figures``' weight bytes), the adapter
     (:data:`marlow.plan.OPTIMIZER_BYTES` x its parameters) and activations
     (:func:`marlow.plan.activation_bytes`, its layers checkpointed), and their sum."""
+    from marlow.archs import Shape
     from marlow.models import decoder_and_head
-    from marlow.plan import OPTIMIZER_BYTES, Shape, activation_bytes, lora_shapes
+    from marlow.plan import OPTIMIZER_BYTES, activation_bytes, lora_shapes
 
     shape, lora = Shape.of(model.config), lora_shapes(model, UPDATE_ADAPTER)
     chunked = decoder_and_head(model) is not None
@@ -1078,7 +1080,7 @@ def update_plan(model: PeftModel, b: int, figures: dict[str, Any], tokens: int) 
 def update_flops(config: Any, figures: dict[str, Any], row: dict[str, Any]) -> float:
     """The FLOPs of one update pass over micro-batch ``row`` (module docstring's formula), from
     ``figures``' parameter counts and the attention's shape in ``config``."""
-    from marlow.plan import Shape
+    from marlow.archs import Shape
 
     s, tokens = Shape.of(config), row["tokens"]
     dense = 4 * (figures["non_embedding_parameters"] + figures["adapter_parameters"]) * tokens

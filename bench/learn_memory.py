@@ -51,9 +51,10 @@ def child(folder: str, checkpointing: str, rows: int, row_tokens: int, dtype: st
     """One setting's measurement, in this (fresh) process."""
     import torch
 
+    from marlow.archs import Shape
     from marlow.config import ModelConfig
     from marlow.models import checkpoint_layers, decoder_and_head, load_base
-    from marlow.plan import Shape, activation_bytes, lora_shapes
+    from marlow.plan import activation_bytes, lora_shapes
     from marlow.policy.adapters import LoraSpec, attach_adapters, use_adapter
     from marlow.training.batch import Chunk
     from marlow.training.logprobs import score_chunk

@@ -82,7 +82,7 @@ from peft.tuners.lora import LoraLayer
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
 from marlow.algo.estimators import HEAD_CHUNK_BYTES
-from marlow.archs import arch_config, arch_names, shipped_arch
+from marlow.archs import Shape, arch_config, arch_names, shipped_arch
 from marlow.config import ConfigError, RunConfig
 from marlow.config.schema import MICRO_TOKENS_OFF_CUDA
 from marlow.models import checkpointable_layers, checkpoints_layers, decoder_and_head
@@ -97,42 +97,6 @@ PROMPT_TOKENS = 1024
 OPTIMIZER_BYTES = 16
 """float32 weight, gradient, exp_avg and exp_avg_sq per trainable parameter."""
 GIB = 2**30
-
-
-@dataclass(frozen=True)
-class Shape:
-    """The architecture numbers the memory formulas read (names as in the module docstring)."""
-
-    h: int  # hidden size
-    a: int  # query heads
-    g: int  # key-value heads
-    d: int  # head size
-    I: int  # noqa: E741  (the MLP width; the formulas' letter)
-    L: int  # decoder layers
-    V: int  # vocabulary
-
-    @classmethod
-    def of(cls, config: PretrainedConfig) -> Shape:
-        """The numbers of a decoder config in Qwen3/Llama field names (``head_dim`` defaults to
-        hidden / heads, key-value heads to the query heads); ConfigError when one is missing."""
-        needed = ("hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers")
-        missing = [f for f in (*needed, "vocab_size") if not getattr(config, f, None)]
-        if missing:
-            raise ConfigError(
-                f"config field 'model.name': its config.json ({config.model_type}) has no "
-                f"{', '.join(missing)}; plan's formulas read decoder configs with "
-                f"{', '.join(needed)} and vocab_size, as Qwen3 and Llama have"
-            )
-        heads = config.num_attention_heads
-        return cls(
-            config.hidden_size,
-            heads,
-            getattr(config, "num_key_value_heads", None) or heads,
-            getattr(config, "head_dim", None) or config.hidden_size // heads,
-            config.intermediate_size,
-            config.num_hidden_layers,
-            config.vocab_size,
-        )
 
 
 def activation_bytes_per_token(

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
+from marlow.archs import Shape
+
 PACKED_ATTENTION = ("sdpa", "eager")
 """transformers attention implementations that take a custom (batch, 1, query, key) mask."""
 
@@ -65,12 +67,9 @@ def packable(config) -> bool:
 def layout_cost(config, sequences: int, width: int) -> float:
     """Estimated multiply-adds of one layer over ``sequences`` sequences of padded ``width``:
     tokens x (projections + MLP) + attended pairs x (scores + values over every head)."""
-    hidden = config.hidden_size
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or hidden // heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    linear = hidden * head_dim * (2 * heads + 2 * kv_heads) + 3 * hidden * config.intermediate_size
-    pair = 2 * heads * head_dim
+    s = Shape.of(config)
+    linear = s.h * s.d * (2 * s.a + 2 * s.g) + 3 * s.h * s.I
+    pair = 2 * s.a * s.d
     return sequences * width * linear + sequences * width * width * pair
 
 

@@ -30,8 +30,11 @@ them.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from marlow.config import ConfigError
 
 ARCH_DIR = Path(__file__).parent
 HUB_IDS = {
@@ -62,3 +65,42 @@ def arch_config(arch: str) -> dict[str, Any]:
     if arch not in arch_names():
         raise ValueError(f"no shipped architecture {arch!r}; valid: {', '.join(arch_names())}")
     return json.loads((ARCH_DIR / f"{arch}.json").read_text(encoding="utf-8"))
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The numbers of a decoder architecture that marlow's cost and memory formulas read
+    (``marlow.plan``'s memory model, :mod:`marlow.shared_prompts`' cost rule; letters as in
+    ``marlow.plan``'s docstring)."""
+
+    h: int  # hidden size
+    a: int  # query heads
+    g: int  # key-value heads
+    d: int  # head size
+    I: int  # noqa: E741  (the MLP width; the formulas' letter)
+    L: int  # decoder layers
+    V: int  # vocabulary
+
+    @classmethod
+    def of(cls, config: Any) -> Shape:
+        """The numbers of a decoder config in Qwen3/Llama field names (``head_dim`` defaults to
+        hidden / heads, key-value heads to the query heads) of a transformers config;
+        ConfigError when one is missing."""
+        needed = ("hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers")
+        missing = [f for f in (*needed, "vocab_size") if not getattr(config, f, None)]
+        if missing:
+            raise ConfigError(
+                f"config field 'model.name': its config.json ({config.model_type}) has no "
+                f"{', '.join(missing)}; plan's formulas read decoder configs with "
+                f"{', '.join(needed)} and vocab_size, as Qwen3 and Llama have"
+            )
+        heads = config.num_attention_heads
+        return cls(
+            config.hidden_size,
+            heads,
+            getattr(config, "num_key_value_heads", None) or heads,
+            getattr(config, "head_dim", None) or config.hidden_size // heads,
+            config.intermediate_size,
+            config.num_hidden_layers,
+            config.vocab_size,
+        )

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from marlow.algo.turn_advantages import turn_advantages
+from marlow.archs import Shape
 from marlow.config import ConfigError, RunConfig, dump_config
 from marlow.diagnostics.answers import remove_after as remove_answers_after
 from marlow.diagnostics.answers import write_answers
@@ -58,7 +59,6 @@ from marlow.plan import (
     ACTIVATION_SHARE,
     MICRO_TOKENS_MAX,
     OPTIMIZER_BYTES,
-    Shape,
     auto_micro_tokens,
     lora_shapes,
 )

@@ -36,6 +36,13 @@ The parts, each recorded whatever became of the others:
    batch with 4 adapters is then sampled once more for ``profile_tokens`` new tokens under
    ``torch.profiler`` (:func:`profiled`: on CUDA the kernels its graph replays launch, how
    many, their seconds and the longest of them), to say where a decode step's time goes.
+   Before the eager batch, **refill** (:class:`Refill`, :func:`measure_refill`): one call of
+   256 rows, 4 adapters mixed, at most 64 at a time (``max_batch``), 256 new tokens, a random
+   32nd of the vocabulary's ids stopping a row (so completions end at scattered lengths, a
+   few at the limit), a seed per request; with ``rollout.refill`` off (batches of 64 one after
+   the other, each until its longest row ends) and on (waiting rows take stopped rows'
+   places): sampled tokens/s of each, the mean and longest completion, and the share of rows
+   that sampled the same tokens both ways.
    Beside each, the bound
    of the device's memory bandwidth, the tokens/s of one decode step that serves every row at
    once and reads each byte it needs once::
@@ -264,6 +271,17 @@ DRY_SIZES = (
 
 
 @dataclass(frozen=True)
+class Refill:
+    """The sampler part's call of more rows than ``max_batch`` whose rows stop at scattered
+    lengths, sampled with ``rollout.refill`` off and on (module docstring)."""
+
+    rows: int
+    max_batch: int
+    new_tokens: int
+    stop_share: float  # the share of the vocabulary's ids that stop a row (drawn at random)
+
+
+@dataclass(frozen=True)
 class Sampler:
     """The sampler part's configurations (module docstring)."""
 
@@ -273,6 +291,7 @@ class Sampler:
     eager_tokens: int  # the new tokens of that eager call
     profile_rows: int  # the batch whose ``adapters``-mixed call is profiled once more
     profile_tokens: int  # the new tokens of the profiled call
+    refill: Refill | None = None  # the call measured with rows refilled and without
     adapters: int = 4
     rank: int = 64  # LoRA rank, alpha 32 (LoraSpec's defaults: the paper's)
     temperature: float = 1.0
@@ -280,8 +299,8 @@ class Sampler:
 
 SAMPLER_ARCH = "qwen3-0.6b"
 """The architecture the sampler part samples: its entry of :data:`SIZES` (:data:`DRY_SIZES`)."""
-SAMPLER = Sampler((16, 64, 256), 512, 16, 64, 64, 64)
-DRY_SAMPLER = Sampler((2, 4), 8, 4, 4, 4, 4)
+SAMPLER = Sampler((16, 64, 256), 512, 16, 64, 64, 64, Refill(256, 64, 256, 1 / 32))
+DRY_SAMPLER = Sampler((2, 4), 8, 4, 4, 4, 4, Refill(8, 4, 8, 1 / 4))
 SAMPLER_S = 150
 """The most seconds the sampler part may take."""
 COPY_BYTES = {"cuda": GIB, "cpu": 64 * 2**20}
@@ -524,6 +543,9 @@ def measure_sampler(check: Check, device: str, dry_run: bool, work: Path) -> dic
     out.update(check.child([sys.executable, "-c", SAMPLER_CHILD, *args], seconds))
     shutil.rmtree(folder, ignore_errors=True)
     read_child(out, path, "configurations", configurations(sampler))
+    for row in out.get("refill", []):  # the way it was sampling when the child ended
+        if row["status"] == "running":
+            row.update(status=out["status"], error=out["error"])
     return out
 
 
@@ -572,6 +594,9 @@ def sample(out: str, folder: str, device: str, dry_run: bool, deadline: float) -
     ]
     per_token = 0.0  # the most seconds per new token (one decode step) of a timed call so far
     for row in configurations(sampler):
+        if row["compile"] is False and sampler.refill is not None:  # before the slowest call
+            result["refill"] = []
+            measure_refill(model, tokenizer, sampler, dev, deadline, per_token, result, out)
         result["configurations"].append(row)
         n, k = row["new_tokens"], row["adapters"]
         estimate, left = 2 * n * per_token, deadline - time.monotonic()
@@ -586,7 +611,9 @@ def sample(out: str, folder: str, device: str, dry_run: bool, deadline: float) -
         requests = [GenRequest(prompts[i], names[i % k]) for i in range(row["rows"])]
         try:
             engine = engines[row["compile"]]
-            row.update(time_calls(engine, requests, sampler, n, dev), compiled=engine.compiled)
+            timed = time_calls(engine, requests, sampler, n, dev)
+            del timed["samples"]
+            row.update(timed, compiled=engine.compiled)
         except Exception as err:
             row.update(status="failed", error=one_line(err))
             print(f"sampler: {row['error']}", flush=True)
@@ -611,6 +638,78 @@ def sample(out: str, folder: str, device: str, dry_run: bool, deadline: float) -
             row["profile"] = profiled(partial(engine.generate, requests, params), dev)
         write_json(out, result)
         print(f"sampler: {row['tokens_per_s']:.0f} tokens/s, bound {bound:.0f}", flush=True)
+
+
+def measure_refill(
+    model: PeftModel,
+    tokenizer: PreTrainedTokenizerBase,
+    sampler: Sampler,
+    device: torch.device,
+    deadline: float,
+    per_token: float,
+    result: dict[str, Any],
+    out: str,
+) -> None:
+    """The sampler part's :class:`Refill` call into ``result["refill"]``, written to ``out``
+    after each way: ``refill.rows`` rows of the sampler's adapters mixed (a seed per request,
+    so both ways sample the same tokens but for round-off), at most ``refill.max_batch`` at a
+    time, stopped by a random ``refill.stop_share`` of the vocabulary's ids; batches one after
+    the other (``refill=False``), then refilled. Each way starts only with its estimate left:
+    2 calls x the decode steps of batches one after the other x ``per_token``."""
+    import torch
+
+    from marlow.policy.adapters import adapter_names
+    from marlow.rollout.hf import HFEngine
+    from marlow.types import GenRequest
+
+    r = sampler.refill
+    vocab = model.config.vocab_size
+    draws = torch.Generator().manual_seed(0)
+    stops = torch.randperm(vocab, generator=draws)[: max(1, round(vocab * r.stop_share))].tolist()
+    names = adapter_names(model)
+    requests = [
+        GenRequest(
+            tokenizer.encode(f"Problem {i}: what is {i} + {i}?", add_special_tokens=False),
+            names[i % sampler.adapters],
+            seed=i,
+        )
+        for i in range(r.rows)
+    ]
+    samples = {}
+    for refill in (False, True):
+        row: dict[str, Any] = {"refill": refill, "stop_ids": len(stops), "status": "running"}
+        result["refill"].append(row)
+        steps = -(-r.rows // r.max_batch) * r.new_tokens
+        estimate, left = 2 * steps * per_token, deadline - time.monotonic()
+        if estimate > left:
+            row.update(status="skipped", error=f"estimated {estimate:.0f} s, {left:.0f} s left")
+            write_json(out, result)
+            continue
+        write_json(out, result)
+        print(f"sampler: {r.rows} rows, refill {'on' if refill else 'off'}", flush=True)
+        engine = HFEngine(model, tokenizer, stop_ids=stops, max_batch=r.max_batch, refill=refill)
+        try:
+            timed = time_calls(engine, requests, sampler, r.new_tokens, device)
+        except Exception as err:
+            row.update(status="failed", error=one_line(err))
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            write_json(out, result)
+            continue
+        samples[refill] = timed.pop("samples")
+        lengths = [len(t) for t in samples[refill]]
+        row.update(
+            timed,
+            status="ok",
+            compiled=engine.compiled,
+            mean_length=sum(lengths) / len(lengths),
+            longest=max(lengths),
+        )
+        write_json(out, result)
+        print(f"sampler: {row['tokens_per_s']:.0f} tokens/s", flush=True)
+    if len(samples) == 2:  # the share of rows that sampled the same tokens both ways
+        same = sum(a == b for a, b in zip(samples[False], samples[True], strict=True))
+        result["refill"][-1]["same_samples"] = same / r.rows
 
 
 def adapted_stand_in(
@@ -671,14 +770,17 @@ def time_calls(
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
         t0 = synchronized(device)
-        engine.generate(requests, SamplingParams(sampler.temperature, new_tokens, seed))
+        out = engine.generate(requests, SamplingParams(sampler.temperature, new_tokens, seed))
         seconds.append(synchronized(device) - t0)
     warmup, timed = seconds
+    lengths = [len(c.token_ids) for c in out]
     return {
         "warmup_s": warmup,
         "seconds": timed,
-        "tokens_per_s": len(requests) * new_tokens / timed,
+        "tokens": sum(lengths),
+        "tokens_per_s": sum(lengths) / timed,
         "peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB if cuda else None,
+        "samples": [c.token_ids for c in out],
     }
 
 

@@ -189,6 +189,37 @@ def _sampler(part: dict[str, Any] | None) -> list[str]:
         )
     if troubles:
         lines += ["", "Sampler configurations that did not complete:", "", *troubles]
+    return [*lines, "", *_refill(part)]
+
+
+def _refill(part: dict[str, Any]) -> list[str]:
+    """The refill pair's table (no lines where the part has none)."""
+    rows, r = part.get("refill"), part["settings"].get("refill")
+    if not rows or r is None:
+        return []
+    lines = [
+        f"One call of {r['rows']:,} rows (the same adapters mixed, a seed per request), at most "
+        f"{r['max_batch']:,} at a time, up to {r['new_tokens']:,} new tokens, a random "
+        f"{r['stop_share']:.3g} of the vocabulary's ids stopping a row: batches of "
+        f"{r['max_batch']:,} one after the other, and with waiting rows taking stopped rows' "
+        "places (`rollout.refill`):",
+        "",
+        "| rows refilled | tokens | mean / longest | seconds | tokens/s | warm-up s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in rows:
+        way = "on" if c["refill"] else "off"
+        if c["status"] != "ok":
+            lines.append(f"| {way} | {c['status']} | - | - | - | - |")
+            continue
+        lines.append(
+            f"| {way} | {c['tokens']:,} | {c['mean_length']:.1f} / {c['longest']} "
+            f"| {_num(c['seconds'], 2)} | {_num(c['tokens_per_s'], 0)} "
+            f"| {_num(c['warmup_s'], 1)} |"
+        )
+    same = rows[-1].get("same_samples")
+    if same is not None:
+        lines += ["", f"Rows that sampled the same tokens both ways: {same:.3f}."]
     return [*lines, ""]
 
 

@@ -139,6 +139,16 @@ def test_the_dry_run_times_the_sampler_beside_its_bandwidth_bound(dry_run):
         (sampler.profile_rows, sampler.adapters, None)
     ]
     assert_profile(profiled[0]["profile"])
+    # the refill pair: the same rows both ways, their completions of scattered lengths
+    off, on = part["refill"]
+    assert (off["refill"], on["refill"]) == (False, True)
+    for c in (off, on):
+        assert c["status"] == "ok" and c["tokens_per_s"] == pytest.approx(
+            c["tokens"] / c["seconds"]
+        )
+        assert 1 <= c["mean_length"] <= c["longest"] <= sampler.refill.new_tokens
+        assert c["mean_length"] < c["longest"] and c["compiled"] is False
+    assert 0.5 <= on["same_samples"] <= 1  # seeded rows: the same tokens but for round-off
 
 
 def assert_profile(profile: dict) -> None:
@@ -404,6 +414,12 @@ def test_the_section_of_a_gpu_run_gives_the_date_the_card_and_each_figure(dry_ru
             f"| {c['warmup_s']:,.1f} |"
         ) in text
     assert text.index("| batch |") < text.index("| model | routing | step |")
+    for c in part["refill"]:
+        assert (
+            f"| {'on' if c['refill'] else 'off'} | {c['tokens']:,} | {c['mean_length']:.1f} / "
+            f"{c['longest']} | {c['seconds']:,.2f} | {c['tokens_per_s']:,.0f} |"
+        ) in text
+    assert f"both ways: {part['refill'][1]['same_samples']:.3f}." in text
     old = gpu_docs.PAGE.read_text()
     page = gpu_docs.render_page(old, result)
     assert text in page and gpu_docs.NOT_YET not in page and page.count(gpu_docs.BEGIN) == 1

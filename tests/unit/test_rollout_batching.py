@@ -207,6 +207,87 @@ def test_the_host_reading_stops_every_k_tokens_changes_no_sample(mixed_ranks, to
         HFEngine(mixed_ranks, tokenizer, read_every=0)
 
 
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "graphed"])
+def test_waiting_rows_take_the_places_of_rows_that_stop(
+    mixed_ranks, tokenizer, monkeypatch, compile
+):
+    """A call of more rows than ``max_batch``: rows that stop are replaced by waiting ones,
+    prefilled into their places and sampling at their own columns, rows of one adapter in
+    places another's held. Greedy and seeded, every row samples what it samples with the whole
+    call in one batch (log-probs within round-off); the working batch never grows past
+    ``max_batch`` (its bucket, compiled); the call takes fewer decode steps than batches of
+    ``max_batch`` one after the other. Compiled: the CUDA path's replays on the CPU, spans of 8."""
+    from marlow.rollout import lean
+
+    if compile:
+        monkeypatch.setattr(lean, "_GAVE_UP", set())
+        monkeypatch.setattr(lean, "_graphs_on", lambda device: True)
+        monkeypatch.setattr(lean, "SPAN_STEP", 8)
+    seen = {"rows": set(), "steps": 0, "admitted": []}
+    call, admit = LeanQwen3.__call__, LeanQwen3.admit
+
+    def counted(self, ids, *a, **kw):
+        seen["rows"].add(ids.shape[0])
+        seen["steps"] += 1
+        return call(self, ids, *a, **kw)
+
+    def admitted(self, slots, *a, **kw):
+        seen["admitted"].append(len(slots))
+        return admit(self, slots, *a, **kw)
+
+    monkeypatch.setattr(LeanQwen3, "__call__", counted)
+    monkeypatch.setattr(LeanQwen3, "admit", admitted)
+    reqs = requests((*ADAPTERS, BASE), n=30, seeded=True)
+    stops = [7, 11, 23]
+    kw = {"stop_ids": stops, "compile": compile, "read_every": 3 if compile else None}
+    assert HFEngine(mixed_ranks, tokenizer, compile=compile).refill is None  # auto: compiled
+    for params in (SamplingParams(0.0, 40, seed=0), SamplingParams(1.0, 40, seed=0)):
+        whole = HFEngine(mixed_ranks, tokenizer, max_batch=64, **kw).generate(reqs, params)
+        seen.update(rows=set(), steps=0, admitted=[])
+        refill = None if compile else True  # auto refills where the step is compiled
+        engine = HFEngine(mixed_ranks, tokenizer, max_batch=6, refill=refill, **kw)
+        refilled = engine.generate(reqs, params)
+        same(refilled, whole)
+        assert {c.finish_reason for c in refilled} == {"stop", "length"}
+        # and what the model's own forward gives each whole sequence, unpadded, alone
+        scored = HFEngine(mixed_ranks, tokenizer).score(
+            reqs, [c.token_ids for c in refilled], params.temperature
+        )
+        for c, logp in zip(refilled, scored, strict=True):
+            torch.testing.assert_close(
+                torch.tensor(c.logprobs), torch.tensor(logp), atol=1e-4, rtol=0
+            )
+        assert max(seen["rows"]) == (8 if compile else 6)
+        assert seen["admitted"][0] == 6 and len(seen["admitted"]) >= 5
+        assert sum(seen["admitted"]) == len(reqs)
+        refill_steps = seen["steps"]
+        seen["steps"] = 0
+        chunked = HFEngine(mixed_ranks, tokenizer, max_batch=6, refill=False, **kw)
+        same(chunked.generate(reqs, params), whole)
+        assert refill_steps < seen["steps"]
+        # the model's own forward takes its rows once: batches, whatever refill says
+        own = HFEngine(mixed_ranks, tokenizer, max_batch=6, lean=False, refill=True, **kw)
+        same(own.generate(reqs, params), whole)
+    assert not lean._GAVE_UP
+
+
+def test_admitted_rows_change_the_adapter_masks_in_place(mixed_ranks):
+    """A CUDA graph replays the step over the tensors it was captured with: rows admitted into
+    places of another adapter update the per-row LoRA masks and scalings in place."""
+    names = (*ADAPTERS, BASE)
+    with torch.inference_mode():
+        lean = LeanQwen3(mixed_ranks, 4, 16, adapters=names, row_adapters=[0, 1, 2, 3])
+        before = [(m.data_ptr(), m.clone(), s.data_ptr()) for m, s in lean.lora]
+        ids = torch.tensor([[5, 6, 7]])
+        mask, positions = torch.ones_like(ids), torch.arange(3)[None]
+        lean.admit(torch.tensor([0, 2]), ids, mask, positions, [3], torch.tensor([0, 0]))
+    assert lean.row_adapters.tolist() == [3, 1, 3, 3]
+    for (ptr, old, scaling_ptr), (m, s) in zip(before, lean.lora, strict=True):
+        assert m.data_ptr() == ptr and s.data_ptr() == scaling_ptr
+        assert torch.equal(m[[1, 3]], old[[1, 3]]) and torch.equal(m[0], old[3])
+        assert not torch.equal(m[0], old[0]) and torch.equal(s[0], s[3])
+
+
 def test_batch_sizes_of_the_compiled_step():
     sizes = sorted({_bucket(n) for n in range(1, 300)})
     assert sizes == [2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384]

@@ -201,14 +201,13 @@ def test_rows_sharing_a_prompt_prefill_it_once_and_sample_as_alone(
     ]  # interleaved: prompt 0, 1, 2, 0, 1, 2, ...
     first_rows = []
     for cls in (hf._Transformers, hf.LeanQwen3):
-        call = cls.__call__
+        admit = cls.admit
 
-        def spy(self, ids, mask, positions, at, _call=call):
-            if at == 0:
-                first_rows.append(ids.shape[0])
-            return _call(self, ids, mask, positions, at)
+        def spy(self, slots, ids, *args, _admit=admit):
+            first_rows.append(ids.shape[0])
+            return _admit(self, slots, ids, *args)
 
-        monkeypatch.setattr(cls, "__call__", spy)
+        monkeypatch.setattr(cls, "admit", spy)
     params = SamplingParams(1.0, 12, seed=0)
     engine = HFEngine(model, tokenizer, merge=merge)
     together = engine.generate(reqs, params)

@@ -157,18 +157,22 @@ def test_engine_samples_the_same_with_and_without_the_lean_forward(qwen3, tokeni
     params = SamplingParams(0.9, 20, seed=4)
     stops = [7, 11]
     calls = {"lean": 0, "prefill": 0}
-    lean_call = LeanQwen3.__call__
+    lean_call, lean_admit = LeanQwen3.__call__, LeanQwen3.admit
 
     def counted(self, ids, *a, **kw):
         calls["lean"] += 1
-        calls["prefill"] += ids.shape[1] > 1
         return lean_call(self, ids, *a, **kw)
+
+    def admitted(self, *a, **kw):
+        calls["prefill"] += 1
+        return lean_admit(self, *a, **kw)
 
     reference = HFEngine(model, tokenizer, merge=True, lean=False, stop_ids=stops).generate(
         reqs, params
     )
     assert calls["lean"] == 0
     monkeypatch.setattr(LeanQwen3, "__call__", counted)
+    monkeypatch.setattr(LeanQwen3, "admit", admitted)
     ours = HFEngine(model, tokenizer, merge=True, stop_ids=stops).generate(reqs, params)
     assert calls["lean"] > 0
     assert any(c.finish_reason == "stop" for c in ours)

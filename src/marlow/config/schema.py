@@ -500,6 +500,15 @@ class RolloutConfig(_Section):
         "CPU (bench/lean_lora.py: there the compilation costs more than it saves in a run's "
         "calls)",
     )
+    refill: Switch = Field(
+        "auto",
+        description="in a sampling call of more rows than max_batch, rows that stop make room "
+        "for the waiting ones (prefilled into their places) instead of each batch of max_batch "
+        "running until its longest row ends; the same distribution, but call-seeded rows then "
+        "draw other random numbers; auto: on where the decode step is compiled (CUDA by "
+        "default), off elsewhere, which keeps the shipped quickstart's figures (bench/refill.py "
+        "measures both ways)",
+    )
     seeding: Literal["auto", "call", "request"] = Field(
         "auto",
         description="call: a stage's samples come from one generator in request order; request: "

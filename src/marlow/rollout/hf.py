@@ -19,32 +19,46 @@ in order of first appearance; the model's own forward (any causal LM, any adapte
 ``DynamicCache``) runs where the lean one does not. A workflow calls the engine once per stage
 and a stage serves one role, so a training step's calls name one adapter each.
 
+A pass holds at most ``max_batch`` rows at once. With ``refill`` (where the lean forward runs),
+a pass of more rows keeps the rest waiting in order, and at a host read (below) rows that have
+stopped make room for them once they are an eighth of the working batch (or as many as wait):
+the waiting rows' prompts are prefilled (:meth:`marlow.rollout.lean.LeanQwen3.admit`) into the
+stopped rows' places, and each row writes its tokens at its own cache column from then on. A
+few long completions then no longer hold the next ``max_batch`` rows back: on this CPU, 256
+rows of 4 adapters at ``max_batch`` 64 whose completions stopped at scattered lengths (mean 41,
+longest 128) took 0.83 of the time of batches one after the other on tiny-s and 0.78 on a
+Python-bound 28-layer proxy, in 262 decode steps instead of 508 (``bench/refill.py``). Without
+it, the pass runs as batches of ``max_batch`` rows, one after the other.
+
 Sampling draws from one ``torch.Generator`` seeded with ``params.seed`` per call, consumed pass
-by pass, chunk by chunk (``max_batch`` rows): the same requests, params and ``max_batch`` give
-the same samples. Requests that carry their own ``seed`` (all of a call, or none) are sampled by
-inversion instead: row r draws its ``max_new_tokens`` uniforms u from a generator seeded with its
-seed, and token t is the first id whose cumulative probability exceeds u_t times the total. That
-is the same categorical distribution, and a row's sample no longer depends on which rows share
-its batch (up to the float round-off of its logits), so a problem sharded to another
-data-parallel rank draws the same tokens.
+by pass, step by step over the working batch: the same requests, params, ``max_batch`` and
+``refill`` give the same samples. Requests that carry their own ``seed`` (all of a call, or
+none) are sampled by inversion instead: row r draws its ``max_new_tokens`` uniforms u from a
+generator seeded with its seed, and token t is the first id whose cumulative probability exceeds
+u_t times the total. That is the same categorical distribution, and a row's sample no longer
+depends on which rows share its batch (up to the float round-off of its logits), so a problem
+sharded to another data-parallel rank draws the same tokens, and a row samples the same with
+rows refilled or not.
 
 Rows whose prompts and adapters are the same (a GRPO group's samples) share one prefill: each
-distinct pair of a chunk is forwarded once and its KV cache and last logits are repeated for its
-rows (on this CPU the samples are bit-equal to a prefill per row; the prefill of
-``bench/vs_trl.py``'s 256 rows over 32 prompts took 6 ms instead of 50 ms a step).
+distinct pair of the rows admitted together is forwarded once and its KV cache and last logits
+are repeated for its rows (on this CPU the samples are bit-equal to a prefill per row; the
+prefill of ``bench/vs_trl.py``'s 256 rows over 32 prompts took 6 ms instead of 50 ms a step).
 
 The decode loop keeps sampled ids, log-probs, lengths and stop flags on the device; the host reads
 whether rows have stopped once every ``read_every`` tokens (default: every token on the CPU,
 where the read costs nothing, every :data:`READ_EVERY` elsewhere, where it waits for the device)
-and at the end of a chunk, to hand the sampled ids and log-probs over as Python lists. Rows that
-have stopped are fed pads; they leave the working batch, KV cache included, whenever they make up
-an eighth of it at a read, so a few long completions do not carry every finished row through the
-remaining steps. With ``compile`` (on CUDA by default) the lean decode step runs at fixed
-shapes, its layers compiled and, on CUDA, the whole step replayed from CUDA graphs
-(:mod:`marlow.rollout.lean`): its KV cache holds the call's columns rounded up to :data:`CAPACITY_STEP`, and the
-working batch is padded with filler rows (always stopped, writing to a spare output row) up to
-one of a few sizes (:func:`_bucket`), so that a call and its compactions need few compiled steps
-and CUDA graphs.
+and at the end of a pass, to hand the sampled ids and log-probs over as Python lists. Rows that
+have stopped are fed pads until their places are taken; once no row waits, they leave the working
+batch, KV cache included, whenever they make up an eighth of it at a read, so a few long
+completions do not carry every finished row through the remaining steps. With ``compile`` (on
+CUDA by default) the lean decode step runs at fixed shapes, its layers compiled and, on CUDA,
+the whole step replayed from CUDA graphs (:mod:`marlow.rollout.lean`): its KV cache holds the
+call's columns (its longest prompt and the new tokens) rounded up to :data:`CAPACITY_STEP`, and
+the working batch is padded with filler rows (always stopped, writing to a spare output row) up
+to one of a few sizes (:func:`_bucket`), so that a call and its compactions need few compiled
+steps and CUDA graphs. A graphed step attends over the columns up to the largest any row writes
+at (rows that have stopped stay where they stopped while others wait).
 
 Device and precision: every tensor of the loop (ids, masks, KV cache, the generator) is on the
 model's device; the logits come in the base's dtype and are cast to float32 before the
@@ -105,13 +119,18 @@ class HFEngine:
     a Python-bound model (``bench/lean_lora.py``): it pays after about 3,000 positions of one
     shape, more than a tiny-world call samples, so auto leaves the CPU eager.
     ``read_every``: how often the host reads whether rows have stopped (module docstring).
+    ``refill``: in a pass of more rows than ``max_batch``, waiting rows take the places of rows
+    that stop (module docstring); None: where the decode step is compiled. It pays on the CPU
+    too (``bench/refill.py``), but it changes which random numbers a call-seeded row draws, so
+    auto leaves the CPU as the shipped quickstart's figures were measured.
     """
 
     @classmethod
     def from_run(cls, model, tokenizer, *, config, device) -> HFEngine:
         """The engine of a run: ``rollout.max_batch``, ``rollout.merge_lora`` (auto: on for a
         float32 run on the CPU, where sampling from the merged weights is exact enough and
-        faster) and ``rollout.compile`` (auto: compiled decode steps on CUDA)."""
+        faster), ``rollout.compile`` (auto: compiled decode steps on CUDA) and
+        ``rollout.refill`` (auto: where the decode step is compiled)."""
         merge = config.rollout.merge_lora
         if merge == "auto":
             cpu_float32 = getattr(device, "type", device) == "cpu" and config.dtype == "float32"
@@ -123,6 +142,7 @@ class HFEngine:
             max_batch=config.rollout.max_batch,
             merge=merge == "on",
             compile=compile,
+            refill={"auto": None, "on": True, "off": False}[config.rollout.refill],
         )
 
     def __init__(
@@ -136,6 +156,7 @@ class HFEngine:
         lean: bool = True,
         compile: bool | None = None,
         read_every: int | None = None,
+        refill: bool | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -154,6 +175,7 @@ class HFEngine:
         if read_every is not None and read_every < 1:
             raise ValueError(f"read_every must be >= 1, got {read_every}")
         self.read_every = read_every
+        self.refill = refill
         self.stop_ids = [int(i) for i in stop_ids]
         # The pad id only fills masked positions and finished rows; any valid id works.
         pad = tokenizer.pad_token_id
@@ -176,15 +198,12 @@ class HFEngine:
                 for adapters, rows in self._groups(requests):
                     # one adapter: switched to (or merged); several: each row's own, in one batch
                     with self._adapted(adapters[0]) if len(adapters) == 1 else nullcontext():
-                        for start in range(0, len(rows), self.max_batch):
-                            chunk = rows[start : start + self.max_batch]
-                            batch = [requests[i] for i in chunk]
-                            for i, comp in zip(
-                                chunk,
-                                self._sample(batch, adapters, params, generator, seeded),
-                                strict=True,
-                            ):
+                        while rows:  # the lean forward takes them all; the model's, a batch
+                            batch = [requests[i] for i in rows]
+                            done = self._sample(batch, adapters, params, generator, seeded)
+                            for i, comp in zip(rows, done, strict=False):
                                 out[i] = comp
+                            rows = rows[len(done) :]
         finally:
             activate(self.model, previous)
             self.model.train(was_training)
@@ -269,71 +288,90 @@ class HFEngine:
         generator: torch.Generator,
         seeded: bool,
     ) -> list[Completion]:
+        """Completions of the first rows of ``batch``, in order: all of them where the forward
+        refills its rows (the lean one), else the first ``max_batch``."""
         device, n_new = self.device, params.max_new_tokens
-        prompts = [req.prompt_ids for req in batch]
-        B, P = len(prompts), max(len(p) for p in prompts)
-        # Rows with the same prompt and adapter (a GRPO group) share its prefill: each distinct
-        # pair is forwarded once, then its KV cache and logits are repeated for its rows.
-        own = [adapters.index(req.adapter) for req in batch] if len(adapters) > 1 else [0] * B
-        distinct: dict[tuple, int] = {}  # each pair's index among the distinct
-        which: list[int] = []  # per row, its pair's index
-        firsts: list[int] = []  # each pair's first row
-        for r, key in enumerate(zip(map(tuple, prompts), own, strict=True)):
-            if key not in distinct:
-                distinct[key] = len(firsts)
-                firsts.append(r)
-            which.append(distinct[key])
-
         compiled = self.compiled
-        length = P + n_new
+        width = min(len(batch), self.max_batch)
+        refills = self.lean and (compiled if self.refill is None else self.refill)
+        if not refills:
+            batch = batch[:width]  # no rows admitted later: a batch, as many as it holds
+        N = len(batch)
+        own = [adapters.index(req.adapter) for req in batch] if len(adapters) > 1 else [0] * N
+        # every prompt of the call fits the cache, its first rows' and those admitted later
+        length = max(len(req.prompt_ids) for req in batch) + n_new
         if compiled:  # few shapes: a compiled step is made (and captured) once per shape
             length = -(-length // CAPACITY_STEP) * CAPACITY_STEP
+        bucket = _bucket if compiled else int
+        b = bucket(width)  # working rows, fillers included
         forward = None
         if self.lean:
             forward = LeanQwen3.for_model(
                 self.model,
-                len(firsts),
+                b,
                 length,
                 adapters=adapters if len(adapters) > 1 else None,
-                row_adapters=[own[r] for r in firsts],
                 compiled=compiled,
             )
         if forward is None:
             if len(adapters) > 1:  # _groups mixes adapters only where the lean forward runs
                 raise RuntimeError(f"adapters {adapters} mixed without the lean forward")
-            forward, compiled = _Transformers(self.model), False
-        bucket = _bucket if compiled else int
-        # The working batch: ``rows`` (indices into the outputs) of the rows still sampling, the
-        # rows that have stopped until they are dropped, and fillers up to the batch's bucket
-        # (compiled: few shapes), which write to the spare output row B and are always done.
-        b = bucket(B)
-        rows = torch.cat([torch.arange(B), torch.full((b - B,), B)]).to(device)
-        done = (rows == B).to(device)
-        expand = torch.tensor(which + [0] * (b - B), device=device)  # each working row's pair
+            forward, compiled, bucket, b = _Transformers(self.model), False, int, width
+            if refills:  # the model's cache takes its rows once
+                refills, N, batch = False, width, batch[:width]
 
-        # Left padding: the last prompt token of every row sits at column P - 1.
-        input_ids = torch.full((B, P), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((B, length), dtype=torch.long)  # grows one column per step
-        for r, p in enumerate(prompts):
-            input_ids[r, P - len(p) :] = torch.tensor(p, dtype=torch.long)
-            attn[r, P - len(p) : P] = 1
-        input_ids, attn = input_ids.to(device), attn.to(device)
-        position_ids = (attn[:, :P].cumsum(-1) - 1).clamp(min=0)  # (B, P); pads 0, masked
-        f = torch.tensor(firsts, device=device)
-        logits = forward(input_ids[f], attn[f], position_ids[f], 0)
-        if len(firsts) < b:
-            forward.select(expand)
-            logits = logits[expand]
-        seen = torch.cat([torch.arange(B), torch.zeros(b - B, dtype=torch.long)]).to(device)
-        attn, next_pos = attn[seen], position_ids[seen, -1:] + 1  # (b, length), (b, 1)
+        # The working batch: ``rows`` (indices into the outputs) of the rows sampling, the rows
+        # that have stopped until they are replaced or dropped, and fillers (compiled: up to
+        # the batch's bucket), which write to the spare output row N and are always done.
+        # ``queue``: the call's rows not yet admitted, in order.
+        rows = torch.full((b,), N, dtype=torch.long, device=device)
+        done = torch.ones(b, dtype=torch.bool, device=device)
+        attn = torch.zeros((b, length), dtype=torch.long, device=device)  # real columns
+        next_pos = torch.zeros((b, 1), dtype=torch.long, device=device)
+        columns = torch.zeros(b, dtype=torch.long, device=device)  # where each row writes next
+        top = 0  # on the host, at least the largest of them (read from the device at reads)
+        queue = list(range(N))
+        logits = None
 
-        # outputs, one spare row (B) for the fillers
-        tokens = torch.full((B + 1, n_new), self.pad_id, dtype=torch.long, device=device)
-        logps = torch.zeros((B + 1, n_new), dtype=torch.float32, device=device)
-        lengths = torch.zeros(B + 1, dtype=torch.long, device=device)
-        stopped = torch.zeros(B + 1, dtype=torch.bool, device=device)
+        def admit(slots: list[int]) -> None:
+            """Prefill the queue's next rows into the working ``slots`` (their rows of one
+            prompt and adapter, a GRPO group's, prefilled once)."""
+            nonlocal rows, done, logits, top
+            take, queue[:] = queue[: len(slots)], queue[len(slots) :]
+            distinct: dict[tuple, int] = {}  # (prompt, adapter) -> its index among the distinct
+            for r in take:
+                distinct.setdefault((tuple(batch[r].prompt_ids), own[r]), len(distinct))
+            which = [distinct[(tuple(batch[r].prompt_ids), own[r])] for r in take]
+            P = max(len(p) for p, _ in distinct)
+            ids = torch.full((len(distinct), P), self.pad_id, dtype=torch.long)
+            mask = torch.zeros((len(distinct), P), dtype=torch.long)
+            for i, (p, _) in enumerate(distinct):  # left padding: the last token at column P-1
+                ids[i, P - len(p) :] = torch.tensor(p, dtype=torch.long)
+                mask[i, P - len(p) :] = 1
+            ids, mask = ids.to(device), mask.to(device)
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)  # pads 0, masked
+            at_slots = torch.tensor(slots, device=device)
+            expand = torch.tensor(which, device=device)
+            fresh = forward.admit(at_slots, ids, mask, pos, [a for _, a in distinct], expand)
+            rows = rows.index_copy(0, at_slots, torch.tensor(take, device=device))
+            done = done.index_fill(0, at_slots, False)
+            attn[at_slots] = 0
+            attn[at_slots, :P] = mask[expand]
+            next_pos[at_slots] = pos[expand, -1:] + 1
+            columns[at_slots] = P
+            top = max(top, P)
+            if logits is None:  # the fillers' logits: any finite numbers
+                logits = fresh.new_zeros((b, fresh.shape[1]))
+            logits = logits.index_copy(0, at_slots, fresh)
+
+        admit(list(range(width)))
+        # outputs, one spare row (N) for the fillers and the rows that have stopped
+        tokens = torch.full((N + 1, n_new), self.pad_id, dtype=torch.long, device=device)
+        logps = torch.zeros((N + 1, n_new), dtype=torch.float32, device=device)
+        lengths = torch.zeros(N + 1, dtype=torch.long, device=device)
+        stopped = torch.zeros(N + 1, dtype=torch.bool, device=device)
         stop = torch.tensor(self.stop_ids, device=device)
-        uniforms = None  # (B + 1, n_new): each row's own draws when the requests carry seeds
+        uniforms = None  # (N + 1, n_new): each row's own draws when the requests carry seeds
         if seeded:
             uniforms = torch.stack(
                 [
@@ -345,40 +383,66 @@ class HFEngine:
                 + [torch.zeros(n_new, device=device)]
             )
         read_every = self.read_every or (1 if device.type == "cpu" else READ_EVERY)
-        for t in range(n_new):
-            u = None if uniforms is None else uniforms[rows, t]
+        last = n_new  # by this token every admitted row has stopped
+        t = 0
+        while True:
+            steps = lengths[rows]  # each row's tokens so far (its next token's index)
+            u = None if uniforms is None else uniforms[rows, steps.clamp(max=n_new - 1)]
             tok, lp = _pick(logits, params.temperature, generator, u)
             tok = torch.where(done, self.pad_id, tok)  # finished rows keep being padded
-            tokens[rows, t] = tok  # no host read: every row written, finished ones as pads
-            logps[rows, t] = lp.masked_fill(done, 0.0)
+            into = torch.where(done, N, rows)  # stopped rows write to the spare row
+            at_step = steps.clamp(max=n_new - 1)
+            tokens[into, at_step] = tok  # no host read: every row written
+            logps[into, at_step] = lp.masked_fill(done, 0.0)
             lengths.index_add_(0, rows, (~done).long())
             hit = torch.isin(tok, stop) & ~done
             stopped[rows] |= hit
-            done = done | hit
-            if t == n_new - 1:
+            done = done | hit | (steps + 1 >= n_new)
+            t += 1
+            if t == last and not queue:
                 break
-            if (t + 1) % read_every == 0:  # the host reads the device only here
-                live = int((~done).sum())
-                if live == 0:
+            read = t % read_every == 0 or t == last
+            if read:  # the host reads the device only here
+                if refills:  # stopped rows stay where they stopped: the span is the live rows'
+                    live, top = torch.stack([(~done).sum(), columns.max()]).tolist()
+                else:
+                    live = int((~done).sum())
+                if live == 0 and not queue:
                     break
                 # drop stopped rows, KV cache included, once they are an eighth of the batch
-                # (until then they are fed pads), so a few long completions do not carry it
-                if 8 * (len(rows) - live) >= len(rows) and bucket(live) < len(rows):
+                # (until then they are fed pads), so a few long completions do not carry it;
+                # while rows wait, stopped rows are replaced instead (below)
+                if not queue and 8 * (len(rows) - live) >= len(rows) and bucket(live) < len(rows):
                     keep = _compaction(done, bucket(live))
                     forward.select(keep)
                     rows, tok, attn, next_pos = rows[keep], tok[keep], attn[keep], next_pos[keep]
-                    done = done[keep]
-                    rows[live:] = B
+                    columns, done = columns[keep], done[keep]
+                    rows[live:] = N
                     done[live:] = True
-            attn[:, P + t] = 1
-            logits = forward(tok[:, None], attn, next_pos, P + t)
-            next_pos = next_pos + 1
+            # every row's token at its own column (stopped rows' land in their own cache rows)
+            rows_at = torch.arange(len(rows), device=device)
+            attn[rows_at, columns] = 1
+            # one column for all where no row was admitted later (the cheaper cache write)
+            logits = forward(tok[:, None], attn, next_pos, top, columns if refills else None)
+            # Refilling, a stopped row stays at its column (its pads overwrite it), so that the
+            # rows it waits beside, admitted later at smaller columns, attend over their own
+            # span; else every row moves on together, one column a step (as before a read).
+            step = (~done).long() if refills else 1
+            columns, next_pos = columns + step, next_pos + (step[:, None] if refills else 1)
+            top = min(top + 1, length - 1)
+            if queue and read:
+                # stopped rows make room for waiting ones once they are an eighth of the batch
+                # (or as many as wait), so that a few long completions do not hold the rest
+                free = done.nonzero()[:, 0].tolist()[: len(queue)]
+                if len(free) >= min(len(queue), max(1, len(rows) // 8)):
+                    admit(free)
+                    last = t + n_new
 
-        counts = lengths[:B].tolist()
-        token_rows = [row[:n] for row, n in zip(tokens[:B].tolist(), counts, strict=True)]
-        logp_rows = [row[:n] for row, n in zip(logps[:B].tolist(), counts, strict=True)]
+        counts = lengths[:N].tolist()
+        token_rows = [row[:n] for row, n in zip(tokens[:N].tolist(), counts, strict=True)]
+        logp_rows = [row[:n] for row, n in zip(logps[:N].tolist(), counts, strict=True)]
         texts = self.tokenizer.batch_decode(token_rows, skip_special_tokens=True)
-        reasons: list[FinishReason] = ["stop" if s else "length" for s in stopped[:B].tolist()]
+        reasons: list[FinishReason] = ["stop" if s else "length" for s in stopped[:N].tolist()]
         return [
             Completion(token_ids=t, logprobs=lp, finish_reason=r, text=x)
             for t, lp, r, x in zip(token_rows, logp_rows, reasons, texts, strict=True)
@@ -424,7 +488,17 @@ class _Transformers:
         self.model = model
         self.cache = DynamicCache(config=model.config)
 
-    def __call__(self, ids, mask, positions, at: int) -> torch.Tensor:
+    def admit(self, slots, ids, mask, positions, row_adapters, expand) -> torch.Tensor:
+        """Prefill the call's first rows (``slots`` 0, 1, ...; the model's cache does not take
+        rows later): :meth:`marlow.rollout.lean.LeanQwen3.admit`'s arguments."""
+        if slots.tolist() != list(range(len(slots))) or self.cache.get_seq_length() > 0:
+            raise ValueError("the model's forward takes its rows once, at the start of a call")
+        logits = self(ids, mask, positions, 0)
+        self.select(expand)
+        return logits[expand]
+
+    def __call__(self, ids, mask, positions, at: int, columns=None) -> torch.Tensor:
+        """``columns``: unused (every row is at column ``at``: the call admits no rows later)."""
         # the arithmetic of the trainer's scoring, its layers eager even where the trainer
         # compiled them (marlow.models.compile_layers): the cache grows every token
         with lora_in_base_dtype(self.model), torch.compiler.set_stance("force_eager"):

@@ -303,12 +303,15 @@ def _forward(
     halves: tuple | None = None,
 ) -> torch.Tensor:
     """The next ``q`` tokens of every row (``ids`` (b, q), at ``positions`` (b, q)) written into
-    the cache at ``columns`` (q,), attending over the cache's first ``span`` columns (``valid``
+    the cache at ``columns`` (q,) (or, one token a row, at each row's own column: (b, 1)),
+    attending over the cache's first ``span`` columns (``valid``
     (b, span): False masks a column; None: every column is real); the last token's logits (b, V)
     in float32. Each layer is :func:`_layer`, its two halves ``halves`` (default eager; the
     compiled step passes its ``torch.compile``'d ones: every layer has the same shapes, so one
     compilation serves all)."""
     cos, sin = rope[0][positions][:, None], rope[1][positions][:, None]  # (b, 1, q, hd)
+    if columns.dim() == 2:  # each row's column, as the index of the cache write (_layer)
+        columns = columns[:, None, :, None].expand(-1, w.kv_heads, -1, w.head_dim)
     x = F.embedding(ids, w.embed)
     if halves is not None:  # compiled: the rows' dimension is the only symbolic size
         _rows_vary(x, cos, sin, *(t for pair in lora for t in pair))
@@ -333,14 +336,19 @@ def _layer(
     halves: tuple | None = None,
 ) -> torch.Tensor:
     """One decoder layer of :func:`_forward` over ``x`` (b, q, hidden), its cache ``keys`` and
-    ``values`` (b, kv heads, columns, hd) written at ``columns``: :func:`_projections`, the
+    ``values`` (b, kv heads, columns, hd) written at ``columns`` ((q,), or each row's own
+    expanded to the key's shape (b, kv heads, 1, hd)): :func:`_projections`, the
     cache write and the attention, then :func:`_rest` (``halves``: the two, default eager).
     The cache and the span stay out of the halves, so a compiled half has the shapes of the
     rows alone, whatever column a step writes and however many it attends over."""
     projections, rest = halves or (_projections, _rest)
     query, key, value = projections(x, layer, lora, cos, sin)
-    keys.index_copy_(2, columns, key)
-    values.index_copy_(2, columns, value)
+    if columns.dim() == 1:  # every row's tokens at the same columns
+        keys.index_copy_(2, columns, key)
+        values.index_copy_(2, columns, value)
+    else:  # one token a row, each at its own column: (b, kv heads, 1, hd), from _forward
+        keys.scatter_(2, columns, key)
+        values.scatter_(2, columns, value)
     out = _attend(query, keys[:, :, :span], values[:, :, :span], valid)
     if halves is not None:
         _rows_vary(out)
@@ -482,7 +490,7 @@ class _Graph:
         self.lean, self.span, self.device = lean, span, device
         self.ids = torch.zeros((rows, 1), dtype=torch.long, device=device)
         self.positions = torch.zeros((rows, 1), dtype=torch.long, device=device)
-        self.columns = torch.zeros(1, dtype=torch.long, device=device)
+        self.columns = torch.zeros((rows, 1), dtype=torch.long, device=device)  # each row's
         self.valid = torch.zeros((rows, span), dtype=torch.bool, device=device)
         self.halves = _compiled_halves(device)
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -493,10 +501,10 @@ class _Graph:
         args = (self.ids, self.positions, self.columns, self.valid, self.span, self.halves)
         return self.lean._step(*args)
 
-    def __call__(self, ids, mask, positions, at: int) -> torch.Tensor:
+    def __call__(self, ids, mask, positions, columns: torch.Tensor) -> torch.Tensor:
         self.ids.copy_(ids)
         self.positions.copy_(positions)
-        self.columns.fill_(at)
+        self.columns.copy_(columns)
         self.valid.copy_(mask[:, : self.span])
         if not self.ready:
             self._prepare()
@@ -591,7 +599,8 @@ class LeanQwen3:
         if row_adapters is None:
             row_adapters = torch.zeros(rows, dtype=torch.long)
         self.row_adapters = torch.as_tensor(row_adapters, dtype=torch.long).to(device)
-        self.lora = [self._rows_of(layout) for layout in layouts]
+        self.layouts = layouts
+        self.lora = [self._rows_of(layout, self.row_adapters) for layout in layouts]
         # Whether some prompt column is padding (transformers then passes a mask): fixed until
         # rows leave, since every column after the prompt is real; read from the device only then.
         self.padded: bool | None = None
@@ -600,19 +609,68 @@ class LeanQwen3:
         self.rope = (angles.cos().to(dtype), angles.sin().to(dtype))
         self.graph: _Graph | None = None  # the graphed step at the current rows and span
 
-    def _rows_of(self, layout: _Layout) -> tuple:
-        """(mask, scaling) of :func:`_linear` for this call's rows under ``layout``: no mask and
-        the one scaling when the call has one adapter, else per row."""
+    @staticmethod
+    def _rows_of(layout: _Layout, row_adapters: torch.Tensor) -> tuple:
+        """(mask, scaling) of :func:`_linear` for rows of ``row_adapters`` (each row's index
+        into the call's adapters) under ``layout``: no mask and the one scaling when the call
+        has one adapter, else per row."""
         if len(layout.ranks) == 1:
             return None, layout.scalings[0]
         owner = torch.cat(
             [torch.full((r,), i, dtype=torch.long) for i, r in enumerate(layout.ranks)]
-        ).to(self.row_adapters.device)  # (rank sum,): the adapter of each stacked column
-        mask = (self.row_adapters[:, None] == owner[None, :]).to(layout.dtype)[:, None, :]
+        ).to(row_adapters.device)  # (rank sum,): the adapter of each stacked column
+        mask = (row_adapters[:, None] == owner[None, :]).to(layout.dtype)[:, None, :]
         # in float32 at least: a bfloat16 scaling such as 1/3 would be off by a fixed 0.2%
         wide = torch.promote_types(layout.dtype, torch.float32)
         scaling = torch.tensor(layout.scalings, dtype=wide, device=mask.device)
-        return mask, scaling[self.row_adapters][:, None, None]
+        return mask, scaling[row_adapters][:, None, None]
+
+    def admit(
+        self,
+        slots: torch.Tensor,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        row_adapters: Sequence[int] | torch.Tensor,
+        expand: torch.Tensor,
+    ) -> torch.Tensor:
+        """Prefill new prompts and put them in the working rows ``slots`` (s,), in place of
+        whatever those rows held; the slots' last-token logits (s, V) in float32.
+
+        ``ids``, ``mask`` and ``positions`` (k, q): k distinct prompts left-padded to q columns
+        (as :meth:`__call__` takes a prompt), ``row_adapters`` (k,) each one's adapter index;
+        ``expand`` (s,): the prompt each slot takes (rows of a GRPO group share one prefill).
+        The prompts are forwarded eagerly over a cache of their own, whose q columns are then
+        copied into the slots' columns 0..q-1: a slot's next token goes at column q, whatever
+        column the other rows are at (they write at their own: :meth:`__call__`'s
+        ``columns``). The call's weights and stacked factors are reused, not stacked again."""
+        k, q = ids.shape
+        if q > self.length:
+            raise ValueError(f"a prompt of {q} columns past the {self.length} of this call")
+        own = torch.as_tensor(row_adapters, dtype=torch.long).to(self.row_adapters.device)
+        shape = (k, self.w.kv_heads, q, self.w.head_dim)
+        keys = [self.keys[0].new_empty(shape) for _ in self.w.layers]
+        values = [self.keys[0].new_empty(shape) for _ in self.w.layers]
+        lora = [self._rows_of(layout, own) for layout in self.layouts]
+        valid = mask.bool()
+        columns = torch.arange(q, device=ids.device)
+        every = bool(valid.all())  # transformers' choice: no mask where nothing is padding
+        logits = _forward(
+            self.w, keys, values, lora, self.rope, ids, positions, columns,
+            None if every else valid, q,
+        )  # fmt: skip
+        self._reserve(q)
+        for cache, new in ((self.keys, keys), (self.values, values)):
+            for layer, fresh in zip(cache, new, strict=True):
+                layer[slots, :, :q] = fresh[expand]
+        self.row_adapters[slots] = own[expand]
+        for (mask_now, scaling_now), layout in zip(self.lora, self.layouts, strict=True):
+            if mask_now is not None:  # in place: a captured CUDA graph reads these tensors
+                mask_new, scaling_new = self._rows_of(layout, self.row_adapters)
+                mask_now.copy_(mask_new)
+                scaling_now.copy_(scaling_new)
+        self.padded = None
+        return logits[expand]
 
     def select(self, keep: torch.Tensor) -> None:
         self.keys = [k[keep] for k in self.keys]
@@ -633,23 +691,30 @@ class LeanQwen3:
         grown = min(self.length, max(end, 2 * capacity))
         for cache in (self.keys, self.values):
             for i, old in enumerate(cache):
-                new = old.new_empty((*old.shape[:2], grown, old.shape[3]))
+                new = old.new_zeros((*old.shape[:2], grown, old.shape[3]))
                 new[:, :, :capacity] = old
                 cache[i] = new
 
     def __call__(
-        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, at: int
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        at: int,
+        columns: torch.Tensor | None = None,
     ) -> torch.Tensor:
         b, q = ids.shape
-        if q > 1 and at != 0:
+        if q > 1 and (at != 0 or columns is not None):
             raise ValueError("several tokens at once only from column 0 (the prompt)")
         end = at + q
         if end > self.length:
             raise ValueError(f"column {end} past the {self.length} this call was made for")
         device = ids.device
         if q == 1 and self.compiled:  # fixed shapes: unwritten columns masked
+            if columns is None:
+                columns = torch.full((b,), at, dtype=torch.long, device=device)
             try:
-                return self._compiled(ids, mask, positions, at)
+                return self._compiled(ids, mask, positions, at, columns[:, None])
             except torch.OutOfMemoryError:
                 raise
             except Exception as err:  # the compiler's or a graph's: the eager step computes it
@@ -660,15 +725,15 @@ class LeanQwen3:
         if self.padded is None:
             self.padded = not bool(valid.all())
         # transformers' choice of attention call: no mask where no column is padding
-        columns = torch.arange(at, end, device=device)
+        columns = torch.arange(at, end, device=device) if columns is None else columns[:, None]
         return self._step(ids, positions, columns, valid if self.padded else None, end)
 
-    def _compiled(self, ids, mask, positions, at: int) -> torch.Tensor:
-        """One decode step at fixed shapes: the graphed step of its span (CUDA), or the
+    def _compiled(self, ids, mask, positions, at: int, columns) -> torch.Tensor:
+        """One decode step at fixed shapes, each row writing at its column of ``columns`` (b, 1)
+        (the largest is ``at``): the graphed step of its span (CUDA), or the
         ``torch.compile``'d one over every column."""
         device = ids.device
         if not _graphs_on(device):
-            columns = torch.full((1,), at, dtype=torch.long, device=device)
             valid = mask[:, : self.length].bool()
             halves = _compiled_halves(device)
             return self._step(ids, positions, columns, valid, self.length, halves)
@@ -676,7 +741,7 @@ class LeanQwen3:
         if self.graph is None or self.graph.span != span:
             self.graph = None  # its memory goes before the next one's is taken
             self.graph = _Graph(self, ids.shape[0], span, device)
-        return self.graph(ids, mask, positions, at)
+        return self.graph(ids, mask, positions, columns)
 
     def _step(self, ids, positions, columns, valid, span, halves=None) -> torch.Tensor:
         """:func:`_forward` over this call's weights and cache, its layers' halves ``halves``

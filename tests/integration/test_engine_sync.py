@@ -125,3 +125,32 @@ def test_the_check_takes_the_worst_rank_and_refuses_nan():
         check_sync([{"g": 0.0}, {"g": 2e-4}], "float32", 3)
     with pytest.raises(AdapterSyncError, match="adapter 'g'"):
         check_sync([{"g": float("nan")}], "bfloat16", 3)
+
+
+def test_a_run_with_rows_refilled_records_the_trainers_log_probs(tiny_cache, tmp_path, monkeypatch):
+    """rollout.refill=on with 2 rows at a time: each stage's 6 episodes (validation's more)
+    are admitted as earlier ones stop, and every sampled turn's recorded log-probs are the
+    trainer's own (|logp_old - logp_sampler| at float32 round-off, per role) and the probe turn's
+    drift exactly 0, as without refilling; the run's config keeps the setting."""
+    rollout = {**SETTINGS["rollout"], "max_batch": 2, "refill": "on"}
+    cfg = shrunk_config(**{**SETTINGS, "rollout": rollout})
+    t = vary_rewards(Trainer(cfg, tmp_path / "run"))
+    passes = []
+    sample = HFEngine._sample
+
+    def counted(self, batch, *args):
+        out = sample(self, batch, *args)
+        passes.append((len(batch), len(out)))
+        return out
+
+    monkeypatch.setattr(HFEngine, "_sample", counted)
+    t.run()
+    assert passes and all(n == taken for n, taken in passes)  # one pass takes them all
+    assert max(n for n, _ in passes) > 2  # more rows than max_batch in one pass
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(x) for x in lines if json.loads(x)["step"] > 0]
+    for record in steps:
+        for role in ("aggregator", "generator"):
+            assert record[f"train/{role}/rollout_abs_dlogp"] < 1e-5
+            assert record[f"train/{role}/engine_drift"] == 0.0
+    assert "refill: 'on'" in (tmp_path / "run" / "config.yaml").read_text()

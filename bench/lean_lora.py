@@ -30,6 +30,24 @@ ROWS, NEW = 16, 64
 ADAPTERS = ("gen", "agg", "crit")
 
 
+def proxy(vocab: int) -> Qwen3ForCausalLM:
+    """The Python-bound stand-in: the 0.6B's 28 layers at width 64, random float32 weights
+    (seed 0), in eval mode (``bench/refill.py`` samples it too)."""
+    config = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=64,
+        num_hidden_layers=28,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    return Qwen3ForCausalLM(config).eval()
+
+
 def best_ms(call, repeats: int) -> float:
     """The best of ``repeats`` timed calls, in milliseconds per sampled position."""
     best = float("inf")
@@ -46,21 +64,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     tok = build_tokenizer()
-    config = Qwen3Config(
-        vocab_size=len(tok),
-        hidden_size=64,
-        num_hidden_layers=28,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        intermediate_size=128,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    base = Qwen3ForCausalLM(config).to(torch.bfloat16).eval()
+    base = proxy(len(tok)).to(torch.bfloat16)
     model = attach_adapters(base, list(ADAPTERS), LoraSpec(rank=64, alpha=32), seed=0)
-    never = [config.vocab_size]  # no row stops: every call samples every row's NEW positions
+    never = [base.config.vocab_size]  # no row stops: every call samples every row's NEW positions
     reqs = {
         a: [GenRequest(tok.encode(f"{i}+{i}=", add_special_tokens=False), a) for i in range(ROWS)]
         for a in ADAPTERS

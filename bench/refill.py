@@ -26,8 +26,8 @@ import time
 from collections import Counter
 
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from lean_lora import proxy  # bench/ is the script's folder: on sys.path
 from marlow.policy.adapters import LoraSpec, attach_adapters
 from marlow.rollout.hf import HFEngine
 from marlow.rollout.lean import LeanQwen3
@@ -36,22 +36,6 @@ from marlow.tiny.tokenizer import build_tokenizer
 from marlow.types import GenRequest, SamplingParams
 
 ADAPTERS = ("a0", "a1", "a2", "a3")
-
-
-def proxy(vocab: int) -> Qwen3ForCausalLM:
-    config = Qwen3Config(
-        vocab_size=vocab,
-        hidden_size=64,
-        num_hidden_layers=28,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        intermediate_size=128,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    return Qwen3ForCausalLM(config).eval()
 
 
 def adapted(base: torch.nn.Module) -> torch.nn.Module:

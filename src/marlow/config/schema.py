@@ -502,12 +502,13 @@ class RolloutConfig(_Section):
     )
     refill: Switch = Field(
         "auto",
-        description="in a sampling call of more rows than max_batch, rows that stop make room "
-        "for the waiting ones (prefilled into their places) instead of each batch of max_batch "
-        "running until its longest row ends; the same distribution, but call-seeded rows then "
-        "draw other random numbers; auto: on where the decode step is compiled (CUDA by "
-        "default), off elsewhere, which keeps the shipped quickstart's figures (bench/refill.py "
-        "measures both ways)",
+        description="the hf backend, in a sampling call of more rows than max_batch on Qwen3 "
+        "bases (marlow.rollout.lean): rows that stop make room for the waiting ones (prefilled "
+        "into their places) instead of each batch of max_batch running until its longest row "
+        "ends; the same distribution, but call-seeded rows then draw other random numbers; "
+        "auto: on where the decode step is compiled (CUDA by default), off elsewhere, which "
+        "keeps the shipped quickstart's figures (bench/refill.py measures both ways; vLLM "
+        "batches continuously itself)",
     )
     seeding: Literal["auto", "call", "request"] = Field(
         "auto",

@@ -288,6 +288,29 @@ def test_admitted_rows_change_the_adapter_masks_in_place(mixed_ranks):
         assert not torch.equal(m[0], old[0]) and torch.equal(s[0], s[3])
 
 
+def test_a_graphed_step_shrinks_its_span_only_when_it_would_halve(mixed_ranks, monkeypatch):
+    """Rows admitted at small columns can lower the largest column a step writes at: the graph
+    keeps its span (the extra columns masked) until the span needed is half of it or less."""
+    from marlow.rollout import lean
+
+    monkeypatch.setattr(lean, "_GAVE_UP", set())
+    monkeypatch.setattr(lean, "_graphs_on", lambda device: True)
+    monkeypatch.setattr(lean, "SPAN_STEP", 8)
+    spans = []
+    with torch.inference_mode():
+        forward = LeanQwen3(mixed_ranks, 2, 64, compiled=True)
+        ids = torch.tensor([[5, 6, 7], [8, 9, 10]])
+        forward.admit(torch.arange(2), ids, torch.ones_like(ids), torch.arange(3).expand(2, 3),
+                      [0, 0], torch.arange(2))  # fmt: skip
+        mask = torch.ones(2, 64, dtype=torch.long)
+        for at in (17, 12, 9, 5, 20):  # spans needed: 24, 16, 16, 8, 24
+            columns = torch.tensor([at, 3])
+            out = forward(torch.tensor([[1], [2]]), mask, torch.tensor([[at], [3]]), at, columns)
+            assert out.isfinite().all()
+            spans.append(forward.graph.span)
+    assert spans == [24, 24, 24, 8, 24]
+
+
 def test_batch_sizes_of_the_compiled_step():
     sizes = sorted({_bucket(n) for n in range(1, 300)})
     assert sizes == [2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384]

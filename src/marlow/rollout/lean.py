@@ -40,7 +40,9 @@ SDPA call transformers makes, the head on the last position kept as a (rows, 1, 
 The KV cache is one buffer per layer of (rows, kv heads, columns, head dim). A forward is
 :func:`_forward`, one :func:`_layer` per decoder layer. Eager, the cache grows by doubling as
 columns are written and a decode step (one new token per row) attends over the columns written so
-far, as transformers does. ``compiled`` runs the decode steps at fixed shapes: the cache allocated
+far, as transformers does (grown columns are zeroed: a row admitted later attends, masked, over
+columns it has not written, and a weight of 0 times a NaN left in memory would be NaN).
+``compiled`` runs the decode steps at fixed shapes: the cache allocated
 once for the call's ``length`` columns and zeroed, each step attending over a fixed span of
 columns with the mask (columns not yet written are masked), each layer's two halves around its
 cache write and attention through ``torch.compile`` (:func:`_compiled_halves`: every layer has the
@@ -48,10 +50,12 @@ same shapes and only the rows' dimension varies, so one compilation serves every
 and fuses each half's elementwise work into a few kernels). On CUDA the whole step is then
 captured as a CUDA graph (:class:`_Graph`: its inputs copied into static buffers, the step one
 launch), when the call first decodes and again when its span or its rows change; the span is the
-columns up to the next multiple of :data:`SPAN_STEP` past the step's own, so early steps do not
-read the whole cache. Off CUDA a step attends over all ``length`` columns, so every step of a call has the same
-shapes. Both write the new key and value at a column given as a tensor, so no step reads the
-device.
+columns up to the next multiple of :data:`SPAN_STEP` past the largest column a row writes at, so
+early steps do not read the whole cache (a graph keeps its span until the span needed would
+halve: rows admitted later, at smaller columns, lower it). Off CUDA a step attends over all
+``length`` columns, so every step of a call has the same shapes. Both write each row's new key
+and value at its column given as a tensor (rows admitted at other steps write at other columns:
+:meth:`LeanQwen3.admit`), so no step reads the device.
 
 Why this shape on CUDA, from the GPU check on one H100 (``bench/gpu_check.py``: the Qwen3-0.6B
 stand-in, 16 rows, 512 new tokens): the whole step through ``torch.compile`` under
@@ -591,8 +595,8 @@ class LeanQwen3:
         # the columns not yet written too, masked with weight 0, and 0 times a NaN left in memory
         # would still be NaN). Eager: grown by doubling up to ``length`` as columns are written
         # (at most twice the columns written, so a call whose rows stop early never holds the
-        # cache of ``length`` columns, and a compaction copies what was written), never read
-        # past the columns written: no zeroing.
+        # cache of ``length`` columns, and a compaction copies what was written), the new
+        # columns zeroed too (a row admitted later reads, masked, columns it has not written).
         shape = (rows, self.w.kv_heads, length if self.compiled else 0, self.w.head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.w.layers]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.w.layers]
@@ -738,6 +742,11 @@ class LeanQwen3:
             halves = _compiled_halves(device)
             return self._step(ids, positions, columns, valid, self.length, halves)
         span = min(self.length, (at // SPAN_STEP + 1) * SPAN_STEP)
+        if self.graph is not None and span < self.graph.span < 2 * span:
+            # rows admitted in stopped rows' places can lower the largest column: the step
+            # keeps its span (more columns masked) until it would halve, so that admissions
+            # near a span's edge do not capture a graph down and up again
+            span = self.graph.span
         if self.graph is None or self.graph.span != span:
             self.graph = None  # its memory goes before the next one's is taken
             self.graph = _Graph(self, ids.shape[0], span, device)

@@ -554,8 +554,10 @@ class LeanQwen3:
 
     Called with the next ``q`` tokens of every row (``ids`` (b, q)), their positions
     (b, q), the attention mask of every column (b, >= at + q, or ``length`` when compiled; 1 = a
-    real token) and ``at``, the column of the first of them; it returns the last token's logits
-    (b, V) in float32. :meth:`select` keeps only some rows (cache included)."""
+    real token) and ``at``, the column of the first of them (with ``columns`` (b,), one new token
+    a row, each at its own column, ``at`` the largest); it returns the last token's logits (b, V)
+    in float32. :meth:`select` keeps only some rows (cache included); :meth:`admit` prefills new
+    rows' prompts into some rows' places."""
 
     @staticmethod
     def supports(model: torch.nn.Module, adapters: Sequence[str] | None = None) -> bool:
@@ -605,8 +607,10 @@ class LeanQwen3:
         self.row_adapters = torch.as_tensor(row_adapters, dtype=torch.long).to(device)
         self.layouts = layouts
         self.lora = [self._rows_of(layout, self.row_adapters) for layout in layouts]
-        # Whether some prompt column is padding (transformers then passes a mask): fixed until
-        # rows leave, since every column after the prompt is real; read from the device only then.
+        # Whether some column is padding (transformers then passes a mask): fixed until rows
+        # leave or are admitted, since until then the rows still sampling write every column
+        # after their prompts (a row that stopped may stay where it stopped: only its own
+        # attention reads past it); read from the device only then.
         self.padded: bool | None = None
         angles = torch.arange(length, device=device).float()[:, None] * inv_freq
         angles = torch.cat((angles, angles), dim=-1)  # (length, head_dim)

@@ -98,6 +98,9 @@ CACHE_KWARG = "cache" if Version(transformers.__version__) >= Version("5.24") el
 READ_EVERY = 8
 """Off the CPU, the host reads whether rows have stopped once every this many tokens (a read
 waits for the device); rows that stop in between are fed pads until then."""
+STOPPED_SHARE = 8
+"""Rows that have stopped leave the working batch (compaction), or make room for waiting rows
+(refill), once they are one in this many of it."""
 CAPACITY_STEP = 64
 """A compiled call's KV cache holds its columns rounded up to a multiple of this, so that calls
 of nearby lengths share a compiled step."""
@@ -341,10 +344,11 @@ class HFEngine:
             prompt and adapter, a GRPO group's, prefilled once)."""
             nonlocal rows, done, logits, top
             take, queue[:] = queue[: len(slots)], queue[len(slots) :]
+            keys = [(tuple(batch[r].prompt_ids), own[r]) for r in take]
             distinct: dict[tuple, int] = {}  # (prompt, adapter) -> its index among the distinct
-            for r in take:
-                distinct.setdefault((tuple(batch[r].prompt_ids), own[r]), len(distinct))
-            which = [distinct[(tuple(batch[r].prompt_ids), own[r])] for r in take]
+            for key in keys:
+                distinct.setdefault(key, len(distinct))
+            which = [distinct[key] for key in keys]
             P = max(len(p) for p, _ in distinct)
             ids = torch.full((len(distinct), P), self.pad_id, dtype=torch.long)
             mask = torch.zeros((len(distinct), P), dtype=torch.long)
@@ -387,14 +391,15 @@ class HFEngine:
             )
         read_every = self.read_every or (1 if device.type == "cpu" else READ_EVERY)
         last = n_new  # by this token every admitted row has stopped
+        rows_at = torch.arange(b, device=device)  # each working row's index
         t = 0
         while True:
             steps = lengths[rows]  # each row's tokens so far (its next token's index)
-            u = None if uniforms is None else uniforms[rows, steps.clamp(max=n_new - 1)]
+            at_step = steps.clamp(max=n_new - 1)  # a stopped row's, in range: it writes the spare
+            u = None if uniforms is None else uniforms[rows, at_step]
             tok, lp = _pick(logits, params.temperature, generator, u)
             tok = torch.where(done, self.pad_id, tok)  # finished rows keep being padded
             into = torch.where(done, N, rows)  # stopped rows write to the spare row
-            at_step = steps.clamp(max=n_new - 1)
             tokens[into, at_step] = tok  # no host read: every row written
             logps[into, at_step] = lp.masked_fill(done, 0.0)
             lengths.index_add_(0, rows, (~done).long())
@@ -415,15 +420,16 @@ class HFEngine:
                 # drop stopped rows, KV cache included, once they are an eighth of the batch
                 # (until then they are fed pads), so a few long completions do not carry it;
                 # while rows wait, stopped rows are replaced instead (below)
-                if not queue and 8 * (len(rows) - live) >= len(rows) and bucket(live) < len(rows):
+                stale = STOPPED_SHARE * (len(rows) - live) >= len(rows)
+                if not queue and stale and bucket(live) < len(rows):
                     keep = _compaction(done, bucket(live))
                     forward.select(keep)
                     rows, tok, attn, next_pos = rows[keep], tok[keep], attn[keep], next_pos[keep]
                     columns, done = columns[keep], done[keep]
                     rows[live:] = N
                     done[live:] = True
+                    rows_at = rows_at[: len(rows)]
             # every row's token at its own column (stopped rows' land in their own cache rows)
-            rows_at = torch.arange(len(rows), device=device)
             attn[rows_at, columns] = 1
             # one column for all where no row was admitted later (the cheaper cache write)
             logits = forward(tok[:, None], attn, next_pos, top, columns if refills else None)
@@ -437,7 +443,7 @@ class HFEngine:
                 # stopped rows make room for waiting ones once they are an eighth of the batch
                 # (or as many as wait), so that a few long completions do not hold the rest
                 free = done.nonzero()[:, 0].tolist()[: len(queue)]
-                if len(free) >= min(len(queue), max(1, len(rows) // 8)):
+                if len(free) >= min(len(queue), max(1, len(rows) // STOPPED_SHARE)):
                     admit(free)
                     last = t + n_new
 

@@ -129,9 +129,9 @@ The parts, each recorded whatever became of the others:
    compiles them (``warmup_s``). The first micro-batch is then timed once more with eager
    layers (``eager``: the same warm-up and timed pass), side by side.
 
-   Time: the child takes at most the size's ``update_s`` (105 s for the 0.6B, 120 for the
-   1.7B, 135 for the 4B: the child's start, the load, the matmuls and the compilation count;
-   a minute of each is left for the compilation, not measured on a GPU yet), and runs only
+   Time: the child takes at most the size's ``update_s`` (60 s for the 0.6B, 75 for the
+   1.7B, 90 for the 4B: the child's start, the load, the matmuls and the compilation count;
+   the 0.6B's took 28 s on an H200, its compilation included), and runs only
    with the size's ``min_s`` per routing plus ``update_s`` left, so that its runs keep the time
    they need to start; otherwise it is skipped. The first micro-batch runs with any time left;
    each next one only after the one before succeeded and with its estimate left: 2 (warm-up
@@ -231,7 +231,7 @@ class Size:
     new_tokens: int  # rollout.max_new_tokens
     val_problems: int  # task.val_size
     min_s: float = MIN_RUN_S  # start each run only with this many seconds of the budget left
-    update_s: float = 105  # the most seconds of the update alone (module docstring)
+    update_s: float = 60  # the most seconds of the update alone (module docstring)
     micro_tokens: int | None = None  # grpo.micro_tokens (None: the paper preset's 6,144)
     threads: int | None = None  # torch threads (None: every core)
     shrink: dict[str, int] = field(default_factory=dict)  # config fields over the arch's
@@ -239,8 +239,8 @@ class Size:
 
 SIZES = (
     Size("qwen3-0.6b", "qwen3-0.6b", ("ip", "sp"), 1, 4, 4, 64, 1, min_s=60),
-    Size("qwen3-1.7b", "qwen3-1.7b", ("ip",), 1, 4, 4, 64, 1, min_s=75, update_s=120),
-    Size("qwen3-4b", "qwen3-4b", ("ip",), 1, 4, 4, 64, 1, min_s=90, update_s=135),
+    Size("qwen3-1.7b", "qwen3-1.7b", ("ip",), 1, 4, 4, 64, 1, min_s=75, update_s=75),
+    Size("qwen3-4b", "qwen3-4b", ("ip",), 1, 4, 4, 64, 1, min_s=90, update_s=90),
 )
 DRY_SIZES = (
     # The 0.6B's vocabulary (which the stand-in's tokenizer needs) on 2 narrow layers; short
@@ -301,7 +301,7 @@ SAMPLER_ARCH = "qwen3-0.6b"
 """The architecture the sampler part samples: its entry of :data:`SIZES` (:data:`DRY_SIZES`)."""
 SAMPLER = Sampler((16, 64, 256), 512, 16, 64, 64, 64, Refill(256, 64, 256, 1 / 32))
 DRY_SAMPLER = Sampler((2, 4), 8, 4, 4, 4, 4, Refill(8, 4, 8, 1 / 4))
-SAMPLER_S = 150
+SAMPLER_S = 170
 """The most seconds the sampler part may take."""
 COPY_BYTES = {"cuda": GIB, "cpu": 64 * 2**20}
 """The buffer whose device-to-device copy measures the bandwidth, by device type."""

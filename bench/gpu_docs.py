@@ -2,6 +2,7 @@
 
     python bench/gpu_docs.py            rewrite the section from bench/results/gpu_check.json
     python bench/gpu_docs.py --check    exit 1 when the page's section is not what the JSON gives
+    python bench/gpu_docs.py --merge A.json B.json ...    one JSON of several calls, then the section
 
 ``bench/gpu_check.sh OUT`` writes ``OUT/gpu_check.json`` on a GPU machine; committed as
 ``bench/results/gpu_check.json`` it becomes the section's figures, with the date and the card.
@@ -10,6 +11,10 @@ the check's sampler part it has no sampler table, and without the sizes' update 
 "update alone" table. The section lies between two marker comments
 (:data:`BEGIN`, :data:`END`); the page's other text is left alone.
 ``tests/e2e/test_gpu_check.py`` fails when the committed section is stale.
+
+A lease too short for the whole check in one call is spent in several calls, each leaving some
+parts out (``--skip``); ``--merge`` writes their JSONs as one (:func:`merge`) to
+``bench/results/gpu_check.json`` and the section from it, which names each call.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from marlow.fileio import write_text
+from marlow.fileio import write_json, write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "bench" / "results" / "gpu_check.json"
@@ -51,7 +56,7 @@ def section(result: dict[str, Any] | None) -> str:
         f"Measured on {date} on one {env['gpu']} ({env['gpu_memory_gib']:.0f} GiB, driver "
         f"{env.get('driver') or '?'}, CUDA {env['torch_cuda']}; torch {p['torch']}, transformers "
         f"{p['transformers']}, peft {p['peft']}), by `bench/gpu_check.sh` in "
-        f"{result['check']['seconds']:.0f} s.",
+        f"{result['check']['seconds']:.0f} s{_calls(result['check'])}.",
         "",
         _tests(result.get("tests", {})),
         "",
@@ -61,6 +66,49 @@ def section(result: dict[str, Any] | None) -> str:
         *_runs(result["sizes"]),
     ]
     return "\n".join(lines) + "\n"
+
+
+def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One check's JSON from the JSONs of several calls on one machine, in the order they ran:
+    the environment and the ``check`` record of the first (its seconds the calls' sum, each
+    call's seconds and budget listed under ``calls``), and every measured part from the first
+    call that did not leave it out: the tests, the sampler, each size's stand-in and update, and
+    each of its runs by routing."""
+    if not results:
+        raise DocsError("nothing to merge")
+
+    def measured(part: dict[str, Any] | None) -> bool:
+        return part is not None and not str(part.get("error", "")).startswith("left out")
+
+    def first(parts: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+        return next((p for p in parts if measured(p)), next((p for p in parts if p), None))
+
+    out = dict(results[0])
+    out["check"] = {
+        **results[0]["check"],
+        "seconds": sum(r["check"]["seconds"] for r in results),
+        "finished": results[-1]["check"].get("finished"),
+        "calls": [
+            {"seconds": r["check"]["seconds"], "budget_s": r["check"]["budget_s"]} for r in results
+        ],
+    }
+    for key in ("tests", "sampler"):
+        part = first([r.get(key) for r in results])
+        if part is not None:
+            out[key] = part
+    sizes: dict[str, Any] = {}
+    for name in dict.fromkeys(n for r in results for n in r.get("sizes", {})):
+        entries = [r["sizes"][name] for r in results if name in r.get("sizes", {})]
+        size = dict(next((e for e in entries if "stand_in_s" in e), entries[0]))
+        size["update"] = first([e.get("update") for e in entries])
+        routings = dict.fromkeys(run["routing"] for e in entries for run in e.get("runs", []))
+        size["runs"] = [
+            first([run for e in entries for run in e.get("runs", []) if run["routing"] == r])
+            for r in routings
+        ]
+        sizes[name] = {k: v for k, v in size.items() if v is not None}
+    out["sizes"] = sizes
+    return out
 
 
 def _runs(sizes: dict[str, Any]) -> list[str]:
@@ -243,16 +291,17 @@ def _update(sizes: dict[str, Any]) -> list[str]:
         "The update alone: `score_chunk` (the LM head chunk by chunk), the loss and its backward "
         f"on one micro-batch of rows of {s['row']:,} tokens ({s['prompt']:,} of them prompt) of "
         f"random ids, a stand-in in bfloat16 with one LoRA adapter of rank {s['rank']} on every "
-        "linear; one untimed warm-up pass and an AdamW step, then the timed pass; its layers "
-        "compiled where the check ran them so (`grpo.compile`, on for CUDA), and the first "
-        "micro-batch timed once more with eager layers (eager tokens/s). Beside it, "
+        "linear; one untimed warm-up pass and an AdamW step, then the timed pass; its layers as "
+        "the check ran them (layers), and the first micro-batch timed once more with them the "
+        "other way, compiled (`grpo.compile`) or eager, where the time allowed (other "
+        "tokens/s). Beside it, "
         "the fraction of the card's bf16 matmul throughput (measured in each size's run, "
         f"TFLOP/s: {matmul or 'none'}) that its FLOPs take (4 x (non-embedding + adapter "
         "parameters) x tokens, the LM head left out, + the attention's; the formula in "
         "`bench/gpu_check.py`), and `marlow plan`'s base + adapter + activations for the same "
         "micro-batch (GiB; ratio = peak allocated / plan):",
         "",
-        "| model | tokens | layers | tokens/s | eager tokens/s | fraction of bf16 peak "
+        "| model | tokens | layers | tokens/s | other tokens/s | fraction of bf16 peak "
         "| peak allocated GiB | plan GiB | ratio |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -270,15 +319,24 @@ def _update(sizes: dict[str, Any]) -> list[str]:
                     lines, troubles, [name, tokens, layers], m, after, f"{name} {tokens} tokens"
                 )
                 continue
-            eager = _num(m["eager"]["tokens_per_s"], 0) if "eager" in m else "-"
+            other = _other(m)
             lines.append(
                 f"| {name} | {m['tokens']:,} | {layers} | {_num(m['tokens_per_s'], 0)} "
-                f"| {eager} | {m['fraction_of_peak']:.3f} | {_num(m['peak_allocated_gib'], 2)} "
+                f"| {other} | {m['fraction_of_peak']:.3f} | {_num(m['peak_allocated_gib'], 2)} "
                 f"| {plan} | {_num(m['ratio'], 2)} |"
             )
     if troubles:
         lines += ["", "Update micro-batches that did not complete:", "", *troubles]
     return [*lines, ""]
+
+
+def _other(m: dict[str, Any]) -> str:
+    """A micro-batch's tokens/s with its layers the other way (``compiled`` where the check ran
+    them eager, ``eager`` where it compiled them), its status where that did not complete."""
+    other = m.get("compiled", m.get("eager"))
+    if not isinstance(other, dict):
+        return "-"
+    return _num(other["tokens_per_s"], 0) if other.get("status", "ok") == "ok" else other["status"]
 
 
 def _tests(tests: dict[str, Any]) -> str:
@@ -307,6 +365,14 @@ def _not_done(
     lines.append("| " + " | ".join(str(x) for x in [*cells, entry["status"], *after]) + " |")
     what = f"* {label}: {entry['status']}"
     troubles.append(f"{what}: {entry['error']}" if entry.get("error") else what)
+
+
+def _calls(check: dict[str, Any]) -> str:
+    calls = check.get("calls", [])
+    if len(calls) < 2:
+        return ""
+    each = ", ".join(f"{c['seconds']:.0f} s of a {c['budget_s']:.0f} s budget" for c in calls)
+    return f", in {len(calls)} calls ({each}), each leaving out what the others measured"
 
 
 def _num(x: float | None, digits: int) -> str:
@@ -342,9 +408,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=RESULT, help="the GPU check's JSON")
     ap.add_argument("--page", type=Path, default=PAGE)
     ap.add_argument("--check", action="store_true", help="only say whether the page is stale")
+    ap.add_argument(
+        "--merge", type=Path, nargs="+", help="several calls' JSONs, written as one to --json"
+    )
     args = ap.parse_args(argv)
     page = args.page.read_text()
     try:
+        if args.merge:
+            write_json(args.json, merge([json.loads(path.read_text()) for path in args.merge]))
+            print(f"gpu_docs: merged {len(args.merge)} JSONs into {args.json}")
         new = render_page(page, read_result(args.json))
     except (DocsError, KeyError, json.JSONDecodeError) as err:
         print(f"gpu_docs: {args.json}: {type(err).__name__}: {err}", file=sys.stderr)

@@ -212,12 +212,14 @@ def test_the_dry_run_times_the_update_alone_beside_plans_prediction(dry_run):
         assert [m["tokens"] for m in part["micro_batches"]] == list(update.tokens)
         assert [("profile" in m) for m in part["micro_batches"]] == [True, False]
         assert_profile(part["micro_batches"][0]["profile"])
-        # compiled, as CI's dry run runs it, and the first micro-batch once more eager
-        assert part["compiled"] is True
-        assert [("eager" in m) for m in part["micro_batches"]] == [True, False]
-        eager = part["micro_batches"][0]["eager"]
-        assert eager["tokens_per_s"] == pytest.approx(update.tokens[0] / eager["seconds"])
-        assert eager["warmup_s"] > 0 and eager["peak_allocated_gib"] is None
+        # eager, as a run's layers are by default, and the first micro-batch once more compiled
+        # (always in the dry run, so that CI runs that path)
+        assert part["compiled"] is False
+        assert [("compiled" in m) for m in part["micro_batches"]] == [True, False]
+        compiled = part["micro_batches"][0]["compiled"]
+        assert compiled["status"] == "ok", compiled
+        assert compiled["tokens_per_s"] == pytest.approx(update.tokens[0] / compiled["seconds"])
+        assert compiled["warmup_s"] > 0 and compiled["peak_allocated_gib"] is None
         for m in part["micro_batches"]:
             assert m["status"] == "ok" and m["rows"] * update.row == m["tokens"], m
             assert m["tokens_per_s"] == pytest.approx(m["tokens"] / m["seconds"])
@@ -358,6 +360,68 @@ def test_the_committed_section_is_what_the_committed_json_gives():
         assert f"{gpu_docs.BEGIN}\n{gpu_docs.NOT_YET}\n{gpu_docs.END}" in page
 
 
+def test_merge_takes_each_part_from_the_call_that_measured_it():
+    left = gpu_check._left_out
+    env = {"device": "cuda:0", "gpu": "card"}
+
+    def call(seconds, budget, tests, sampler, update, ip, sp):
+        size = {"stand_in_s": seconds, "update": update, "runs": [ip, sp]}
+        check = {"started": f"t{seconds}", "seconds": seconds, "budget_s": budget}
+        return {
+            "check": check,
+            "environment": env,
+            "tests": tests,
+            "sampler": sampler,
+            "sizes": {"s": size},
+        }
+
+    ip = {"routing": "ip", "status": "ok", "steps": [{"step": 1}]}
+    sp = {"routing": "sp", "status": "timeout", "error": "stopped after 9 s (the budget)"}
+    calls = [
+        call(
+            10,
+            20,
+            left("tests"),
+            {"status": "ok"},
+            {"status": "ok"},
+            ip | left("runs"),
+            {"routing": "sp"} | left("runs"),
+        ),
+        call(30, 40, left("tests"), left("sampler"), left("update"), ip, sp),
+        call(
+            50,
+            60,
+            {"status": "ok", "passed": 3},
+            left("sampler"),
+            left("update"),
+            {"routing": "ip"} | left("runs"),
+            {"routing": "sp"} | left("runs"),
+        ),
+    ]
+    merged = gpu_docs.merge(calls)
+    assert merged["tests"] == {"status": "ok", "passed": 3}  # the third call's
+    assert merged["sampler"] == {"status": "ok"}  # the first's
+    size = merged["sizes"]["s"]
+    assert size["update"] == {"status": "ok"} and size["stand_in_s"] == 10
+    assert size["runs"] == [ip, sp]  # the second's: a timeout is a measurement, not left out
+    assert merged["check"]["started"] == "t10" and merged["check"]["seconds"] == 90
+    assert merged["check"]["calls"] == [
+        {"seconds": 10, "budget_s": 20},
+        {"seconds": 30, "budget_s": 40},
+        {"seconds": 50, "budget_s": 60},
+    ]
+    assert gpu_docs._calls(merged["check"]) == (
+        ", in 3 calls (10 s of a 20 s budget, 30 s of a 40 s budget, 50 s of a 60 s budget), "
+        "each leaving out what the others measured"
+    )
+    assert gpu_docs._calls(calls[0]["check"]) == ""  # one call: nothing to say
+    # a part no call measured stays left out
+    only = gpu_docs.merge(calls[1:2])
+    assert only["sampler"] == left("sampler") and only["sizes"]["s"]["update"] == left("update")
+    with pytest.raises(gpu_docs.DocsError, match="nothing to merge"):
+        gpu_docs.merge([])
+
+
 def as_gpu_run(result: dict) -> dict:
     """The dry run's JSON as a CUDA run would write it: a card, and memory in every step."""
     gpu = copy.deepcopy(result)
@@ -453,18 +517,18 @@ def test_the_section_of_a_gpu_run_has_the_update_alone_table(dry_run):
     part = entry["update"]
     text = gpu_docs.section(result)
     assert (
-        "| model | tokens | layers | tokens/s | eager tokens/s | fraction of bf16 peak "
+        "| model | tokens | layers | tokens/s | other tokens/s | fraction of bf16 peak "
         "| peak allocated GiB |"
     ) in text
     assert f"(measured in each size's run, TFLOP/s: {name} " in text
     for m in part["micro_batches"]:
-        eager = f"{m['eager']['tokens_per_s']:,.0f}" if "eager" in m else "-"
+        other = f"{m['compiled']['tokens_per_s']:,.0f}" if "compiled" in m else "-"
         assert (
-            f"| {name} | {m['tokens']:,} | compiled | {m['tokens_per_s']:,.0f} | {eager} "
+            f"| {name} | {m['tokens']:,} | eager | {m['tokens_per_s']:,.0f} | {other} "
             f"| {m['fraction_of_peak']:.3f} | 3.00 | {m['plan']['peak_gib']:.2f} "
             f"| {3.0 / m['plan']['peak_gib']:.2f} |"
         ) in text
-    assert "eager" in part["micro_batches"][0]  # the first has its eager figure
+    assert "compiled" in part["micro_batches"][0]  # the first has its compiled figure
     assert text.index("| batch |") < text.index("| model | tokens |")
     assert text.index("| model | tokens |") < text.index("| model | routing | step |")
 
@@ -472,7 +536,7 @@ def test_the_section_of_a_gpu_run_has_the_update_alone_table(dry_run):
     last.update(status="failed", error="torch.OutOfMemoryError: CUDA out of memory")
     text = gpu_docs.section(result)
     plan = f"{last['plan']['peak_gib']:.2f}"
-    assert f"| {name} | {last['tokens']:,} | compiled | failed | - | - | - | {plan} | - |" in text
+    assert f"| {name} | {last['tokens']:,} | eager | failed | - | - | - | {plan} | - |" in text
     assert f"* {name} {last['tokens']:,} tokens: failed: torch.OutOfMemoryError: CUDA" in text
     entry["update"] = {"error": "RuntimeError: boom"}  # the part raised before it started
     text = gpu_docs.section(result)

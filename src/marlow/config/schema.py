@@ -624,9 +624,12 @@ class GRPOConfig(_Section):
         "auto",
         description="run the decoder layers through torch.compile in scoring and the update "
         "(marlow.models.compile_layers: each layer's elementwise work fused into a few "
-        "kernels; the same log-probs and gradients up to float round-off); auto: on for CUDA, "
-        "off on the CPU, and off where grpo.fold_lora is on (a folded layer's forward is made "
-        "anew every step; bench/compile_layers.py and bench/vs_trl.py measure the CPU's gain)",
+        "kernels; the same log-probs and gradients up to float round-off); auto: off on every "
+        "device (the compilations, one per adapter and kind of pass, cost more than a run of "
+        "ordinary length wins back: 157 s of the first step of a 0.6B Voting-IP run on an H200, "
+        "against an eager update of 22,000-25,000 tokens/s there; bench/compile_layers.py "
+        "measures the CPU's gain); on is a one-line error where grpo.fold_lora is on too (a "
+        "folded layer's forward is made anew every step)",
     )
     micro_tokens: int | Literal["auto"] = Field(
         "auto",

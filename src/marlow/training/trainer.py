@@ -165,7 +165,7 @@ class Trainer:
         self.style, self.rules = a.style, a.rules
         # float32 on the CPU: folding (update) is exact enough and faster
         cpu_float32 = self.device.type == "cpu" and config.dtype == "float32"
-        compiled = compiles_layers(config, self.device)  # grpo.compile
+        compiled = compiles_layers(config)  # grpo.compile
         self.fold = self._fold_adapters(config, cpu_float32 and not compiled)
         checkpointed = checkpoints_layers(config)  # grpo.activation_checkpointing
         if checkpointed:
@@ -181,11 +181,10 @@ class Trainer:
         if compiled:
             try:
                 compile_layers(self.model)
-            except ValueError as err:  # auto: a model without such layers runs eager
-                if config.grpo.compile == "on":
-                    raise ConfigError(
-                        f"config field 'grpo.compile' is on, but {err}; valid: auto, off"
-                    ) from None
+            except ValueError as err:
+                raise ConfigError(
+                    f"config field 'grpo.compile' is on, but {err}; valid: auto, off"
+                ) from None
         # grpo.micro_tokens=auto, resolved; the run's config.yaml keeps auto
         self.grpo = config.grpo.model_copy(
             update={"micro_tokens": self._micro_tokens(config, checkpointed)}

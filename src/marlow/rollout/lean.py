@@ -317,6 +317,12 @@ def _forward(
     if columns.dim() == 2:  # each row's column, as the index of the cache write (_layer)
         columns = columns[:, None, :, None].expand(-1, w.kv_heads, -1, w.head_dim)
     x = F.embedding(ids, w.embed)
+    if valid is not None and ids.shape[1] == 1:
+        # one token a row: the mask made additive once a step, as attention would make it in
+        # every layer (the same -inf and 0, so the same bits; a kernel a layer fewer)
+        valid = torch.zeros(valid.shape, dtype=x.dtype, device=x.device).masked_fill_(
+            ~valid, float("-inf")
+        )
     if halves is not None:  # compiled: the rows' dimension is the only symbolic size
         _rows_vary(x, cos, sin, *(t for pair in lora for t in pair))
     for i, layer in enumerate(w.layers):
@@ -405,7 +411,8 @@ def _attend(
     valid: torch.Tensor | None,
 ) -> torch.Tensor:
     """Attention of ``query`` (b, heads, q, hd) over the columns (b, kv heads, span, hd), causal,
-    masking the columns ``valid`` (b, span) marks False (None: every column is real)."""
+    masking the columns ``valid`` (b, span) marks False (None: every column is real; with one
+    query a row, :func:`_forward` has made it additive: -inf where masked, else 0)."""
     b, heads, q, hd = query.shape
     kv_heads = keys.shape[1]
     group, scale = heads // kv_heads, hd**-0.5

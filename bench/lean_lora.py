@@ -10,13 +10,17 @@ rank-64 LoRA adapters on every linear, 64 new tokens a row, side by side in one 
     .venv/bin/python bench/lean_lora.py [--repeats R]
 
 Prints milliseconds per sampled position (the best of R timed calls: one forward of the whole
-batch per position) for each, and the ratios.
+batch per position) for each, and the ratios; last, the mixed pass's operations per position
+(:func:`operations`: the ATen operations one call runs that are not views, divided by its
+positions, and how many of them are matrix products), a count that stands for a GPU step's
+kernels, whose number bounds a graphed step there more than its bytes.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections import Counter
 
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -46,6 +50,50 @@ def proxy(vocab: int) -> Qwen3ForCausalLM:
     )
     torch.manual_seed(0)
     return Qwen3ForCausalLM(config).eval()
+
+
+VIEWS = frozenset(
+    [
+        "view",
+        "_unsafe_view",
+        "t",
+        "transpose",
+        "expand",
+        "reshape",
+        "unsqueeze",
+        "squeeze",
+        "slice",
+        "select",
+        "permute",
+        "as_strided",
+        "alias",
+        "detach",
+        "split",
+        "split_with_sizes",
+        "unbind",
+        "chunk",
+    ]
+)
+"""Operations that make a view: no kernel on a GPU."""
+GEMMS = frozenset(["mm", "addmm", "bmm", "baddbmm", "matmul", "linear"])
+
+
+def operations(call) -> Counter:
+    """The ATen operations ``call()`` runs below autograd, views left out, counted by name."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: Counter = Counter()
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if name not in VIEWS:
+                seen[name] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        call()
+    return seen
 
 
 def best_ms(call, repeats: int) -> float:
@@ -106,6 +154,12 @@ def main() -> None:
         " per position"
     )
     print(f"  per adapter / mixed {passes / together:.2f}x")
+    ops = operations(lambda: sample(engine, mixed, 0))
+    gemms = sum(n for name, n in ops.items() if name in GEMMS)
+    print(
+        f"one mixed pass: {sum(ops.values()) / NEW:.0f} operations a position (views left out),"
+        f" {gemms / NEW:.0f} of them matrix products"
+    )
 
 
 if __name__ == "__main__":

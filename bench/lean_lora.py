@@ -5,21 +5,25 @@ rank-64 LoRA adapters on every linear, 64 new tokens a row, side by side in one 
 - one adapter, 16 rows: through PEFT's modules (``lean=False``), the lean forward eager, and the
   lean forward compiled (``compile=True``; its first call's seconds, the compilation, apart);
 - three adapters, 16 rows each (an IP stage): one pass per adapter (three calls, as the loop
-  sampled them before adapters were batched together) and one mixed pass of the 48 rows, eager.
+  sampled them before adapters were batched together) and one mixed pass of the 48 rows, eager
+  and compiled (where a layer's q, k and v, and its gate and up, compute their LoRA products
+  together).
 
     .venv/bin/python bench/lean_lora.py [--repeats R]
 
 Prints milliseconds per sampled position (the best of R timed calls: one forward of the whole
-batch per position) for each, and the ratios; last, the mixed pass's operations per position
-(:func:`operations`: the ATen operations one call runs that are not views, divided by its
-positions, and how many of them are matrix products), a count that stands for a GPU step's
-kernels, whose number bounds a graphed step there more than its bytes.
+batch per position) for each, and the ratios; last, the mixed pass's operations per position,
+eager and with the compiled step's layers (run eager to be counted) (:func:`operations`: the
+ATen operations one call runs that are not views, divided by its positions, and how many of
+them are matrix products), a count that stands for a GPU step's kernels, whose number bounds a
+graphed step there more than its bytes.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+import warnings
 from collections import Counter
 
 import torch
@@ -154,12 +158,26 @@ def main() -> None:
         " per position"
     )
     print(f"  per adapter / mixed {passes / together:.2f}x")
-    ops = operations(lambda: sample(engine, mixed, 0))
-    gemms = sum(n for name, n in ops.items() if name in GEMMS)
+    engine = HFEngine(model, tok, stop_ids=never, compile=True)
+    sample(engine, mixed, 0)  # warm-up: the compilation
+    compiled = best_ms(lambda r: sample(engine, mixed, r), args.repeats)
     print(
-        f"one mixed pass: {sum(ops.values()) / NEW:.0f} operations a position (views left out),"
-        f" {gemms / NEW:.0f} of them matrix products"
+        f"{len(ADAPTERS)} adapters, {ROWS} rows each, one mixed pass compiled: {compiled:6.1f} ms"
+        " per position"
     )
+    for label, kw in (("eager", {}), ("compiled", {"compile": True})):
+        # the compiled step's layers run eager (torch.compile disabled) so that each is counted;
+        # the step then finds nothing compiled and says so once, keeping its layers
+        with torch._dynamo.config.patch(disable=True), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            ops = operations(
+                lambda kw=kw: sample(HFEngine(model, tok, stop_ids=never, **kw), mixed, 0)
+            )
+        gemms = sum(n for name, n in ops.items() if name in GEMMS)
+        print(
+            f"one mixed pass, {label} step: {sum(ops.values()) / NEW:.0f} operations a position"
+            f" (views left out), {gemms / NEW:.0f} of them matrix products"
+        )
 
 
 if __name__ == "__main__":

@@ -271,6 +271,46 @@ def test_waiting_rows_take_the_places_of_rows_that_stop(
     assert not lean._GAVE_UP
 
 
+@pytest.mark.parametrize("names", [(*ADAPTERS, BASE), ("agg",)], ids=["mixed", "one"])
+def test_the_compiled_step_groups_lora_products_of_layers_that_read_one_input(
+    mixed_ranks, make_model, monkeypatch, names
+):
+    """The compiled step computes the LoRA of a layer's q, k and v together (one GEMM of their
+    A factors, one batched GEMM of their B factors), and of its gate and up: each output equals
+    its layer's own within float32 round-off, for rows of mixed adapters (per-row masks and
+    scalings) and for one adapter. Layers whose LoRA layouts differ (an adapter on q and v only)
+    are not grouped; the eager step never is."""
+    from marlow.rollout import lean
+
+    monkeypatch.setattr(lean, "_GAVE_UP", set())
+    own = [i % len(names) for i in range(7)]
+    forward = LeanQwen3(mixed_ranks, 7, 16, adapters=names, row_adapters=own, compiled=True)
+    assert not any(
+        "qkv" in layer for layer in LeanQwen3(mixed_ranks, 7, 16, adapters=names).w.layers
+    )
+    x = torch.randn(
+        7, 3, mixed_ranks.config.hidden_size, generator=torch.Generator().manual_seed(0)
+    )
+    for layer in forward.w.layers:
+        for key, members in (("qkv", ("q", "k", "v")), ("gate_up", ("gate", "up"))):
+            group = layer[key]
+            assert group is not None and group.sizes == tuple(
+                layer[m].weight.shape[0] for m in members
+            )
+            linears = [layer[m] for m in members]
+            ours = lean._linears(x, linears, group, forward.lora)
+            theirs = [lean._linear(x, m, forward.lora) for m in linears]
+            for a, b in zip(ours, theirs, strict=True):
+                torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-5)
+            lora = [lean._linear(x, m, forward.lora) - lean.F.linear(x, m.weight) for m in linears]
+            assert min(float(t.detach().abs().max()) for t in lora) > 1e-2  # LoRA moves each
+    partial = attach_adapters(make_model(seed=0), ["gen"], LoraSpec(rank=4), seed=0)
+    partial.add_adapter("qv", LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]))
+    activate(partial, "qv")
+    layer = LeanQwen3(partial, 2, 8, compiled=True).w.layers[0]
+    assert layer["qkv"] is None and layer["gate_up"] is None  # k, gate and up have none
+
+
 def test_admitted_rows_change_the_adapter_masks_in_place(mixed_ranks):
     """A CUDA graph replays the step over the tensors it was captured with: rows admitted into
     places of another adapter update the per-row LoRA masks and scalings in place."""

@@ -32,6 +32,15 @@ equal transformers' (and PEFT's, under ``lora_in_base_dtype``) bit for bit, in f
 padded or not, after rows leave the batch (``tests/unit/test_rollout_lean.py``, torch 2.13,
 transformers 5.24).
 
+The compiled step computes the LoRA products of the layers that read one input together: a
+layer's q, k and v, and its gate and up, where their layouts agree (:class:`_Group`): one GEMM
+of their A factors one after the other, the rows' mask, one batched GEMM of their B factors
+zero-padded to the widest member's outputs. A layer then runs 15 matrix products instead of 21
+(``bench/lean_lora.py`` counts them), for a GPU's graphed step is bound by its count of small
+kernels more than by its bytes. Its outputs equal one layer at a time within float round-off;
+the eager step keeps one layer at a time, so that a call of one adapter stays bit-equal to
+transformers'.
+
 It follows transformers' operations in the same order with the same kernels (RMSNorm in float32,
 rotary angles as ``position * inv_freq``, scaled-dot-product attention: causal with the padding
 mask over the prompt, the query heads grouped onto their key/value head for one new token, the
@@ -67,11 +76,13 @@ kernel of a few microseconds even when replayed. Compiling one layer fuses its e
 operations (19 generated kernels a layer on the CPU, where a layer compiles in 3 s). Compiled
 whole, a layer was compiled again for each new batch, span and last span of a call, and reached
 torch.compile's limit of 8 compilations, past which it runs eager without a word: hence the
-halves, which see neither the cache nor the span. With the halves, on one H200
-(``bench/results/gpu_check.json``), a 64-row call of 4 adapters mixed took 8.3 ms a step, and
-its profile showed half of the device's time in the float32 LoRA factors' GEMMs (no tensor
-cores: ``sgemm`` and split-K kernels), the bfloat16 base GEMMs an eighth: hence the factors in
-the base's dtype (not measured on a GPU yet).
+halves, which see neither the cache nor the span. With the halves, on one H200, a 64-row call
+of 4 adapters mixed took 8.3 ms a step, and its profile showed half of the device's time in the
+float32 LoRA factors' GEMMs (no tensor cores: ``sgemm`` and split-K kernels), the bfloat16 base
+GEMMs an eighth: hence the factors in the base's dtype, with which the same call took 6.5 ms a
+step (``bench/results/gpu_check.json``), its profile about 1,310 kernels a step of 3 to 4
+microseconds each, 21 matrix products a layer among them: hence the grouped LoRA products (not
+measured on a GPU yet).
 """
 
 from __future__ import annotations
@@ -79,7 +90,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
@@ -116,6 +127,20 @@ class _Layout:
     ranks: tuple[int, ...]
     scalings: tuple[float, ...]
     dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class _Group:
+    """Linear layers that read one input (a layer's q, k and v; its gate and up) whose LoRA
+    factors share one layout, their LoRA products computed together: ``a`` (members x rank sum,
+    in), every member's stacked A one after the other; ``b`` (members, rank sum, largest out),
+    each member's B transposed and zero-padded to the largest member's outputs; ``sizes`` each
+    member's outputs."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    sizes: tuple[int, ...]
+    layout: int
 
 
 @dataclass(frozen=True)
@@ -288,6 +313,44 @@ def _linear(x: torch.Tensor, layer: _Linear, lora: Sequence[tuple]) -> torch.Ten
     return (out + F.linear(low, layer.b) * scaling).to(out.dtype)
 
 
+def _group(members: Sequence[_Linear]) -> _Group | None:
+    """``members``' LoRA as one :class:`_Group`, or None where one of them has no LoRA or their
+    layouts differ (each then takes :func:`_linear`)."""
+    first = members[0]
+    if any(m.a is None or m.layout != first.layout for m in members):
+        return None
+    sizes = tuple(m.b.shape[0] for m in members)
+    b = first.b.new_zeros(len(members), first.b.shape[1], max(sizes))
+    for i, m in enumerate(members):
+        b[i, :, : sizes[i]] = m.b.T
+    return _Group(torch.cat([m.a for m in members]), b, sizes, first.layout)
+
+
+def _linears(
+    x: torch.Tensor, members: Sequence[_Linear], group: _Group | None, lora: Sequence[tuple]
+) -> list[torch.Tensor]:
+    """Each of ``members``' outputs of ``x`` (b, q, in), as :func:`_linear` computes them, their
+    LoRA products two for all where ``group`` is given: one GEMM of every member's A, the rows'
+    mask, one batched GEMM of every member's B, the scaling. The same arithmetic as one member at
+    a time but for the order in which the GEMMs sum (float round-off), in two kernels instead of
+    two a member: on a GPU a decode step is bound by its count of small kernels."""
+    if group is None:
+        return [_linear(x, m, lora) for m in members]
+    outs = [F.linear(x, m.weight, m.bias) for m in members]
+    mask, scaling = lora[group.layout]
+    b, q, _ = x.shape
+    k, rank, width = group.b.shape
+    low = F.linear(x.to(group.a.dtype), group.a).view(b, q, k, rank)
+    if mask is not None:
+        low = low * mask[:, :, None, :]  # (b, 1, 1, rank sum): each member alike
+    up = torch.bmm(low.view(b * q, k, rank).transpose(0, 1), group.b)  # (k, b * q, width)
+    up = up.view(k, b, q, width) * scaling
+    return [
+        (out + up[i, :, :, :n]).to(out.dtype)
+        for i, (out, n) in enumerate(zip(outs, group.sizes, strict=True))
+    ]
+
+
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
@@ -385,9 +448,11 @@ def _projections(
     b, q, _ = x.shape
     hd = layer["qn"].weight.shape[-1]
     h = _rms(x, layer["ln1"])
-    query = _rms(_linear(h, layer["q"], lora).view(b, q, -1, hd), layer["qn"]).transpose(1, 2)
-    key = _rms(_linear(h, layer["k"], lora).view(b, q, -1, hd), layer["kn"]).transpose(1, 2)
-    value = _linear(h, layer["v"], lora).view(b, q, -1, hd).transpose(1, 2)
+    members = (layer["q"], layer["k"], layer["v"])
+    query, key, value = _linears(h, members, layer.get("qkv"), lora)
+    query = _rms(query.view(b, q, -1, hd), layer["qn"]).transpose(1, 2)
+    key = _rms(key.view(b, q, -1, hd), layer["kn"]).transpose(1, 2)
+    value = value.view(b, q, -1, hd).transpose(1, 2)
     return _rotate(query, cos, sin), _rotate(key, cos, sin), value
 
 
@@ -397,11 +462,8 @@ def _rest(x: torch.Tensor, out: torch.Tensor, layer: dict, lora: Sequence[tuple]
     b, q, _ = x.shape
     x = x + _linear(out.transpose(1, 2).reshape(b, q, -1), layer["o"], lora)
     h = _rms(x, layer["ln2"])
-    return x + _linear(
-        F.silu(_linear(h, layer["gate"], lora)) * _linear(h, layer["up"], lora),
-        layer["down"],
-        lora,
-    )
+    gate, up = _linears(h, (layer["gate"], layer["up"]), layer.get("gate_up"), lora)
+    return x + _linear(F.silu(gate) * up, layer["down"], lora)
 
 
 def _attend(
@@ -600,6 +662,16 @@ class LeanQwen3:
         # the fixed shapes need CUDA graphs on CUDA, and the compiled layers elsewhere
         needs = "graphs" if _graphs_on(device) else "compile"
         self.compiled = compiled and (device.type, needs) not in _GAVE_UP
+        if self.compiled:  # LoRA's products of the layers that read one input, together
+            layers = (
+                {
+                    **layer,
+                    "qkv": _group((layer["q"], layer["k"], layer["v"])),
+                    "gate_up": _group((layer["gate"], layer["up"])),
+                }
+                for layer in self.w.layers
+            )
+            self.w = replace(self.w, layers=tuple(layers))
         # Compiled: the call's columns allocated at once (fixed shapes) and zeroed (a step reads
         # the columns not yet written too, masked with weight 0, and 0 times a NaN left in memory
         # would still be NaN). Eager: grown by doubling up to ``length`` as columns are written

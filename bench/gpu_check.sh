@@ -5,7 +5,7 @@
 #     bench/gpu_check.sh [--no-wheels] OUT [gpu_check.py options]    e.g. bench/gpu_check.sh "$OUT"
 #
 # Writes OUT/gpu_check.json and OUT/gpu_check.log (the wheel install, then every step of the
-# check), within gpu_check.py's time budget (--budget-s, 510 s by default). The wheels in .whl/
+# check), within gpu_check.py's time budget (--budget-s, 550 s by default). The wheels in .whl/
 # come from bench/gpu_wheels.sh, run beforehand where PyPI is reachable; with --no-wheels (or no
 # .whl/) the environment's own packages are used (a CPU dry run: --device cpu --dry-run). PYTHON
 # names the interpreter (default python3, the one that holds the CUDA build of torch). The JSON

@@ -7,7 +7,9 @@ rank-64 LoRA adapters on every linear, 64 new tokens a row, side by side in one 
 - three adapters, 16 rows each (an IP stage): one pass per adapter (three calls, as the loop
   sampled them before adapters were batched together) and one mixed pass of the 48 rows, eager
   and compiled (where a layer's q, k and v, and its gate and up, compute their LoRA products
-  together).
+  together); and the mixed pass through the CUDA path's step run on the CPU (its buffers
+  replayed by running them, each layer's attention the compiled flex attention that reads each
+  row's own blocks of columns, where the CPU's compiled step attends by SDPA).
 
     .venv/bin/python bench/lean_lora.py [--repeats R]
 
@@ -30,6 +32,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from marlow.policy.adapters import LoraSpec, attach_adapters
+from marlow.rollout import lean
 from marlow.rollout.hf import HFEngine
 from marlow.tiny.tokenizer import build_tokenizer
 from marlow.types import GenRequest, SamplingParams
@@ -164,6 +167,18 @@ def main() -> None:
     print(
         f"{len(ADAPTERS)} adapters, {ROWS} rows each, one mixed pass compiled: {compiled:6.1f} ms"
         " per position"
+    )
+    graphs_on = lean._graphs_on
+    lean._graphs_on = lambda device: True  # the CUDA path's step: flex attention
+    try:
+        engine = HFEngine(model, tok, stop_ids=never, compile=True)
+        sample(engine, mixed, 0)  # warm-up: the compilation
+        flex = best_ms(lambda r: sample(engine, mixed, r), args.repeats)
+    finally:
+        lean._graphs_on = graphs_on
+    print(
+        f"{len(ADAPTERS)} adapters, {ROWS} rows each, one mixed pass, the CUDA path's step (flex"
+        f" attention): {flex:6.1f} ms per position"
     )
     for label, kw in (("eager", {}), ("compiled", {"compile": True})):
         # the compiled step's layers run eager (torch.compile disabled) so that each is counted;

@@ -216,13 +216,15 @@ def test_waiting_rows_take_the_places_of_rows_that_stop(
     places another's held. Greedy and seeded, every row samples what it samples with the whole
     call in one batch (log-probs within round-off); the working batch never grows past
     ``max_batch`` (its bucket, compiled); the call takes fewer decode steps than batches of
-    ``max_batch`` one after the other. Compiled: the CUDA path's replays on the CPU, spans of 8."""
+    ``max_batch`` one after the other. Compiled: the CUDA path's replays on the CPU, spans and
+    attention blocks of 8 columns (each row reads the blocks up to its own column's)."""
     from marlow.rollout import lean
 
     if compile:
         monkeypatch.setattr(lean, "_GAVE_UP", set())
         monkeypatch.setattr(lean, "_graphs_on", lambda device: True)
         monkeypatch.setattr(lean, "SPAN_STEP", 8)
+        monkeypatch.setattr(lean, "KV_BLOCK", 8)  # rows at other columns read other blocks
     seen = {"rows": set(), "steps": 0, "admitted": []}
     call, admit = LeanQwen3.__call__, LeanQwen3.admit
 
@@ -366,11 +368,13 @@ def test_the_compiled_step_samples_what_the_eager_step_samples(
     compactions into smaller batch sizes, stop flags read every 4 tokens; the CPU's (the cache's
     full length attended with a mask) or the CUDA path's replays run on the CPU (a graph's step
     over its static buffers, spans of 8 columns: a call moves through several, each a new
-    capture). The eager loop's tokens, greedy and seeded, log-probs within round-off, nothing
-    fallen back to the eager step; a second call of other lengths compiles nothing that fails."""
+    capture, each row's attention reading its blocks of 8 columns up to its own). The eager
+    loop's tokens, greedy and seeded, log-probs within round-off, nothing fallen back to the
+    eager step; a second call of other lengths compiles nothing that fails."""
     from marlow.rollout import lean
 
     monkeypatch.setattr(lean, "_GAVE_UP", set())
+    monkeypatch.setattr(lean, "KV_BLOCK", 8)  # a row's attention reads its blocks, not the span
     captured = []
     if graphs:
         monkeypatch.setattr(lean, "_graphs_on", lambda device: True)
@@ -401,11 +405,12 @@ def test_the_compiled_step_samples_what_the_eager_step_samples(
         assert 24 in batches and len(batches) > 1  # and smaller batches after compactions
 
 
-def test_the_compiled_halves_compile_once_per_adapter_mix(mixed_ranks, tokenizer, monkeypatch):
+def test_the_compiled_parts_compile_once_per_adapter_mix(mixed_ranks, tokenizer, monkeypatch):
     """The CUDA path's replays on the CPU, across batches of 24, 16, 48 and 1 row and spans of 8
-    columns up to 40: each compiled half of a layer (the projections, the rest) is compiled once
-    for the mixed adapters and once for one adapter, never again for a new batch or span (with
-    torch.compile's limit of compilations at 2, a third one raises instead of running eager)."""
+    columns up to 40: the projections and the rest of a layer are compiled once for the mixed
+    adapters and once for one adapter, the attention (blocks of 8 columns) once, never again for
+    a new batch, span or count of blocks (with torch.compile's limit of compilations at 2, a
+    third one raises instead of running eager)."""
     from torch._dynamo.utils import counters
 
     from marlow.rollout import lean
@@ -416,6 +421,7 @@ def test_the_compiled_halves_compile_once_per_adapter_mix(mixed_ranks, tokenizer
     monkeypatch.setattr(lean, "_COMPILED", {})
     monkeypatch.setattr(lean, "_graphs_on", lambda device: True)
     monkeypatch.setattr(lean, "SPAN_STEP", 8)
+    monkeypatch.setattr(lean, "KV_BLOCK", 8)
     never = [mixed_ranks.config.vocab_size]  # no row stops: the batches stay whole
     engine = HFEngine(mixed_ranks, tokenizer, stop_ids=never, compile=True, read_every=4)
     params = SamplingParams(1.0, 30, seed=0)
@@ -423,7 +429,7 @@ def test_the_compiled_halves_compile_once_per_adapter_mix(mixed_ranks, tokenizer
         for n, adapters in ((21, (*ADAPTERS, BASE)), (9, ADAPTERS), (40, ADAPTERS), (1, ("gen",))):
             engine.generate(requests(adapters, n=n), params)
     assert not lean._GAVE_UP
-    assert counters["stats"]["unique_graphs"] == 4
+    assert counters["stats"]["unique_graphs"] == 5
 
 
 @pytest.fixture
@@ -438,7 +444,8 @@ def broken_compiler(monkeypatch):
 
     broken.calls = 0
     monkeypatch.setattr(lean, "_GAVE_UP", set())
-    monkeypatch.setitem(lean._COMPILED, "cpu", (broken, broken))
+    for part in ("_projections", "_rest"):
+        monkeypatch.setitem(lean._COMPILED, ("cpu", part), broken)
     return broken
 
 
@@ -469,6 +476,72 @@ def test_a_compiled_step_that_fails_leaves_the_call_to_the_eager_step(
         raise torch.OutOfMemoryError("CUDA out of memory")
 
     lean._GAVE_UP.clear()
-    monkeypatch.setitem(lean._COMPILED, "cpu", (short_of_memory, short_of_memory))
+    for part in ("_projections", "_rest"):
+        monkeypatch.setitem(lean._COMPILED, ("cpu", part), short_of_memory)
     with pytest.raises(torch.OutOfMemoryError):
         engine.generate(reqs, params)
+
+
+@pytest.mark.parametrize("block", [8, 128])
+def test_a_compiled_step_reads_each_row_up_to_its_own_columns_block(monkeypatch, block):
+    """The compiled step's attention (flex attention, compiled) reads each row's keys and values
+    in blocks of ``KV_BLOCK`` columns up to its own column's block and no further: rows at
+    scattered columns of one span, a padded prompt among them, the cache past each row's last
+    block filled with NaN (a read of it would be NaN), equal to scaled-dot-product attention
+    over each row's columns within float32 round-off, query heads grouped on their key heads."""
+    from marlow.rollout import lean
+
+    monkeypatch.setattr(lean, "KV_BLOCK", block)
+    rows, heads, kv_heads, hd, span = 5, 4, 2, 16, 3 * block - 5
+    gen = torch.Generator().manual_seed(0)
+    query = torch.randn(rows, heads, 1, hd, generator=gen)
+    keys, values = (torch.randn(rows, kv_heads, span, hd, generator=gen) for _ in range(2))
+    columns = torch.tensor([[0], [block - 1], [block], [span - 1], [2 * block + 1]])
+    valid = torch.arange(span)[None] <= columns
+    valid[2, 1:4] = False  # a left-padded prompt's pads
+    reads = {}
+    for i, column in enumerate(columns[:, 0].tolist()):
+        reads[i] = (column // block + 1) * block
+        keys[i, :, reads[i] :] = values[i, :, reads[i] :] = float("nan")
+    assert sorted(set(reads.values())) == [block, 2 * block, 3 * block]
+    attend = torch.compile(lean._attend_blocks, fullgraph=True)
+    out = attend(query, keys, values, lean._row_blocks(valid, columns, span))
+    additive = torch.zeros(rows, span).masked_fill_(~valid, float("-inf"))
+    expected = lean._attend(query, keys.nan_to_num(), values.nan_to_num(), additive)
+    torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
+
+
+def test_a_failing_flex_attention_leaves_the_compiled_layers(mixed_ranks, tokenizer, monkeypatch):
+    """Where only the compiled flex attention fails (the CUDA path's replays, on the CPU): one
+    warning naming it, the step attends over its whole span with scaled-dot-product attention,
+    its compiled projections and rest kept (run from then on), the eager step's tokens, and
+    later calls do not try it again."""
+    from marlow.rollout import lean
+
+    monkeypatch.setattr(lean, "_GAVE_UP", set())
+    monkeypatch.setattr(lean, "_graphs_on", lambda device: True)
+    monkeypatch.setattr(lean, "SPAN_STEP", 8)
+    calls = {"attention": 0, "projections": 0}
+
+    def broken(*args):
+        calls["attention"] += 1
+        raise RuntimeError("triton: no kernel for this head size")
+
+    def projections(*args):
+        calls["projections"] += 1
+        return lean._projections(*args)
+
+    monkeypatch.setitem(lean._COMPILED, ("cpu", "_attend_blocks"), broken)
+    monkeypatch.setitem(lean._COMPILED, ("cpu", "_projections"), projections)
+    monkeypatch.setitem(lean._COMPILED, ("cpu", "_rest"), lean._rest)
+    reqs = requests((*ADAPTERS, BASE), n=8)
+    params = SamplingParams(0.0, 12, seed=0)
+    engine = HFEngine(mixed_ranks, tokenizer, compile=True)
+    with pytest.warns(RuntimeWarning, match="flex attention failed on cpu .*no kernel.*whole span"):
+        out = engine.generate(reqs, params)
+    same(out, HFEngine(mixed_ranks, tokenizer).generate(reqs, params))
+    assert calls["attention"] == 1 and sorted(lean._GAVE_UP) == [("cpu", "attention")]
+    layers = mixed_ranks.config.num_hidden_layers
+    assert calls["projections"] >= layers * 11  # the 11 steps after the prompt's, and the first
+    same(engine.generate(reqs, params), out)
+    assert calls["attention"] == 1

@@ -53,10 +53,15 @@ far, as transformers does (grown columns are zeroed: a row admitted later attend
 columns it has not written, and a weight of 0 times a NaN left in memory would be NaN).
 ``compiled`` runs the decode steps at fixed shapes: the cache allocated
 once for the call's ``length`` columns and zeroed, each step attending over a fixed span of
-columns with the mask (columns not yet written are masked), each layer's two halves around its
-cache write and attention through ``torch.compile`` (:func:`_compiled_halves`: every layer has the
-same shapes and only the rows' dimension varies, so one compilation serves every layer and batch,
-and fuses each half's elementwise work into a few kernels). On CUDA the whole step is then
+columns with the mask (columns not yet written are masked), each layer in three parts through
+``torch.compile`` (:func:`_compiled_parts`): the projections before the cache write, the
+attention, the rest after it (every layer has the same shapes and only the rows' dimension
+varies, and the span's for the attention, so one compilation serves every layer and batch, and
+fuses each part's elementwise work into a few kernels). On CUDA the attention is flex attention
+over blocks of :data:`KV_BLOCK` columns (:func:`_attend_blocks`): each row reads the blocks up
+to its own column's, not the whole span, so rows refilled at small columns beside long ones
+(and filler rows) read only their own (on the CPU, SDPA: :func:`_compiled_parts` says why). On
+CUDA the whole step is then
 captured as a CUDA graph (:class:`_Graph`: its inputs copied into static buffers, the step one
 launch), when the call first decodes and again when its span or its rows change; the span is the
 columns up to the next multiple of :data:`SPAN_STEP` past the largest column a row writes at, so
@@ -76,25 +81,29 @@ kernel of a few microseconds even when replayed. Compiling one layer fuses its e
 operations (19 generated kernels a layer on the CPU, where a layer compiles in 3 s). Compiled
 whole, a layer was compiled again for each new batch, span and last span of a call, and reached
 torch.compile's limit of 8 compilations, past which it runs eager without a word: hence the
-halves, which see neither the cache nor the span. With the halves, on one H200, a 64-row call
-of 4 adapters mixed took 8.3 ms a step, and its profile showed half of the device's time in the
+parts, of which only the attention sees the span, and none the cache. With them, on one H200, a
+64-row call of 4 adapters mixed took 8.3 ms a step, and its profile showed half of the device's time in the
 float32 LoRA factors' GEMMs (no tensor cores: ``sgemm`` and split-K kernels), the bfloat16 base
 GEMMs an eighth: hence the factors in the base's dtype, with which the same call took 6.5 ms a
 step (``bench/results/gpu_check.json``), its profile about 1,310 kernels a step of 3 to 4
 microseconds each, 21 matrix products a layer among them: hence the grouped LoRA products (not
-measured on a GPU yet).
+measured on a GPU yet). In the same profile the attention (cuDNN's flash kernel, over the two
+query heads of each key head and the mask) took 23 microseconds a layer, about a seventh of the
+step's device time, every row reading the whole span: hence flex attention's decoding kernel,
+which reads each row's own blocks (not measured on a GPU yet).
 """
 
 from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from transformers import Qwen3ForCausalLM
 
 from marlow.policy.adapters import active_adapter, lora_compute_dtype
@@ -367,29 +376,34 @@ def _forward(
     columns: torch.Tensor,
     valid: torch.Tensor | None,
     span: int,
-    halves: tuple | None = None,
+    parts: _Parts | None = None,
 ) -> torch.Tensor:
     """The next ``q`` tokens of every row (``ids`` (b, q), at ``positions`` (b, q)) written into
     the cache at ``columns`` (q,) (or, one token a row, at each row's own column: (b, 1)),
     attending over the cache's first ``span`` columns (``valid``
     (b, span): False masks a column; None: every column is real); the last token's logits (b, V)
-    in float32. Each layer is :func:`_layer`, its two halves ``halves`` (default eager; the
-    compiled step passes its ``torch.compile``'d ones: every layer has the same shapes, so one
+    in float32. Each layer is :func:`_layer`, its parts ``parts`` (default eager; the compiled
+    step passes its ``torch.compile``'d ones: every layer has the same shapes, so one
     compilation serves all)."""
     cos, sin = rope[0][positions][:, None], rope[1][positions][:, None]  # (b, 1, q, hd)
+    mask = valid
+    if parts is not None and parts.blocks:  # each row reads its own blocks of columns
+        mask = _row_blocks(valid, columns, span)
+        _vary(mask[0], dims=(0, 1))  # the rows and the span
+        _vary(mask[1])
+        _vary(mask[2], dims=(0, 3))  # the rows and the span's blocks
+    elif valid is not None and ids.shape[1] == 1:
+        # one token a row: the mask made additive once a step, as attention would make it in
+        # every layer (the same -inf and 0, so the same bits; a kernel a layer fewer)
+        mask = torch.zeros(valid.shape, dtype=w.embed.dtype, device=valid.device)
+        mask.masked_fill_(~valid, float("-inf"))
     if columns.dim() == 2:  # each row's column, as the index of the cache write (_layer)
         columns = columns[:, None, :, None].expand(-1, w.kv_heads, -1, w.head_dim)
     x = F.embedding(ids, w.embed)
-    if valid is not None and ids.shape[1] == 1:
-        # one token a row: the mask made additive once a step, as attention would make it in
-        # every layer (the same -inf and 0, so the same bits; a kernel a layer fewer)
-        valid = torch.zeros(valid.shape, dtype=x.dtype, device=x.device).masked_fill_(
-            ~valid, float("-inf")
-        )
-    if halves is not None:  # compiled: the rows' dimension is the only symbolic size
-        _rows_vary(x, cos, sin, *(t for pair in lora for t in pair))
+    if parts is not None:  # compiled: the rows' dimension is the only symbolic size
+        _vary(x, cos, sin, *(t for pair in lora for t in pair))
     for i, layer in enumerate(w.layers):
-        x = _layer(x, layer, keys[i], values[i], lora, cos, sin, columns, valid, span, halves)
+        x = _layer(x, layer, keys[i], values[i], lora, cos, sin, columns, mask, span, parts)
     # as transformers: the norm over every position, then the head on the last one kept
     # (b, 1, hidden): the same kernels, so the same bits
     return _linear(_rms(x, w.norm)[:, -1:], w.head, lora)[:, -1].float()
@@ -404,17 +418,22 @@ def _layer(
     cos: torch.Tensor,
     sin: torch.Tensor,
     columns: torch.Tensor,
-    valid: torch.Tensor | None,
+    mask: torch.Tensor | tuple | None,
     span: int,
-    halves: tuple | None = None,
+    parts: _Parts | None = None,
 ) -> torch.Tensor:
     """One decoder layer of :func:`_forward` over ``x`` (b, q, hidden), its cache ``keys`` and
     ``values`` (b, kv heads, columns, hd) written at ``columns`` ((q,), or each row's own
     expanded to the key's shape (b, kv heads, 1, hd)): :func:`_projections`, the
-    cache write and the attention, then :func:`_rest` (``halves``: the two, default eager).
-    The cache and the span stay out of the halves, so a compiled half has the shapes of the
+    cache write, the attention over the first ``span`` columns under ``mask`` (what
+    ``parts.attend`` takes: :func:`_attend`'s or :func:`_attend_blocks`'), then :func:`_rest`
+    (``parts``: the three, default eager). The cache write stays out of the compiled parts, and
+    the attention is compiled apart from the two others, so that they have the shapes of the
     rows alone, whatever column a step writes and however many it attends over."""
-    projections, rest = halves or (_projections, _rest)
+    if parts is None:
+        projections, attend, rest = _projections, _attend, _rest
+    else:
+        projections, attend, rest = parts.projections, parts.attend, parts.rest
     query, key, value = projections(x, layer, lora, cos, sin)
     if columns.dim() == 1:  # every row's tokens at the same columns
         keys.index_copy_(2, columns, key)
@@ -422,22 +441,27 @@ def _layer(
     else:  # one token a row, each at its own column: (b, kv heads, 1, hd), from _forward
         keys.scatter_(2, columns, key)
         values.scatter_(2, columns, value)
-    out = _attend(query, keys[:, :, :span], values[:, :, :span], valid)
-    if halves is not None:
-        _rows_vary(out)
+    keys, values = keys[:, :, :span], values[:, :, :span]
+    if parts is not None and parts.blocks:  # the span is symbolic to the compiled attention
+        _vary(query)
+        _vary(keys, values, dims=(0, 2))
+    out = attend(query, keys, values, mask)
+    if parts is not None:
+        _vary(out)
     return rest(x, out, layer, lora)
 
 
-def _rows_vary(*tensors) -> None:
-    """Tell ``torch.compile`` that the first dimension (the rows) of each tensor among
-    ``tensors`` may change from call to call, and no other size: compiled with that dimension
-    symbolic from the start, a half serves every batch (but one row) with one compilation. A
-    half is compiled at the first layer that calls it, so the step's inputs are marked once a
-    step and each attention's output once a layer (what the compiled halves return needs none:
-    the compiled graph's guards take any size of a symbolic dimension)."""
+def _vary(*tensors, dims: tuple[int, ...] = (0,)) -> None:
+    """Tell ``torch.compile`` that the sizes ``dims`` (default: the first, the rows) of each
+    tensor among ``tensors`` may change from call to call, and no other size: compiled with
+    them symbolic from the start, a part serves every batch (but one row) and span with one
+    compilation. A part is compiled at the first layer that calls it, so the step's inputs are
+    marked once a step and each layer's own inputs once a layer (what the compiled parts return
+    needs none: the compiled graph's guards take any size of a symbolic dimension)."""
     for t in tensors:
         if isinstance(t, torch.Tensor):
-            torch._dynamo.maybe_mark_dynamic(t, 0)
+            for dim in dims:
+                torch._dynamo.maybe_mark_dynamic(t, dim)
 
 
 def _projections(
@@ -501,14 +525,80 @@ def _attend(
     )
 
 
+KV_BLOCK = 128
+"""A compiled decode step reads each row's keys and values in blocks of this many columns, up to
+the block of the row's own column (:func:`_attend_blocks`)."""
+
+
+def _row_blocks(
+    valid: torch.Tensor, columns: torch.Tensor, span: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The mask of :func:`_attend_blocks` for rows writing at ``columns`` (b, 1) and attending
+    over ``span`` columns: ``valid`` (b, span) as it is, each row's count of blocks (b, 1, 1:
+    those up to its own column's), and the blocks' indices in order (b, 1, 1, blocks of the
+    span), as :class:`~torch.nn.attention.flex_attention.BlockMask` takes them (int32)."""
+    blocks = -(-span // KV_BLOCK)
+    count = (columns // KV_BLOCK + 1).clamp_(max=blocks).to(torch.int32).view(-1, 1, 1)
+    order = torch.arange(blocks, dtype=torch.int32, device=valid.device)
+    return valid, count, order.expand(valid.shape[0], 1, 1, blocks).contiguous()
+
+
+def _attend_blocks(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+) -> torch.Tensor:
+    """Attention of one new token a row (``query`` (b, heads, 1, hd)) over each row's own columns
+    of ``keys`` and ``values`` (b, kv heads, span, hd), by flex attention: a row reads only its
+    first blocks of :data:`KV_BLOCK` columns (``mask`` from :func:`_row_blocks`: its count of
+    blocks and their indices), and among them the columns ``valid`` marks False are masked.
+    The attention :func:`_attend` computes, within float round-off (another kernel, summing in
+    another order), but a row's reads end at its own column's block, not at the span: rows
+    refilled at small columns beside a long one, or padded to a bucket, no longer read the
+    long one's columns. Compiled, this is flex attention's decoding kernel (split over the
+    columns, as for one query a row); eager, a slow reference, never used for sampling."""
+    valid, count, indices = mask
+
+    def keep(b, h, q, kv):
+        return valid[b, kv]
+
+    blocks = BlockMask.from_kv_blocks(
+        count,
+        indices,
+        BLOCK_SIZE=KV_BLOCK,
+        mask_mod=keep,
+        seq_lengths=(1, keys.shape[2]),
+        compute_q_blocks=False,  # the backward's index: a decode step has none
+    )
+    heads, kv_heads, hd = query.shape[1], keys.shape[1], query.shape[-1]
+    return flex_attention(
+        query, keys, values, block_mask=blocks, scale=hd**-0.5, enable_gqa=heads != kv_heads
+    )
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """A decoder layer's three parts as a compiled decode step runs them (:func:`_layer`): the
+    projections, the attention, the rest; ``blocks``: whether the attention is
+    :func:`_attend_blocks` (its mask from :func:`_row_blocks`) rather than :func:`_attend` (with
+    an additive mask)."""
+
+    projections: Callable
+    attend: Callable
+    rest: Callable
+    blocks: bool
+
+
 SPAN_STEP = 128
 """A graphed decode step attends over the cache's columns up to the next multiple of this past
 its own column (or the call's length): one capture per span a call reaches."""
 
-_COMPILED: dict[str, tuple] = {}
-"""The ``torch.compile``'d halves of :func:`_layer` of each device type."""
+_COMPILED: dict[tuple[str, str], Callable] = {}
+"""The ``torch.compile``'d parts of :func:`_layer`, by device type and function name."""
 _GAVE_UP: set[tuple[str, str]] = set()
-"""What failed in this process, as (device type, "compile" or "graphs"): not tried again."""
+"""What failed in this process, as (device type, "compile", "attention" or "graphs"): not tried
+again."""
 
 
 def _graphs_on(device: torch.device) -> bool:
@@ -516,35 +606,90 @@ def _graphs_on(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def _compiled_halves(device: torch.device) -> tuple | None:
-    """:func:`_projections` and :func:`_rest` through ``torch.compile``, one pair per device
-    type, or None (the eager halves) where compiling failed before. They are compiled with
-    dynamic shapes: every layer of a model has the same shapes, and the rows are the only size
-    that changes between steps and calls, so one compilation serves every layer and batch (a
-    batch of one row apart), and a call with other adapters (one, or several mixed) compiles
+def _compiled_parts(device: torch.device) -> _Parts | None:
+    """:func:`_projections`, :func:`_attend_blocks` and :func:`_rest` through ``torch.compile``,
+    each compiled once per device type (:func:`_compile_once`), or None (the eager parts) where
+    compiling failed before. The attention is flex attention where the step is graphed (CUDA);
+    elsewhere, or where the compiled flex attention failed before, it is :func:`_attend`, eager:
+    on the CPU, ``bench/lean_lora.py``'s mixed pass took 39.5 ms a position through the CUDA
+    path's step (flex attention) against 35.0 through the CPU's compiled step (SDPA).
+
+    They are compiled with dynamic shapes: every layer of a model has the same shapes, and the
+    rows are the only size that changes between steps and calls (and the span, for the
+    attention), so one compilation serves every layer and batch (a batch of one row apart), and
+    a call with other adapters (one, or several mixed) compiles the projections and the rest
     once more. Compiled with the shapes of their first call instead, they were compiled again
     for each new batch, and the whole layer (its cache and span inside) went on to hit
     torch.compile's limit of 8 compilations within a call's first few spans, after which it ran
     eager without a word."""
     if (device.type, "compile") in _GAVE_UP:
         return None
-    if device.type not in _COMPILED:
-        _COMPILED[device.type] = tuple(
-            torch.compile(half, fullgraph=True) for half in (_projections, _rest)
-        )
-    return _COMPILED[device.type]
+    blocks = _graphs_on(device) and (device.type, "attention") not in _GAVE_UP
+    return _Parts(
+        _compile_once(device, _projections, "compile"),
+        _compile_once(device, _attend_blocks, "attention") if blocks else _attend,
+        _compile_once(device, _rest, "compile"),
+        blocks,
+    )
+
+
+class _PartFailed(Exception):  # noqa: N818 - carries what to give up (_fall_back)
+    """A compiled part of a decode step raised (its ``__cause__``); ``what``: the name under
+    which :func:`_give_up` gives it up."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
+
+
+def _compile_once(device: torch.device, part: Callable, what: str) -> Callable:
+    """``part`` through ``torch.compile`` (once per device type: :data:`_COMPILED`), called so
+    that what it raises but a memory error comes out as :class:`_PartFailed` ``what``."""
+    key = (device.type, part.__name__)
+    if key not in _COMPILED:
+        _COMPILED[key] = torch.compile(part, fullgraph=True)
+    return partial(_tagged, _COMPILED[key], what)
+
+
+def _tagged(compiled: Callable, what: str, *args) -> torch.Tensor:
+    try:
+        return compiled(*args)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as err:
+        raise _PartFailed(what) from err
+
+
+def _fall_back(device: torch.device, err: Exception) -> _Parts | None:
+    """A compiled decode step raised ``err`` on ``device``: where a compiled part raised it
+    (:class:`_PartFailed`), that part given up (:func:`_give_up`: the flex attention alone, or
+    the compiled layers) and the parts to run instead; any other error raised again."""
+    if not isinstance(err, _PartFailed):
+        raise err
+    _give_up(device, err.what, err.__cause__)
+    return _compiled_parts(device)
+
+
+_GIVEN_UP = {
+    "compile": "compiled layers",
+    "attention": "compiled flex attention",
+    "graphs": "CUDA graphs",
+}
+"""What each of :data:`_GAVE_UP`'s names is, in :func:`_give_up`'s warning."""
 
 
 def _give_up(device: torch.device, what: str, err: Exception) -> None:
-    """``what`` ("compile": the compiled layers; "graphs": the CUDA graphs) failed on
-    ``device`` (not for memory): say so once, and do without it from now on."""
+    """``what`` (a key of :data:`_GIVEN_UP`) failed on ``device`` (not for memory): say so once,
+    and do without it from now on."""
     _GAVE_UP.add((device.type, what))
-    instead = "eager layers" if what == "compile" and _graphs_on(device) else "the eager step"
+    if what == "attention":
+        instead = "attention over the whole span"
+    else:
+        instead = "eager layers" if what == "compile" and _graphs_on(device) else "the eager step"
     warnings.warn(
-        f"marlow: the decode step's {'compiled layers' if what == 'compile' else 'CUDA graphs'} "
-        f"failed on {device.type} ({type(err).__name__}: "
-        f"{str(err).splitlines()[0] if str(err) else ''}); sampling with {instead} from now on "
-        "(rollout.compile=off skips the attempt)",
+        f"marlow: the decode step's {_GIVEN_UP[what]} failed on {device.type} "
+        f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); sampling with "
+        f"{instead} from now on (rollout.compile=off skips the attempt)",
         RuntimeWarning,
         stacklevel=4,
     )
@@ -552,7 +697,7 @@ def _give_up(device: torch.device, what: str, err: Exception) -> None:
 
 class _Graph:
     """The decode step of ``lean`` at its current rows and ``span`` columns (:func:`_forward`,
-    its layers compiled: :func:`_compiled_layer`), run from static input buffers. Its first call
+    its layers compiled: :func:`_compiled_parts`), run from static input buffers. Its first call
     runs the step once (which compiles what needs compiling; where that fails, the step's layers
     run eager from then on); on CUDA that run is on a side stream, and the step is then captured
     as a CUDA graph and replayed (the run wrote the step's key and value: the replay writes the
@@ -565,13 +710,13 @@ class _Graph:
         self.positions = torch.zeros((rows, 1), dtype=torch.long, device=device)
         self.columns = torch.zeros((rows, 1), dtype=torch.long, device=device)  # each row's
         self.valid = torch.zeros((rows, span), dtype=torch.bool, device=device)
-        self.halves = _compiled_halves(device)
+        self.parts = _compiled_parts(device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
         self.ready = False
 
     def run(self) -> torch.Tensor:
-        args = (self.ids, self.positions, self.columns, self.valid, self.span, self.halves)
+        args = (self.ids, self.positions, self.columns, self.valid, self.span, self.parts)
         return self.lean._step(*args)
 
     def __call__(self, ids, mask, positions, columns: torch.Tensor) -> torch.Tensor:
@@ -593,16 +738,14 @@ class _Graph:
         if cuda:
             side.wait_stream(here)
         with torch.cuda.stream(side) if cuda else contextlib.nullcontext():
-            try:  # compiles, and initialises what a capture may not (cuBLAS handles)
-                self.run()
-            except torch.OutOfMemoryError:
-                raise
-            except Exception as err:
-                if self.halves is None:
+            while True:  # compiles, and initialises what a capture may not (cuBLAS handles)
+                try:
+                    self.run()
+                    break
+                except torch.OutOfMemoryError:
                     raise
-                _give_up(self.device, "compile", err)
-                self.halves = None
-                self.run()
+                except Exception as err:
+                    self.parts = _fall_back(self.device, err)
         if cuda:
             here.wait_stream(side)
             graph = torch.cuda.CUDAGraph()
@@ -801,12 +944,15 @@ class LeanQwen3:
             if columns is None:
                 columns = torch.full((b,), at, dtype=torch.long, device=device)
             try:
-                return self._compiled(ids, mask, positions, at, columns[:, None])
+                logits = self._compiled(ids, mask, positions, at, columns[:, None])
             except torch.OutOfMemoryError:
                 raise
             except Exception as err:  # the compiler's or a graph's: the eager step computes it
                 _give_up(device, "graphs" if _graphs_on(device) else "compile", err)
-                self.compiled, self.graph = False, None
+                logits = None
+            if logits is not None:
+                return logits
+            self.compiled, self.graph = False, None
         self._reserve(end)
         valid = mask[:, :end].bool()  # (b, end)
         if self.padded is None:
@@ -815,15 +961,23 @@ class LeanQwen3:
         columns = torch.arange(at, end, device=device) if columns is None else columns[:, None]
         return self._step(ids, positions, columns, valid if self.padded else None, end)
 
-    def _compiled(self, ids, mask, positions, at: int, columns) -> torch.Tensor:
+    def _compiled(self, ids, mask, positions, at: int, columns) -> torch.Tensor | None:
         """One decode step at fixed shapes, each row writing at its column of ``columns`` (b, 1)
         (the largest is ``at``): the graphed step of its span (CUDA), or the
-        ``torch.compile``'d one over every column."""
+        ``torch.compile``'d one over every column (None where compiling has been given up: the
+        eager step computes it)."""
         device = ids.device
         if not _graphs_on(device):
             valid = mask[:, : self.length].bool()
-            halves = _compiled_halves(device)
-            return self._step(ids, positions, columns, valid, self.length, halves)
+            parts = _compiled_parts(device)
+            while parts is not None:
+                try:
+                    return self._step(ids, positions, columns, valid, self.length, parts)
+                except torch.OutOfMemoryError:
+                    raise
+                except Exception as err:
+                    parts = _fall_back(device, err)
+            return None  # compiling given up: the eager step
         span = min(self.length, (at // SPAN_STEP + 1) * SPAN_STEP)
         if self.graph is not None and span < self.graph.span < 2 * span:
             # rows admitted in stopped rows' places can lower the largest column: the step
@@ -835,8 +989,8 @@ class LeanQwen3:
             self.graph = _Graph(self, ids.shape[0], span, device)
         return self.graph(ids, mask, positions, columns)
 
-    def _step(self, ids, positions, columns, valid, span, halves=None) -> torch.Tensor:
-        """:func:`_forward` over this call's weights and cache, its layers' halves ``halves``
+    def _step(self, ids, positions, columns, valid, span, parts=None) -> torch.Tensor:
+        """:func:`_forward` over this call's weights and cache, its layers' parts ``parts``
         (None: eager)."""
         return _forward(
             self.w,
@@ -849,5 +1003,5 @@ class LeanQwen3:
             columns,
             valid,
             span,
-            halves,
+            parts,
         )

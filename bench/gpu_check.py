@@ -24,8 +24,11 @@ The parts, each recorded whatever became of the others:
    once with 1 adapter and once with 4 mixed (row i answered by adapter i mod 4): distinct short
    prompts (``Problem i: what is i + i?``, 25-31 bytes, one token a byte), temperature 1.0,
    ``new_tokens`` new tokens (the stop id is the vocabulary size, an id no row samples, so every
-   row runs to the limit); last, the ``eager_rows`` batch once more with 4 adapters and the
-   decode step eager (``compile=False``: what compiling gives, side by side), for
+   row runs to the limit); then the ``profile_rows`` batch with 4 adapters once more, each
+   decode step attending over its whole span by SDPA
+   (:func:`marlow.rollout.lean.attention_over_span`) instead of by flex attention over each
+   row's own blocks of columns (what the latter gives, side by side); last, the ``eager_rows``
+   batch once more with 4 adapters and the decode step eager (``compile=False``: what compiling gives, side by side), for
    ``eager_tokens`` new tokens (on an H200 its 512 took the part's last 100 s and did not
    finish: a step of eager kernels is that slow); one untimed warm-up call
    (``warmup_s``: it compiles and captures CUDA graphs on first use), then the timed call (another seed): tokens/s = rows x new tokens / seconds (the
@@ -37,9 +40,11 @@ The parts, each recorded whatever became of the others:
    256 rows, 4 adapters mixed, at most 64 at a time (``max_batch``), 256 new tokens, a random
    32nd of the vocabulary's ids stopping a row (so completions end at scattered lengths, a
    few at the limit), a seed per request; with ``rollout.refill`` off (batches of 64 one after
-   the other, each until its longest row ends) and on (waiting rows take stopped rows'
-   places): sampled tokens/s of each, the mean and longest completion, and the share of rows
-   that sampled the same tokens both ways.
+   the other, each until its longest row ends), on (waiting rows take stopped rows'
+   places), and on with each step's attention over its whole span (rows at scattered
+   columns: what reading each row's own blocks gives there): sampled tokens/s of each, the
+   mean and longest completion, and the share of rows that sampled the same tokens with
+   refill off and on.
    Beside each, the bound
    of the device's memory bandwidth, the tokens/s of one decode step that serves every row at
    once and reads each byte it needs once::
@@ -173,6 +178,7 @@ written either way.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -518,20 +524,28 @@ def sampler_size(sizes: tuple[Size, ...]) -> Size:
 
 def configurations(sampler: Sampler) -> list[dict[str, Any]]:
     """Each configuration of ``sampler``, in the order they run: by rows, 1 adapter then all,
-    with the engine's own choice of a compiled step (``compile`` None), and last the
-    ``eager_rows`` batch with all adapters eager (``compile`` False: the slowest per step)."""
+    with the engine's own choice of a compiled step (``compile`` None, ``attention`` "rows":
+    on CUDA each row's own blocks of columns); the ``profile_rows`` batch with all adapters once
+    more, its attention over the whole span (``attention`` "span":
+    :func:`marlow.rollout.lean.attention_over_span`, side by side); and last the ``eager_rows``
+    batch with all adapters eager (``compile`` False: the slowest per step)."""
     n = sampler.new_tokens
     out = [
-        {"rows": rows, "adapters": k, "new_tokens": n, "compile": None}
+        {"rows": rows, "adapters": k, "new_tokens": n, "compile": None, "attention": "rows"}
         for rows in sampler.rows
         for k in (1, sampler.adapters)
     ]
+    span = {"rows": sampler.profile_rows, "adapters": sampler.adapters, "new_tokens": n}
     eager = {
         "rows": sampler.eager_rows,
         "adapters": sampler.adapters,
         "new_tokens": sampler.eager_tokens,
     }
-    return [*out, eager | {"compile": False}]
+    return [
+        *out,
+        span | {"compile": None, "attention": "span"},
+        eager | {"compile": False, "attention": "rows"},
+    ]
 
 
 def measure_sampler(check: Check, device: str, dry_run: bool, work: Path) -> dict[str, Any]:
@@ -583,6 +597,7 @@ def sample(out: str, folder: str, device: str, dry_run: bool, deadline: float) -
     from marlow.models import resolve_device
     from marlow.policy.adapters import adapter_names
     from marlow.rollout.hf import HFEngine
+    from marlow.rollout.lean import attention_over_span
     from marlow.types import GenRequest, SamplingParams
 
     sampler, sizes = (DRY_SAMPLER, DRY_SIZES) if dry_run else (SAMPLER, SIZES)
@@ -621,7 +636,9 @@ def sample(out: str, folder: str, device: str, dry_run: bool, deadline: float) -
         requests = [GenRequest(prompts[i], names[i % k]) for i in range(row["rows"])]
         try:
             engine = engines[row["compile"]]
-            timed = time_calls(engine, requests, sampler, n, dev)
+            over_span = row["attention"] == "span"
+            with attention_over_span() if over_span else contextlib.nullcontext():
+                timed = time_calls(engine, requests, sampler, n, dev)
             del timed["samples"]
             row.update(timed, compiled=engine.compiled)
         except Exception as err:
@@ -643,7 +660,8 @@ def sample(out: str, folder: str, device: str, dry_run: bool, deadline: float) -
             bound_tokens_per_s=bound,
             fraction_of_bound=row["tokens_per_s"] / bound,
         )
-        if (row["rows"], k, row["compile"]) == (sampler.profile_rows, sampler.adapters, None):
+        profile_at = (sampler.profile_rows, sampler.adapters, None, "rows")
+        if (row["rows"], k, row["compile"], row["attention"]) == profile_at:
             params = SamplingParams(sampler.temperature, sampler.profile_tokens, 2)
             row["profile"] = profiled(partial(engine.generate, requests, params), dev)
         write_json(out, result)
@@ -664,12 +682,16 @@ def measure_refill(
     after each way: ``refill.rows`` rows of the sampler's adapters mixed (a seed per request,
     so both ways sample the same tokens but for round-off), at most ``refill.max_batch`` at a
     time, stopped by a random ``refill.stop_share`` of the vocabulary's ids; batches one after
-    the other (``refill=False``), then refilled. Each way starts only with its estimate left:
+    the other (``refill=False``), then refilled, then refilled with each step's attention over
+    its whole span (:func:`marlow.rollout.lean.attention_over_span`: what reading each row's
+    own blocks gives where rows sit at scattered columns). Each way starts only with its
+    estimate left:
     2 calls x the decode steps of batches one after the other x ``per_token``."""
     import torch
 
     from marlow.policy.adapters import adapter_names
     from marlow.rollout.hf import HFEngine
+    from marlow.rollout.lean import attention_over_span
     from marlow.types import GenRequest
 
     r = sampler.refill
@@ -686,8 +708,13 @@ def measure_refill(
         for i in range(r.rows)
     ]
     samples = {}
-    for refill in (False, True):
-        row: dict[str, Any] = {"refill": refill, "stop_ids": len(stops), "status": "running"}
+    for refill, attention in ((False, "rows"), (True, "rows"), (True, "span")):
+        row: dict[str, Any] = {
+            "refill": refill,
+            "attention": attention,
+            "stop_ids": len(stops),
+            "status": "running",
+        }
         result["refill"].append(row)
         steps = -(-r.rows // r.max_batch) * r.new_tokens
         estimate, left = 2 * steps * per_token, deadline - time.monotonic()
@@ -696,18 +723,21 @@ def measure_refill(
             write_json(out, result)
             continue
         write_json(out, result)
-        print(f"sampler: {r.rows} rows, refill {'on' if refill else 'off'}", flush=True)
+        print(
+            f"sampler: {r.rows} rows, refill {'on' if refill else 'off'}, {attention}", flush=True
+        )
         engine = HFEngine(model, tokenizer, stop_ids=stops, max_batch=r.max_batch, refill=refill)
         try:
-            timed = time_calls(engine, requests, sampler, r.new_tokens, device)
+            with attention_over_span() if attention == "span" else contextlib.nullcontext():
+                timed = time_calls(engine, requests, sampler, r.new_tokens, device)
         except Exception as err:
             row.update(status="failed", error=one_line(err))
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             write_json(out, result)
             continue
-        samples[refill] = timed.pop("samples")
-        lengths = [len(t) for t in samples[refill]]
+        samples[refill, attention] = timed.pop("samples")
+        lengths = [len(t) for t in samples[refill, attention]]
         row.update(
             timed,
             status="ok",
@@ -717,9 +747,10 @@ def measure_refill(
         )
         write_json(out, result)
         print(f"sampler: {row['tokens_per_s']:.0f} tokens/s", flush=True)
-    if len(samples) == 2:  # the share of rows that sampled the same tokens both ways
-        same = sum(a == b for a, b in zip(samples[False], samples[True], strict=True))
-        result["refill"][-1]["same_samples"] = same / r.rows
+    off, on = samples.get((False, "rows")), samples.get((True, "rows"))
+    if off and on:  # the share of rows that sampled the same tokens both ways
+        same = sum(a == b for a, b in zip(off, on, strict=True))
+        result["refill"][1]["same_samples"] = same / r.rows
 
 
 def adapted_stand_in(

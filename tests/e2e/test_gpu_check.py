@@ -112,7 +112,7 @@ def test_the_dry_run_times_the_sampler_beside_its_bandwidth_bound(dry_run):
     assert part["bandwidth_bytes_per_s"] > 0 and part["kv_bytes_per_token"] > 0
     assert 0 < part["adapter_bytes"] < part["weight_bytes"] < 0.05 * 2**30  # shrunken
     expected = gpu_check.configurations(gpu_check.DRY_SAMPLER)
-    keys = ("rows", "adapters", "compile")
+    keys = ("rows", "adapters", "compile", "attention")
     assert [tuple(c[k] for k in keys) for c in part["configurations"]] == [
         tuple(c[k] for k in keys) for c in expected
     ]
@@ -135,14 +135,24 @@ def test_the_dry_run_times_the_sampler_beside_its_bandwidth_bound(dry_run):
         assert c["fraction_of_bound"] == pytest.approx(c["tokens_per_s"] / bound)
     profiled = [c for c in part["configurations"] if "profile" in c]
     sampler = gpu_check.DRY_SAMPLER
-    assert [(c["rows"], c["adapters"], c["compile"]) for c in profiled] == [
+    assert [(c["rows"], c["adapters"], c["compile"], c["attention"]) for c in profiled] == [
+        (sampler.profile_rows, sampler.adapters, None, "rows")
+    ]
+    # the profiled batch once more, its steps attending over their whole span (side by side)
+    span = [c for c in part["configurations"] if c["attention"] == "span"]
+    assert [(c["rows"], c["adapters"], c["compile"]) for c in span] == [
         (sampler.profile_rows, sampler.adapters, None)
     ]
     assert_profile(profiled[0]["profile"])
-    # the refill pair: the same rows both ways, their completions of scattered lengths
-    off, on = part["refill"]
-    assert (off["refill"], on["refill"]) == (False, True)
-    for c in (off, on):
+    # the refill pair: the same rows both ways, their completions of scattered lengths; and the
+    # refilled call once more, attending over the whole span
+    off, on, over_span = part["refill"]
+    assert [(c["refill"], c["attention"]) for c in part["refill"]] == [
+        (False, "rows"),
+        (True, "rows"),
+        (True, "span"),
+    ]
+    for c in (off, on, over_span):
         assert c["status"] == "ok" and c["tokens_per_s"] == pytest.approx(
             c["tokens"] / c["seconds"]
         )
@@ -177,13 +187,13 @@ raise SystemExit("CUDA error: an illegal memory access was encountered")
     check = gpu_check.Check(tmp_path, "cpu", dry_run=True, budget_s=300)
     part = gpu_check.measure_sampler(check, "cpu", True, tmp_path)
     assert part["status"] == "failed" and part["bandwidth_bytes_per_s"] == 1e9
-    assert [c["status"] for c in part["configurations"]] == ["ok", "failed"] + ["skipped"] * 3
+    assert [c["status"] for c in part["configurations"]] == ["ok", "failed"] + ["skipped"] * 4
     assert part["configurations"][1]["error"].startswith("CUDA error: an illegal memory")
     assert part["configurations"][2]["error"] == gpu_check.NOT_REACHED
 
     short = gpu_check.Check(tmp_path, "cpu", dry_run=True, budget_s=60)  # the sizes need 60 s
     part = gpu_check.measure_sampler(short, "cpu", True, tmp_path)
-    assert part["status"] == "skipped" and len(part["configurations"]) == 5
+    assert part["status"] == "skipped" and len(part["configurations"]) == 6
     assert {c["status"] for c in part["configurations"]} == {"skipped"}
 
 
@@ -472,6 +482,7 @@ def test_the_section_of_a_gpu_run_gives_the_date_the_card_and_each_figure(dry_ru
     assert bandwidth in text
     for c in part["configurations"]:
         step = "compiled" if c["compiled"] else "eager"
+        step += gpu_docs.OVER_SPAN if c["attention"] == "span" else ""
         assert (
             f"| {c['rows']} | {c['adapters']} | {step} | {c['tokens_per_s']:,.0f} "
             f"| {c['bound_tokens_per_s']:,.0f} | {c['fraction_of_bound']:.3f} "
@@ -479,11 +490,14 @@ def test_the_section_of_a_gpu_run_gives_the_date_the_card_and_each_figure(dry_ru
         ) in text
     assert text.index("| batch |") < text.index("| model | routing | step |")
     for c in part["refill"]:
+        way = ("on" if c["refill"] else "off") + (
+            gpu_docs.OVER_SPAN if c["attention"] == "span" else ""
+        )
         assert (
-            f"| {'on' if c['refill'] else 'off'} | {c['tokens']:,} | {c['mean_length']:.1f} / "
+            f"| {way} | {c['tokens']:,} | {c['mean_length']:.1f} / "
             f"{c['longest']} | {c['seconds']:,.2f} | {c['tokens_per_s']:,.0f} |"
         ) in text
-    assert f"both ways: {part['refill'][1]['same_samples']:.3f}." in text
+    assert f"refill off and on: {part['refill'][1]['same_samples']:.3f}." in text
     old = gpu_docs.PAGE.read_text()
     page = gpu_docs.render_page(old, result)
     assert text in page and gpu_docs.NOT_YET not in page and page.count(gpu_docs.BEGIN) == 1

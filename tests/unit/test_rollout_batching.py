@@ -545,3 +545,32 @@ def test_a_failing_flex_attention_leaves_the_compiled_layers(mixed_ranks, tokeni
     assert calls["projections"] >= layers * 11  # the 11 steps after the prompt's, and the first
     same(engine.generate(reqs, params), out)
     assert calls["attention"] == 1
+
+
+def test_within_attention_over_span_the_graphed_step_reads_the_whole_span(
+    mixed_ranks, tokenizer, monkeypatch
+):
+    """``attention_over_span`` (the GPU check's side-by-side timing): inside it, new graphed steps
+    (the CUDA path's replays, on the CPU) attend by SDPA over their span, flex attention never
+    called, sampling the same tokens; outside it, flex attention again."""
+    from marlow.rollout import lean
+
+    monkeypatch.setattr(lean, "_GAVE_UP", set())
+    monkeypatch.setattr(lean, "_graphs_on", lambda device: True)
+    monkeypatch.setattr(lean, "SPAN_STEP", 8)
+    monkeypatch.setattr(lean, "KV_BLOCK", 8)
+    calls = []
+
+    def flex(*args):
+        calls.append(args[0].shape[0])
+        return lean._attend_blocks(*args)
+
+    monkeypatch.setitem(lean._COMPILED, ("cpu", "_attend_blocks"), flex)
+    reqs = requests((*ADAPTERS, BASE), n=6)
+    params = SamplingParams(0.0, 10, seed=0)
+    engine = HFEngine(mixed_ranks, tokenizer, compile=True)
+    with lean.attention_over_span():
+        over_span = engine.generate(reqs, params)
+    assert not calls and not lean._OVER_SPAN
+    same(engine.generate(reqs, params), over_span)
+    assert len(calls) >= 9 * mixed_ranks.config.num_hidden_layers  # each step after the first

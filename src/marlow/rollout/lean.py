@@ -601,6 +601,23 @@ _GAVE_UP: set[tuple[str, str]] = set()
 again."""
 
 
+_OVER_SPAN = False
+"""Whether new compiled decode steps attend over their whole span (:func:`attention_over_span`)."""
+
+
+@contextlib.contextmanager
+def attention_over_span():
+    """Within it, new compiled decode steps attend by SDPA over their whole span, every row
+    reading each of its columns, instead of by flex attention over each row's own blocks: what
+    flex attention gives, timed side by side (``bench/gpu_check.py``'s sampler part)."""
+    global _OVER_SPAN
+    before, _OVER_SPAN = _OVER_SPAN, True
+    try:
+        yield
+    finally:
+        _OVER_SPAN = before
+
+
 def _graphs_on(device: torch.device) -> bool:
     """Whether compiled decode steps on ``device`` are captured as CUDA graphs."""
     return device.type == "cuda"
@@ -610,7 +627,8 @@ def _compiled_parts(device: torch.device) -> _Parts | None:
     """:func:`_projections`, :func:`_attend_blocks` and :func:`_rest` through ``torch.compile``,
     each compiled once per device type (:func:`_compile_once`), or None (the eager parts) where
     compiling failed before. The attention is flex attention where the step is graphed (CUDA);
-    elsewhere, or where the compiled flex attention failed before, it is :func:`_attend`, eager:
+    elsewhere, where the compiled flex attention failed before, or inside
+    :func:`attention_over_span`, it is :func:`_attend`, eager:
     on the CPU, ``bench/lean_lora.py``'s mixed pass took 39.5 ms a position through the CUDA
     path's step (flex attention) against 35.0 through the CPU's compiled step (SDPA).
 
@@ -624,7 +642,7 @@ def _compiled_parts(device: torch.device) -> _Parts | None:
     eager without a word."""
     if (device.type, "compile") in _GAVE_UP:
         return None
-    blocks = _graphs_on(device) and (device.type, "attention") not in _GAVE_UP
+    blocks = _graphs_on(device) and not _OVER_SPAN and (device.type, "attention") not in _GAVE_UP
     return _Parts(
         _compile_once(device, _projections, "compile"),
         _compile_once(device, _attend_blocks, "attention") if blocks else _attend,

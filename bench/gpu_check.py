@@ -32,7 +32,9 @@ The parts, each recorded whatever became of the others:
    ``eager_tokens`` new tokens (on an H200 its 512 took the part's last 100 s and did not
    finish: a step of eager kernels is that slow); one untimed warm-up call
    (``warmup_s``: it compiles and captures CUDA graphs on first use), then the timed call (another seed): tokens/s = rows x new tokens / seconds (the
-   device synchronized around it), and on CUDA its peak allocated memory. The ``profile_rows``
+   device synchronized around it), on CUDA its peak allocated memory, and what the process's
+   compiled decode steps have given up so far (``given_up``:
+   :func:`marlow.rollout.lean.given_up`, each after a warning in the log). The ``profile_rows``
    batch with 4 adapters is then sampled once more for ``profile_tokens`` new tokens under
    ``torch.profiler`` (:func:`profiled`: on CUDA the kernels its graph replays launch, how
    many, their seconds and the longest of them), to say where a decode step's time goes.
@@ -597,7 +599,7 @@ def sample(out: str, folder: str, device: str, dry_run: bool, deadline: float) -
     from marlow.models import resolve_device
     from marlow.policy.adapters import adapter_names
     from marlow.rollout.hf import HFEngine
-    from marlow.rollout.lean import attention_over_span
+    from marlow.rollout.lean import attention_over_span, given_up
     from marlow.types import GenRequest, SamplingParams
 
     sampler, sizes = (DRY_SAMPLER, DRY_SIZES) if dry_run else (SAMPLER, SIZES)
@@ -640,7 +642,7 @@ def sample(out: str, folder: str, device: str, dry_run: bool, deadline: float) -
             with attention_over_span() if over_span else contextlib.nullcontext():
                 timed = time_calls(engine, requests, sampler, n, dev)
             del timed["samples"]
-            row.update(timed, compiled=engine.compiled)
+            row.update(timed, compiled=engine.compiled, given_up=given_up(dev))
         except Exception as err:
             row.update(status="failed", error=one_line(err))
             print(f"sampler: {row['error']}", flush=True)
@@ -691,7 +693,7 @@ def measure_refill(
 
     from marlow.policy.adapters import adapter_names
     from marlow.rollout.hf import HFEngine
-    from marlow.rollout.lean import attention_over_span
+    from marlow.rollout.lean import attention_over_span, given_up
     from marlow.types import GenRequest
 
     r = sampler.refill
@@ -742,6 +744,7 @@ def measure_refill(
             timed,
             status="ok",
             compiled=engine.compiled,
+            given_up=given_up(device),
             mean_length=sum(lengths) / len(lengths),
             longest=max(lengths),
         )

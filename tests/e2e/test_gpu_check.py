@@ -125,6 +125,7 @@ def test_the_dry_run_times_the_sampler_beside_its_bandwidth_bound(dry_run):
         assert c["status"] == "ok" and c["new_tokens"] == tokens, c
         assert c["tokens_per_s"] > 0 and c["seconds"] > 0 and c["warmup_s"] > 0
         assert c["peak_allocated_gib"] is None  # the CPU has no figure
+        assert c["given_up"] == []  # nothing compiled on the CPU, nothing given up
         used = min(c["rows"], c["adapters"])  # rows dealt to the adapters in turn
         step = part["weight_bytes"] + used * part["adapter_bytes"]
         step += c["rows"] * c["context_tokens"] * part["kv_bytes_per_token"]
@@ -498,12 +499,18 @@ def test_the_section_of_a_gpu_run_gives_the_date_the_card_and_each_figure(dry_ru
             f"{c['longest']} | {c['seconds']:,.2f} | {c['tokens_per_s']:,.0f} |"
         ) in text
     assert f"refill off and on: {part['refill'][1]['same_samples']:.3f}." in text
+    assert "Given up by" not in text
     old = gpu_docs.PAGE.read_text()
     page = gpu_docs.render_page(old, result)
     assert text in page and gpu_docs.NOT_YET not in page and page.count(gpu_docs.BEGIN) == 1
     # the page's other text is left as it was
     assert page.split(gpu_docs.BEGIN)[0] == old.split(gpu_docs.BEGIN)[0]
     assert page.split(gpu_docs.END)[1] == old.split(gpu_docs.END)[1]
+    # what the compiled decode steps gave up, named
+    part["configurations"][-1]["given_up"] = ["attention", "graphs"]
+    assert "steps going on without it): the compiled flex attention, the CUDA graphs." in (
+        gpu_docs.section(result)
+    )
 
 
 @pytest.mark.slow  # the dry run takes ~45 s on 2 cores: make test-slow

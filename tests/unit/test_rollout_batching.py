@@ -541,6 +541,7 @@ def test_a_failing_flex_attention_leaves_the_compiled_layers(mixed_ranks, tokeni
         out = engine.generate(reqs, params)
     same(out, HFEngine(mixed_ranks, tokenizer).generate(reqs, params))
     assert calls["attention"] == 1 and sorted(lean._GAVE_UP) == [("cpu", "attention")]
+    assert lean.given_up(torch.device("cpu")) == ["attention"]
     layers = mixed_ranks.config.num_hidden_layers
     assert calls["projections"] >= layers * 11  # the 11 steps after the prompt's, and the first
     same(engine.generate(reqs, params), out)

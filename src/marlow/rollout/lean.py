@@ -618,6 +618,13 @@ def attention_over_span():
         _OVER_SPAN = before
 
 
+def given_up(device: torch.device) -> list[str]:
+    """What compiled decode steps on ``device``'s type have given up in this process (after a
+    warning each): "compile" (the compiled layers), "attention" (the compiled flex attention),
+    "graphs" (the CUDA graphs)."""
+    return sorted(what for kind, what in _GAVE_UP if kind == device.type)
+
+
 def _graphs_on(device: torch.device) -> bool:
     """Whether compiled decode steps on ``device`` are captured as CUDA graphs."""
     return device.type == "cuda"

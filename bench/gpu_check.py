@@ -24,8 +24,8 @@ The parts, each recorded whatever became of the others:
    once with 1 adapter and once with 4 mixed (row i answered by adapter i mod 4): distinct short
    prompts (``Problem i: what is i + i?``, 25-31 bytes, one token a byte), temperature 1.0,
    ``new_tokens`` new tokens (the stop id is the vocabulary size, an id no row samples, so every
-   row runs to the limit); then the ``profile_rows`` batch with 4 adapters once more, each
-   decode step attending over its whole span by SDPA
+   row runs to the limit); then the ``span_rows`` batches (64 and 256) with 4 adapters once
+   more, each decode step attending over its whole span by SDPA
    (:func:`marlow.rollout.lean.attention_over_span`) instead of by flex attention over each
    row's own blocks of columns (what the latter gives, side by side); last, the ``eager_rows``
    batch once more with 4 adapters and the decode step eager (``compile=False``: what compiling gives, side by side), for
@@ -307,6 +307,7 @@ class Sampler:
     profile_rows: int  # the batch whose ``adapters``-mixed call is profiled once more
     profile_tokens: int  # the new tokens of the profiled call
     refill: Refill | None = None  # the call measured with rows refilled and without
+    span_rows: tuple[int, ...] = ()  # the batches sampled once more, attending over the span
     adapters: int = 4
     rank: int = 64  # LoRA rank, alpha 32 (LoraSpec's defaults: the paper's)
     temperature: float = 1.0
@@ -314,9 +315,9 @@ class Sampler:
 
 SAMPLER_ARCH = "qwen3-0.6b"
 """The architecture the sampler part samples: its entry of :data:`SIZES` (:data:`DRY_SIZES`)."""
-SAMPLER = Sampler((16, 64, 256), 512, 16, 64, 64, 64, Refill(256, 64, 256, 1 / 32))
-DRY_SAMPLER = Sampler((2, 4), 8, 4, 4, 4, 4, Refill(8, 4, 8, 1 / 4))
-SAMPLER_S = 170
+SAMPLER = Sampler((16, 64, 256), 512, 16, 64, 64, 64, Refill(256, 64, 256, 1 / 32), (64, 256))
+DRY_SAMPLER = Sampler((2, 4), 8, 4, 4, 4, 4, Refill(8, 4, 8, 1 / 4), (4,))
+SAMPLER_S = 190
 """The most seconds the sampler part may take."""
 COPY_BYTES = {"cuda": GIB, "cpu": 64 * 2**20}
 """The buffer whose device-to-device copy measures the bandwidth, by device type."""
@@ -527,7 +528,7 @@ def sampler_size(sizes: tuple[Size, ...]) -> Size:
 def configurations(sampler: Sampler) -> list[dict[str, Any]]:
     """Each configuration of ``sampler``, in the order they run: by rows, 1 adapter then all,
     with the engine's own choice of a compiled step (``compile`` None, ``attention`` "rows":
-    on CUDA each row's own blocks of columns); the ``profile_rows`` batch with all adapters once
+    on CUDA each row's own blocks of columns); each ``span_rows`` batch with all adapters once
     more, its attention over the whole span (``attention`` "span":
     :func:`marlow.rollout.lean.attention_over_span`, side by side); and last the ``eager_rows``
     batch with all adapters eager (``compile`` False: the slowest per step)."""
@@ -537,7 +538,10 @@ def configurations(sampler: Sampler) -> list[dict[str, Any]]:
         for rows in sampler.rows
         for k in (1, sampler.adapters)
     ]
-    span = {"rows": sampler.profile_rows, "adapters": sampler.adapters, "new_tokens": n}
+    span = [
+        {"rows": rows, "adapters": sampler.adapters, "new_tokens": n, "compile": None}
+        for rows in sampler.span_rows
+    ]
     eager = {
         "rows": sampler.eager_rows,
         "adapters": sampler.adapters,
@@ -545,7 +549,7 @@ def configurations(sampler: Sampler) -> list[dict[str, Any]]:
     }
     return [
         *out,
-        span | {"compile": None, "attention": "span"},
+        *(c | {"attention": "span"} for c in span),
         eager | {"compile": False, "attention": "rows"},
     ]
 

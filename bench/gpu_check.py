@@ -34,8 +34,9 @@ The parts, each recorded whatever became of the others:
    (``warmup_s``: it compiles and captures CUDA graphs on first use), then the timed call (another seed): tokens/s = rows x new tokens / seconds (the
    device synchronized around it), on CUDA its peak allocated memory, and what the process's
    compiled decode steps have given up so far (``given_up``:
-   :func:`marlow.rollout.lean.given_up`, each after a warning in the log). The ``profile_rows``
-   batch with 4 adapters is then sampled once more for ``profile_tokens`` new tokens under
+   :func:`marlow.rollout.lean.given_up`, each after a warning in the log). Each ``profile_rows``
+   batch (64 and 256) with 4 adapters is then sampled once more for ``profile_tokens`` new
+   tokens under
    ``torch.profiler`` (:func:`profiled`: on CUDA the kernels its graph replays launch, how
    many, their seconds and the longest of them), to say where a decode step's time goes.
    Before the eager batch, **refill** (:class:`Refill`, :func:`measure_refill`): one call of
@@ -304,7 +305,7 @@ class Sampler:
     new_tokens: int  # SamplingParams.max_new_tokens
     eager_rows: int  # the batch sampled once more with ``adapters`` mixed, the step eager
     eager_tokens: int  # the new tokens of that eager call
-    profile_rows: int  # the batch whose ``adapters``-mixed call is profiled once more
+    profile_rows: tuple[int, ...]  # the batches whose ``adapters``-mixed call is profiled
     profile_tokens: int  # the new tokens of the profiled call
     refill: Refill | None = None  # the call measured with rows refilled and without
     span_rows: tuple[int, ...] = ()  # the batches sampled once more, attending over the span
@@ -315,8 +316,10 @@ class Sampler:
 
 SAMPLER_ARCH = "qwen3-0.6b"
 """The architecture the sampler part samples: its entry of :data:`SIZES` (:data:`DRY_SIZES`)."""
-SAMPLER = Sampler((16, 64, 256), 512, 16, 64, 64, 64, Refill(256, 64, 256, 1 / 32), (64, 256))
-DRY_SAMPLER = Sampler((2, 4), 8, 4, 4, 4, 4, Refill(8, 4, 8, 1 / 4), (4,))
+SAMPLER = Sampler(
+    (16, 64, 256), 512, 16, 64, (64, 256), 64, Refill(256, 64, 256, 1 / 32), (64, 256)
+)
+DRY_SAMPLER = Sampler((2, 4), 8, 4, 4, (4,), 4, Refill(8, 4, 8, 1 / 4), (4,))
 SAMPLER_S = 190
 """The most seconds the sampler part may take."""
 COPY_BYTES = {"cuda": GIB, "cpu": 64 * 2**20}
@@ -666,8 +669,8 @@ def sample(out: str, folder: str, device: str, dry_run: bool, deadline: float) -
             bound_tokens_per_s=bound,
             fraction_of_bound=row["tokens_per_s"] / bound,
         )
-        profile_at = (sampler.profile_rows, sampler.adapters, None, "rows")
-        if (row["rows"], k, row["compile"], row["attention"]) == profile_at:
+        mixed = (k, row["compile"], row["attention"]) == (sampler.adapters, None, "rows")
+        if mixed and row["rows"] in sampler.profile_rows:
             params = SamplingParams(sampler.temperature, sampler.profile_tokens, 2)
             row["profile"] = profiled(partial(engine.generate, requests, params), dev)
         write_json(out, result)

@@ -137,12 +137,12 @@ def test_the_dry_run_times_the_sampler_beside_its_bandwidth_bound(dry_run):
     profiled = [c for c in part["configurations"] if "profile" in c]
     sampler = gpu_check.DRY_SAMPLER
     assert [(c["rows"], c["adapters"], c["compile"], c["attention"]) for c in profiled] == [
-        (sampler.profile_rows, sampler.adapters, None, "rows")
+        (rows, sampler.adapters, None, "rows") for rows in sampler.profile_rows
     ]
-    # the profiled batch once more, its steps attending over their whole span (side by side)
+    # the span's batches once more, their steps attending over their whole span (side by side)
     span = [c for c in part["configurations"] if c["attention"] == "span"]
     assert [(c["rows"], c["adapters"], c["compile"]) for c in span] == [
-        (sampler.profile_rows, sampler.adapters, None)
+        (rows, sampler.adapters, None) for rows in sampler.span_rows
     ]
     assert_profile(profiled[0]["profile"])
     # the refill pair: the same rows both ways, their completions of scattered lengths; and the
@@ -573,7 +573,7 @@ def test_the_section_shows_each_profile_and_leaves_out_runs_that_took_no_step(dr
     text = gpu_docs.section(result)
     sampler, update = gpu_check.DRY_SAMPLER, entry["update"]["micro_batches"][0]
     configuration = next(c for c in result["sampler"]["configurations"] if "profile" in c)
-    rows, k, new = sampler.profile_rows, sampler.adapters, sampler.profile_tokens
+    rows, k, new = sampler.profile_rows[0], sampler.adapters, sampler.profile_tokens
     for what, profile in (
         (f"sampling {rows} rows of {k} adapters for {new} new tokens", configuration["profile"]),
         (f"the {name} update of {update['tokens']:,} tokens", update["profile"]),

@@ -331,11 +331,14 @@ def test_admitted_rows_change_the_adapter_masks_in_place(mixed_ranks):
 
 
 def test_a_graphed_step_shrinks_its_span_only_when_it_would_halve(mixed_ranks, monkeypatch):
-    """Rows admitted at small columns can lower the largest column a step writes at: the graph
-    keeps its span (the extra columns masked) until the span needed is half of it or less."""
+    """Attending over the span (``attention_over_span``: flex attention's step spans the whole
+    cache), rows admitted at small columns can lower the largest column a step writes at: the
+    graph keeps its span (the extra columns masked) until the span needed is half of it or
+    less."""
     from marlow.rollout import lean
 
     monkeypatch.setattr(lean, "_GAVE_UP", set())
+    monkeypatch.setattr(lean, "_OVER_SPAN", True)
     monkeypatch.setattr(lean, "_graphs_on", lambda device: True)
     monkeypatch.setattr(lean, "SPAN_STEP", 8)
     spans = []
@@ -360,29 +363,32 @@ def test_batch_sizes_of_the_compiled_step():
     assert all(_bucket(n) < 2 * n for n in range(2, 300)) and _bucket(1) == 2
 
 
-@pytest.mark.parametrize("graphs", [False, True], ids=["compiled", "graphed"])
+@pytest.mark.parametrize("graphs", [None, "rows", "span"], ids=["compiled", "graphed", "spans"])
 def test_the_compiled_step_samples_what_the_eager_step_samples(
     mixed_ranks, tokenizer, monkeypatch, graphs
 ):
     """Decode steps at fixed shapes, their layers compiled: 21 rows padded to 24 with fillers,
     compactions into smaller batch sizes, stop flags read every 4 tokens; the CPU's (the cache's
     full length attended with a mask) or the CUDA path's replays run on the CPU (a graph's step
-    over its static buffers, spans of 8 columns: a call moves through several, each a new
-    capture, each row's attention reading its blocks of 8 columns up to its own). The eager
-    loop's tokens, greedy and seeded, log-probs within round-off, nothing fallen back to the
-    eager step; a second call of other lengths compiles nothing that fails."""
+    over its static buffers): each row's flex attention reading its blocks of 8 columns up to
+    its own, one graph a batch size over the call's whole cache; or (``attention_over_span``)
+    attending over spans of 8 columns, a call moving through several, each a new capture. The
+    eager loop's tokens, greedy and seeded, log-probs within round-off, nothing fallen back to
+    the eager step; a second call of other lengths compiles nothing that fails."""
     from marlow.rollout import lean
 
     monkeypatch.setattr(lean, "_GAVE_UP", set())
     monkeypatch.setattr(lean, "KV_BLOCK", 8)  # a row's attention reads its blocks, not the span
     captured = []
+    if graphs == "span":
+        monkeypatch.setattr(lean, "_OVER_SPAN", True)
     if graphs:
         monkeypatch.setattr(lean, "_graphs_on", lambda device: True)
         monkeypatch.setattr(lean, "SPAN_STEP", 8)
         graph_init = lean._Graph.__init__
 
         def counted(self, owner, rows, span, device):
-            captured.append((rows, span))
+            captured.append((id(owner), rows, span))
             graph_init(self, owner, rows, span, device)
 
         monkeypatch.setattr(lean._Graph, "__init__", counted)
@@ -399,9 +405,12 @@ def test_the_compiled_step_samples_what_the_eager_step_samples(
     same(compiled.generate(shorter, params), eager.generate(shorter, params))
     assert not lean._GAVE_UP
     if graphs:
-        spans = {span for _, span in captured}
-        assert len(spans) >= 3 and all(span % 8 == 0 for span in spans)
-        batches = {rows for rows, _ in captured}
+        spans = {span for _, _, span in captured}
+        if graphs == "span":
+            assert len(spans) >= 3 and all(span % 8 == 0 for span in spans)
+        else:  # each call's whole cache (its columns rounded up to 64): one graph a batch size
+            assert spans == {64} and len(captured) == len(set(captured))
+        batches = {rows for _, rows, _ in captured}
         assert 24 in batches and len(batches) > 1  # and smaller batches after compactions
 
 

@@ -60,9 +60,8 @@ the whole step replayed from CUDA graphs (:mod:`marlow.rollout.lean`): its KV ca
 call's columns (its longest prompt and the new tokens) rounded up to :data:`CAPACITY_STEP`, and
 the working batch is padded with filler rows (always stopped, writing to a spare output row) up
 to one of a few sizes (:func:`_bucket`), so that a call and its compactions need few compiled
-steps and CUDA graphs. A graphed step's span is the columns up to the largest any row writes at
-(rows that have stopped stay where they stopped while others wait), and each row's attention
-reads the blocks of those columns up to its own column's.
+steps and CUDA graphs. Each row's attention in a graphed step reads its cache up to its own
+column (rows that have stopped stay where they stopped while others wait).
 
 Device and precision: every tensor of the loop (ids, masks, KV cache, the generator) is on the
 model's device; the logits come in the base's dtype and are cast to float32 before the

@@ -57,17 +57,19 @@ columns with the mask (columns not yet written are masked), each layer in three 
 ``torch.compile`` (:func:`_compiled_parts`): the projections before the cache write, the
 attention, the rest after it (every layer has the same shapes and only the rows' dimension
 varies, and the span's for the attention, so one compilation serves every layer and batch, and
-fuses each part's elementwise work into a few kernels). On CUDA the attention is flex attention
-over blocks of :data:`KV_BLOCK` columns (:func:`_attend_blocks`): each row reads the blocks up
-to its own column's, not the whole span, so rows refilled at small columns beside long ones
-(and filler rows) read only their own (on the CPU, SDPA: :func:`_compiled_parts` says why). On
-CUDA the whole step is then
+fuses each part's elementwise work into a few kernels). On CUDA the whole step is then
 captured as a CUDA graph (:class:`_Graph`: its inputs copied into static buffers, the step one
-launch), when the call first decodes and again when its span or its rows change; the span is the
-columns up to the next multiple of :data:`SPAN_STEP` past the largest column a row writes at, so
-early steps do not read the whole cache (a graph keeps its span until the span needed would
-halve: rows admitted later, at smaller columns, lower it). Off CUDA a step attends over all
-``length`` columns, so every step of a call has the same shapes. Both write each row's new key
+launch), when the call first decodes and again when its rows change (a compaction). Its
+attention is flex attention over blocks of :data:`KV_BLOCK` columns (:func:`_attend_blocks`):
+each row reads the blocks up to its own column's and no further, so the step spans the whole
+cache, one graph serves every step of a batch size, and rows refilled at small columns beside
+long ones (and filler rows) read only their own. Where the compiled flex attention failed (or
+inside :func:`attention_over_span`) the step attends by SDPA over a span, every row reading all
+of it: the columns up to the next multiple of :data:`SPAN_STEP` past the largest column a row
+writes at, so early steps do not read the whole cache, a graph captured again when the span
+changes (a graph keeps its span until the span needed would halve: rows admitted later, at
+smaller columns, lower it). Off CUDA a step attends by SDPA over all ``length`` columns
+(:func:`_compiled_parts` says why), so every step of a call has the same shapes. Both write each row's new key
 and value at its column given as a tensor (rows admitted at other steps write at other columns:
 :meth:`LeanQwen3.admit`), so no step reads the device.
 
@@ -991,7 +993,8 @@ class LeanQwen3:
 
     def _compiled(self, ids, mask, positions, at: int, columns) -> torch.Tensor | None:
         """One decode step at fixed shapes, each row writing at its column of ``columns`` (b, 1)
-        (the largest is ``at``): the graphed step of its span (CUDA), or the
+        (the largest is ``at``): the graphed step of its span (CUDA: the whole cache where the
+        attention is flex attention, which reads each row's own blocks), or the
         ``torch.compile``'d one over every column (None where compiling has been given up: the
         eager step computes it)."""
         device = ids.device
@@ -1006,7 +1009,13 @@ class LeanQwen3:
                 except Exception as err:
                     parts = _fall_back(device, err)
             return None  # compiling given up: the eager step
-        span = min(self.length, (at // SPAN_STEP + 1) * SPAN_STEP)
+        parts = _compiled_parts(device)
+        if parts is not None and parts.blocks:
+            # each row reads only its own blocks of columns: the span is the whole cache, so
+            # the call's rows take one graph (and the compiled attention one shape) for good
+            span = self.length
+        else:
+            span = min(self.length, (at // SPAN_STEP + 1) * SPAN_STEP)
         if self.graph is not None and span < self.graph.span < 2 * span:
             # rows admitted in stopped rows' places can lower the largest column: the step
             # keeps its span (more columns masked) until it would halve, so that admissions

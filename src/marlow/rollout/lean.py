@@ -46,7 +46,8 @@ rotary angles as ``position * inv_freq``, scaled-dot-product attention: causal w
 mask over the prompt, the query heads grouped onto their key/value head for one new token, the
 SDPA call transformers makes, the head on the last position kept as a (rows, 1, width) batch).
 
-The KV cache is one buffer per layer of (rows, kv heads, columns, head dim). A forward is
+The KV cache is one buffer per layer of (rows, 2 x kv heads, columns, head dim), the keys'
+heads then the values', so that a step writes both at once. A forward is
 :func:`_forward`, one :func:`_layer` per decoder layer. Eager, the cache grows by doubling as
 columns are written and a decode step (one new token per row) attends over the columns written so
 far, as transformers does (grown columns are zeroed: a row admitted later attends, masked, over
@@ -372,8 +373,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 def _forward(
     w: _Weights,
-    keys: list[torch.Tensor],
-    values: list[torch.Tensor],
+    cache: list[torch.Tensor],
     lora: Sequence[tuple],
     rope: tuple[torch.Tensor, torch.Tensor],
     ids: torch.Tensor,
@@ -403,12 +403,12 @@ def _forward(
         mask = torch.zeros(valid.shape, dtype=w.embed.dtype, device=valid.device)
         mask.masked_fill_(~valid, float("-inf"))
     if columns.dim() == 2:  # each row's column, as the index of the cache write (_layer)
-        columns = columns[:, None, :, None].expand(-1, w.kv_heads, -1, w.head_dim)
+        columns = columns[:, None, :, None].expand(-1, 2 * w.kv_heads, -1, w.head_dim)
     x = F.embedding(ids, w.embed)
     if parts is not None:  # compiled: the rows' dimension is the only symbolic size
         _vary(x, cos, sin, *(t for pair in lora for t in pair))
     for i, layer in enumerate(w.layers):
-        x = _layer(x, layer, keys[i], values[i], lora, cos, sin, columns, mask, span, parts)
+        x = _layer(x, layer, cache[i], lora, cos, sin, columns, mask, span, parts)
     # as transformers: the norm over every position, then the head on the last one kept
     # (b, 1, hidden): the same kernels, so the same bits
     return _linear(_rms(x, w.norm)[:, -1:], w.head, lora)[:, -1].float()
@@ -417,8 +417,7 @@ def _forward(
 def _layer(
     x: torch.Tensor,
     layer: dict,
-    keys: torch.Tensor,
-    values: torch.Tensor,
+    cache: torch.Tensor,
     lora: Sequence[tuple],
     cos: torch.Tensor,
     sin: torch.Tensor,
@@ -427,10 +426,10 @@ def _layer(
     span: int,
     parts: _Parts | None = None,
 ) -> torch.Tensor:
-    """One decoder layer of :func:`_forward` over ``x`` (b, q, hidden), its cache ``keys`` and
-    ``values`` (b, kv heads, columns, hd) written at ``columns`` ((q,), or each row's own
-    expanded to the key's shape (b, kv heads, 1, hd)): :func:`_projections`, the
-    cache write, the attention over the first ``span`` columns under ``mask`` (what
+    """One decoder layer of :func:`_forward` over ``x`` (b, q, hidden), its ``cache`` (b, 2 x kv
+    heads, columns, hd: the keys' heads, then the values') written at ``columns`` ((q,), or
+    each row's own expanded to the new keys and values' shape (b, 2 x kv heads, 1, hd)):
+    :func:`_projections`, the cache write (one for the keys and the values), the attention over the first ``span`` columns under ``mask`` (what
     ``parts.attend`` takes: :func:`_attend`'s or :func:`_attend_blocks`'), then :func:`_rest`
     (``parts``: the three, default eager). The cache write stays out of the compiled parts, and
     the attention is compiled apart from the two others, so that they have the shapes of the
@@ -439,14 +438,13 @@ def _layer(
         projections, attend, rest = _projections, _attend, _rest
     else:
         projections, attend, rest = parts.projections, parts.attend, parts.rest
-    query, key, value = projections(x, layer, lora, cos, sin)
+    query, new = projections(x, layer, lora, cos, sin)
     if columns.dim() == 1:  # every row's tokens at the same columns
-        keys.index_copy_(2, columns, key)
-        values.index_copy_(2, columns, value)
-    else:  # one token a row, each at its own column: (b, kv heads, 1, hd), from _forward
-        keys.scatter_(2, columns, key)
-        values.scatter_(2, columns, value)
-    keys, values = keys[:, :, :span], values[:, :, :span]
+        cache.index_copy_(2, columns, new)
+    else:  # one token a row, each at its own column: (b, 2 x kv heads, 1, hd), from _forward
+        cache.scatter_(2, columns, new)
+    kv_heads = cache.shape[1] // 2
+    keys, values = cache[:, :kv_heads, :span], cache[:, kv_heads:, :span]
     if parts is not None and parts.blocks:  # the span is symbolic to the compiled attention
         _vary(query)
         _vary(keys, values, dims=(0, 2))
@@ -471,9 +469,10 @@ def _vary(*tensors, dims: tuple[int, ...] = (0,)) -> None:
 
 def _projections(
     x: torch.Tensor, layer: dict, lora: Sequence[tuple], cos: torch.Tensor, sin: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A layer's query, key and value (b, heads, q, hd) of ``x`` (b, q, hidden): the input norm,
-    the three projections, the query and key norms and the rotary angles."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A layer's query (b, heads, q, hd) and its keys and values one after the other (b, 2 x kv
+    heads, q, hd: one write into the cache) of ``x`` (b, q, hidden): the input norm, the three
+    projections, the query and key norms and the rotary angles."""
     b, q, _ = x.shape
     hd = layer["qn"].weight.shape[-1]
     h = _rms(x, layer["ln1"])
@@ -482,7 +481,7 @@ def _projections(
     query = _rms(query.view(b, q, -1, hd), layer["qn"]).transpose(1, 2)
     key = _rms(key.view(b, q, -1, hd), layer["kn"]).transpose(1, 2)
     value = value.view(b, q, -1, hd).transpose(1, 2)
-    return _rotate(query, cos, sin), _rotate(key, cos, sin), value
+    return _rotate(query, cos, sin), torch.cat((_rotate(key, cos, sin), value), dim=1)
 
 
 def _rest(x: torch.Tensor, out: torch.Tensor, layer: dict, lora: Sequence[tuple]) -> torch.Tensor:
@@ -641,8 +640,8 @@ def _compiled_parts(device: torch.device) -> _Parts | None:
     compiling failed before. The attention is flex attention where the step is graphed (CUDA);
     elsewhere, where the compiled flex attention failed before, or inside
     :func:`attention_over_span`, it is :func:`_attend`, eager:
-    on the CPU, ``bench/lean_lora.py``'s mixed pass took 39.5 ms a position through the CUDA
-    path's step (flex attention) against 35.0 through the CPU's compiled step (SDPA).
+    on the CPU, ``bench/lean_lora.py``'s mixed pass took 41.9 ms a position through the CUDA
+    path's step (flex attention) against 35.6 through the CPU's compiled step (SDPA).
 
     They are compiled with dynamic shapes: every layer of a model has the same shapes, and the
     rows are the only size that changes between steps and calls (and the span, for the
@@ -851,9 +850,8 @@ class LeanQwen3:
         # (at most twice the columns written, so a call whose rows stop early never holds the
         # cache of ``length`` columns, and a compaction copies what was written), the new
         # columns zeroed too (a row admitted later reads, masked, columns it has not written).
-        shape = (rows, self.w.kv_heads, length if self.compiled else 0, self.w.head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.w.layers]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.w.layers]
+        shape = (rows, 2 * self.w.kv_heads, length if self.compiled else 0, self.w.head_dim)
+        self.cache = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.w.layers]
         if row_adapters is None:
             row_adapters = torch.zeros(rows, dtype=torch.long)
         self.row_adapters = torch.as_tensor(row_adapters, dtype=torch.long).to(device)
@@ -908,21 +906,19 @@ class LeanQwen3:
         if q > self.length:
             raise ValueError(f"a prompt of {q} columns past the {self.length} of this call")
         own = torch.as_tensor(row_adapters, dtype=torch.long).to(self.row_adapters.device)
-        shape = (k, self.w.kv_heads, q, self.w.head_dim)
-        keys = [self.keys[0].new_empty(shape) for _ in self.w.layers]
-        values = [self.keys[0].new_empty(shape) for _ in self.w.layers]
+        shape = (k, 2 * self.w.kv_heads, q, self.w.head_dim)
+        cache = [self.cache[0].new_empty(shape) for _ in self.w.layers]
         lora = [self._rows_of(layout, own) for layout in self.layouts]
         valid = mask.bool()
         columns = torch.arange(q, device=ids.device)
         every = bool(valid.all())  # transformers' choice: no mask where nothing is padding
         logits = _forward(
-            self.w, keys, values, lora, self.rope, ids, positions, columns,
+            self.w, cache, lora, self.rope, ids, positions, columns,
             None if every else valid, q,
         )  # fmt: skip
         self._reserve(q)
-        for cache, new in ((self.keys, keys), (self.values, values)):
-            for layer, fresh in zip(cache, new, strict=True):
-                layer[slots, :, :q] = fresh[expand]
+        for layer, fresh in zip(self.cache, cache, strict=True):
+            layer[slots, :, :q] = fresh[expand]
         self.row_adapters[slots] = own[expand]
         for (mask_now, scaling_now), layout in zip(self.lora, self.layouts, strict=True):
             if mask_now is not None:  # in place: a captured CUDA graph reads these tensors
@@ -933,8 +929,7 @@ class LeanQwen3:
         return logits[expand]
 
     def select(self, keep: torch.Tensor) -> None:
-        self.keys = [k[keep] for k in self.keys]
-        self.values = [v[keep] for v in self.values]
+        self.cache = [layer[keep] for layer in self.cache]
         self.row_adapters = self.row_adapters[keep]
         self.lora = [
             (None if m is None else m[keep], s[keep] if isinstance(s, torch.Tensor) else s)
@@ -945,15 +940,14 @@ class LeanQwen3:
 
     def _reserve(self, end: int) -> None:
         """Room for columns up to ``end`` in every layer's buffers (eager: grown by doubling)."""
-        capacity = self.keys[0].shape[2]
+        capacity = self.cache[0].shape[2]
         if end <= capacity:
             return
         grown = min(self.length, max(end, 2 * capacity))
-        for cache in (self.keys, self.values):
-            for i, old in enumerate(cache):
-                new = old.new_zeros((*old.shape[:2], grown, old.shape[3]))
-                new[:, :, :capacity] = old
-                cache[i] = new
+        for i, old in enumerate(self.cache):
+            new = old.new_zeros((*old.shape[:2], grown, old.shape[3]))
+            new[:, :, :capacity] = old
+            self.cache[i] = new
 
     def __call__(
         self,
@@ -1031,8 +1025,7 @@ class LeanQwen3:
         (None: eager)."""
         return _forward(
             self.w,
-            self.keys,
-            self.values,
+            self.cache,
             self.lora,
             self.rope,
             ids,

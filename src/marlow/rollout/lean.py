@@ -699,16 +699,17 @@ def _fall_back(device: torch.device, err: Exception) -> _Parts | None:
     return _compiled_parts(device)
 
 
-_GIVEN_UP = {
+GIVEN_UP = {
     "compile": "compiled layers",
     "attention": "compiled flex attention",
     "graphs": "CUDA graphs",
 }
-"""What each of :data:`_GAVE_UP`'s names is, in :func:`_give_up`'s warning."""
+"""What each of :data:`_GAVE_UP`'s names (:func:`given_up`) is, in :func:`_give_up`'s warning
+and in the GPU check's docs section."""
 
 
 def _give_up(device: torch.device, what: str, err: Exception) -> None:
-    """``what`` (a key of :data:`_GIVEN_UP`) failed on ``device`` (not for memory): say so once,
+    """``what`` (a key of :data:`GIVEN_UP`) failed on ``device`` (not for memory): say so once,
     and do without it from now on."""
     _GAVE_UP.add((device.type, what))
     if what == "attention":
@@ -716,7 +717,7 @@ def _give_up(device: torch.device, what: str, err: Exception) -> None:
     else:
         instead = "eager layers" if what == "compile" and _graphs_on(device) else "the eager step"
     warnings.warn(
-        f"marlow: the decode step's {_GIVEN_UP[what]} failed on {device.type} "
+        f"marlow: the decode step's {GIVEN_UP[what]} failed on {device.type} "
         f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); sampling with "
         f"{instead} from now on (rollout.compile=off skips the attempt)",
         RuntimeWarning,
@@ -1003,7 +1004,8 @@ class LeanQwen3:
                 except Exception as err:
                     parts = _fall_back(device, err)
             return None  # compiling given up: the eager step
-        parts = _compiled_parts(device)
+        # the parts the current graph runs (they change only by a fallback), else the next's
+        parts = self.graph.parts if self.graph is not None else _compiled_parts(device)
         if parts is not None and parts.blocks:
             # each row reads only its own blocks of columns: the span is the whole cache, so
             # the call's rows take one graph (and the compiled attention one shape) for good

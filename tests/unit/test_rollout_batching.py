@@ -310,7 +310,68 @@ def test_the_compiled_step_groups_lora_products_of_layers_that_read_one_input(
     partial.add_adapter("qv", LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]))
     activate(partial, "qv")
     layer = LeanQwen3(partial, 2, 8, compiled=True).w.layers[0]
-    assert layer["qkv"] is None and layer["gate_up"] is None  # k, gate and up have none
+    # k, gate and up have no LoRA: each member's own, the base weights packed all the same
+    assert layer["qkv"].a is None and layer["gate_up"].a is None
+    assert layer["qkv"].weight is not None and layer["gate_up"].weight is not None
+
+
+def test_the_compiled_step_packs_each_layers_base_weights_that_read_one_input(make_model):
+    """A compiled call moves a layer's q, k and v base weights (and its gate and up) into one
+    buffer, in order, so that one GEMM computes them: the same values and parameter objects, no
+    copy at the next call, packed again after the model moves to another dtype, and training
+    still takes gradients through them (the buffer is made outside inference mode)."""
+    model = attach_adapters(make_model(seed=0), ["gen"], LoraSpec(rank=4), seed=0)
+    activate(model, "gen")
+    members = [("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj"))]
+
+    def weights(layer):
+        return [
+            [getattr(getattr(layer, part), name).base_layer.weight for name in names]
+            for part, names in members
+        ]
+
+    params = [w for layer in model.base_model.model.model.layers for w in weights(layer)]
+    before = [[t.detach().clone() for t in group] for group in params]
+    ids = torch.tensor([[3, 5, 7, 9]])
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+    with torch.inference_mode():
+        lean = LeanQwen3(model, 2, 8, compiled=True)
+    after = [w for layer in model.base_model.model.model.layers for w in weights(layer)]
+    assert all(
+        a is b for x, y in zip(params, after, strict=True) for a, b in zip(x, y, strict=True)
+    )
+    packed = [
+        (lean.w.layers[i]["qkv"], lean.w.layers[i]["gate_up"]) for i in range(len(lean.w.layers))
+    ]
+    pointers = []
+    for group, old, (qkv_or_gate_up) in zip(
+        params, before, [g for pair in packed for g in pair], strict=True
+    ):
+        buffer = qkv_or_gate_up.weight
+        assert torch.equal(buffer, torch.cat(old))  # the same values, in order
+        start = 0
+        for w in group:  # each weight is its block of the one buffer
+            assert w.data_ptr() == buffer.data_ptr() + start * w.stride(0) * w.element_size()
+            start += w.shape[0]
+        pointers.append(buffer.data_ptr())
+    again = LeanQwen3(model, 2, 8, compiled=True)
+    assert [
+        g.weight.data_ptr() for layer in again.w.layers for g in (layer["qkv"], layer["gate_up"])
+    ] == pointers
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, expected, atol=0, rtol=0)
+    # training: a gradient reaches the adapter (B: A gets none while B is zero)
+    loss = model(input_ids=ids).logits.square().mean()
+    loss.backward()
+    grads = [p.grad for n, p in model.named_parameters() if "lora_B" in n]
+    assert grads and all(g is not None and float(g.abs().sum()) > 0 for g in grads)
+    # a model moved to another dtype is packed again at its next call
+    model.double()
+    moved = LeanQwen3(model, 2, 8, compiled=True).w.layers[0]["qkv"].weight
+    assert moved.dtype == torch.float64
+    q = model.base_model.model.model.layers[0].self_attn.q_proj.base_layer.weight
+    assert q.data_ptr() == moved.data_ptr()
 
 
 def test_admitted_rows_change_the_adapter_masks_in_place(mixed_ranks):

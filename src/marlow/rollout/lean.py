@@ -32,10 +32,12 @@ equal transformers' (and PEFT's, under ``lora_in_base_dtype``) bit for bit, in f
 padded or not, after rows leave the batch (``tests/unit/test_rollout_lean.py``, torch 2.13,
 transformers 5.24).
 
-The compiled step computes the LoRA products of the layers that read one input together: a
-layer's q, k and v, and its gate and up, where their layouts agree (:class:`_Group`): one GEMM
-of their A factors one after the other, the rows' mask, one batched GEMM of their B factors
-zero-padded to the widest member's outputs. A layer then runs 15 matrix products instead of 21
+The compiled step computes the layers that read one input together: a layer's q, k and v, and
+its gate and up (:class:`_Group`): one GEMM of their base weights, packed one after the other
+in one buffer whose row blocks the model's own weights become (:func:`_packed`: no memory more,
+as vLLM keeps a layer's q, k and v); and where their LoRA layouts agree, one GEMM of their A
+factors one after the other, the rows' mask, one batched GEMM of their B factors zero-padded to
+the widest member's outputs. A layer then runs 12 matrix products instead of 21
 (``bench/lean_lora.py`` counts them), for a GPU's graphed step is bound by its count of small
 kernels more than by its bytes. Its outputs equal one layer at a time within float round-off;
 the eager step keeps one layer at a time, so that a call of one adapter stays bit-equal to
@@ -89,7 +91,7 @@ parts, of which only the attention sees the span, and none the cache. With them,
 float32 LoRA factors' GEMMs (no tensor cores: ``sgemm`` and split-K kernels), the bfloat16 base
 GEMMs an eighth: hence the factors in the base's dtype, with which the same call took 6.5 ms a
 step (``bench/results/gpu_check.json``), its profile about 1,310 kernels a step of 3 to 4
-microseconds each, 21 matrix products a layer among them: hence the grouped LoRA products (not
+microseconds each, 21 matrix products a layer among them: hence the grouped products (not
 measured on a GPU yet). In the same profile the attention (cuDNN's flash kernel, over the two
 query heads of each key head and the mask) took 23 microseconds a layer, about a seventh of the
 step's device time: the 64 rows' span of 128 columns (34 MB of keys and values a layer) at
@@ -146,16 +148,19 @@ class _Layout:
 
 @dataclass(frozen=True)
 class _Group:
-    """Linear layers that read one input (a layer's q, k and v; its gate and up) whose LoRA
-    factors share one layout, their LoRA products computed together: ``a`` (members x rank sum,
-    in), every member's stacked A one after the other; ``b`` (members, rank sum, largest out),
-    each member's B transposed and zero-padded to the largest member's outputs; ``sizes`` each
-    member's outputs."""
+    """Linear layers that read one input (a layer's q, k and v; its gate and up), computed
+    together by the compiled step (:func:`_linears`): ``weight`` (sum of outputs, in), their
+    base weights packed one after the other (:func:`_packed`; None: a GEMM each); where their
+    LoRA factors share one layout, ``a`` (members x rank sum, in), every member's stacked A one
+    after the other, and ``b`` (members, rank sum, largest out), each member's B transposed and
+    zero-padded to the largest member's outputs (None: each member's own LoRA, if any);
+    ``sizes`` each member's outputs."""
 
-    a: torch.Tensor
-    b: torch.Tensor
     sizes: tuple[int, ...]
-    layout: int
+    weight: torch.Tensor | None
+    a: torch.Tensor | None
+    b: torch.Tensor | None
+    layout: int = -1
 
 
 @dataclass(frozen=True)
@@ -313,12 +318,18 @@ def _rms(x: torch.Tensor, norm: _Norm) -> torch.Tensor:
 
 
 def _linear(x: torch.Tensor, layer: _Linear, lora: Sequence[tuple]) -> torch.Tensor:
-    """The base layer's output, plus the LoRA update as PEFT computes it: the input cast to the
-    factors' dtype, ``B(A(x)) * scaling`` added, the sum cast back to the base output's dtype.
-    ``lora[layer.layout]`` is (mask, scaling): the rows' 0/1 mask over the stacked rank (rows,
-    1, rank sum) or None when every row has the one adapter, and the scaling (a float, or per
-    row (rows, 1, 1))."""
-    out = F.linear(x, layer.weight, layer.bias)
+    """The base layer's output, plus the LoRA update as PEFT computes it (:func:`_with_lora`)."""
+    return _with_lora(F.linear(x, layer.weight, layer.bias), x, layer, lora)
+
+
+def _with_lora(
+    out: torch.Tensor, x: torch.Tensor, layer: _Linear, lora: Sequence[tuple]
+) -> torch.Tensor:
+    """``out``, the base layer's output of ``x``, plus the LoRA update as PEFT computes it: the
+    input cast to the factors' dtype, ``B(A(x)) * scaling`` added, the sum cast back to the base
+    output's dtype. ``lora[layer.layout]`` is (mask, scaling): the rows' 0/1 mask over the
+    stacked rank (rows, 1, rank sum) or None when every row has the one adapter, and the scaling
+    (a float, or per row (rows, 1, 1))."""
     if layer.a is None:
         return out
     mask, scaling = lora[layer.layout]
@@ -328,30 +339,79 @@ def _linear(x: torch.Tensor, layer: _Linear, lora: Sequence[tuple]) -> torch.Ten
     return (out + F.linear(low, layer.b) * scaling).to(out.dtype)
 
 
-def _group(members: Sequence[_Linear]) -> _Group | None:
-    """``members``' LoRA as one :class:`_Group`, or None where one of them has no LoRA or their
-    layouts differ (each then takes :func:`_linear`)."""
+def _group(members: Sequence[_Linear]) -> _Group:
+    """``members`` (which read one input) as one :class:`_Group`: their base weights packed
+    where :func:`_packed` can, their LoRA together where every member has LoRA of one layout."""
+    sizes = tuple(m.weight.shape[0] for m in members)
+    weight = _packed([m.weight for m in members]) if all(m.bias is None for m in members) else None
     first = members[0]
     if any(m.a is None or m.layout != first.layout for m in members):
-        return None
-    sizes = tuple(m.b.shape[0] for m in members)
+        return _Group(sizes, weight, None, None)
     b = first.b.new_zeros(len(members), first.b.shape[1], max(sizes))
     for i, m in enumerate(members):
         b[i, :, : sizes[i]] = m.b.T
-    return _Group(torch.cat([m.a for m in members]), b, sizes, first.layout)
+    return _Group(sizes, weight, torch.cat([m.a for m in members]), b, first.layout)
+
+
+def _packed(weights: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """``weights`` (each (out, in): a layer's q, k and v, or its gate and up) as one (sum of
+    outs, in) matrix whose row blocks they are, in order, so that one GEMM computes all their
+    outputs; None where they differ in input width, dtype or device.
+
+    Where they are not yet row blocks of one buffer, they are moved into one: each weight's
+    ``.data`` becomes its block of a new buffer (the same values, the same parameter objects,
+    their old memory freed), the way vLLM keeps a layer's q, k and v as one weight. So packing
+    costs the base no memory, and later calls find the weights packed and pack nothing (a model
+    moved to another device or dtype, or a weight replaced, is packed again at its next call).
+    The buffer is made outside inference mode, so that training can still take gradients
+    through the weights."""
+    first = weights[0]
+    width, dtype, device = first.shape[1], first.dtype, first.device
+    if any(
+        w.dim() != 2 or (w.shape[1], w.dtype, w.device) != (width, dtype, device) for w in weights
+    ):
+        return None
+    rows = sum(w.shape[0] for w in weights)
+    if not _adjacent(weights):
+        with torch.inference_mode(False), torch.no_grad():
+            buffer = torch.cat([w.detach() for w in weights])
+            start = 0
+            for w in weights:
+                w.data = buffer[start : start + w.shape[0]]
+                start += w.shape[0]
+    return first.detach().as_strided((rows, width), (width, 1))
+
+
+def _adjacent(weights: Sequence[torch.Tensor]) -> bool:
+    """Whether ``weights`` are contiguous and, in order, consecutive rows of one storage."""
+    first = weights[0]
+    storage, offset = first.untyped_storage().data_ptr(), first.storage_offset()
+    for w in weights:
+        if not w.is_contiguous() or w.untyped_storage().data_ptr() != storage:
+            return False
+        if w.storage_offset() != offset:
+            return False
+        offset += w.numel()
+    return True
 
 
 def _linears(
     x: torch.Tensor, members: Sequence[_Linear], group: _Group | None, lora: Sequence[tuple]
 ) -> list[torch.Tensor]:
-    """Each of ``members``' outputs of ``x`` (b, q, in), as :func:`_linear` computes them, their
-    LoRA products two for all where ``group`` is given: one GEMM of every member's A, the rows'
-    mask, one batched GEMM of every member's B, the scaling. The same arithmetic as one member at
-    a time but for the order in which the GEMMs sum (float round-off), in two kernels instead of
-    two a member: on a GPU a decode step is bound by its count of small kernels."""
+    """Each of ``members``' outputs of ``x`` (b, q, in), as :func:`_linear` computes them, or
+    where ``group`` is given, together: one GEMM of the packed base weights, then the LoRA
+    products two for all (one GEMM of every member's A, the rows' mask, one batched GEMM of
+    every member's B, the scaling). The same arithmetic as one member at a time but for the
+    order in which the GEMMs sum (float round-off), in three kernels instead of three a member:
+    on a GPU a decode step is bound by its count of small kernels."""
     if group is None:
         return [_linear(x, m, lora) for m in members]
-    outs = [F.linear(x, m.weight, m.bias) for m in members]
+    if group.weight is None:
+        outs = [F.linear(x, m.weight, m.bias) for m in members]
+    else:
+        outs = list(F.linear(x, group.weight).split(group.sizes, dim=-1))
+    if group.a is None:
+        return [_with_lora(out, x, m, lora) for out, m in zip(outs, members, strict=True)]
     mask, scaling = lora[group.layout]
     b, q, _ = x.shape
     k, rank, width = group.b.shape

@@ -6,8 +6,8 @@ rank-64 LoRA adapters on every linear, 64 new tokens a row, side by side in one 
   lean forward compiled (``compile=True``; its first call's seconds, the compilation, apart);
 - three adapters, 16 rows each (an IP stage): one pass per adapter (three calls, as the loop
   sampled them before adapters were batched together) and one mixed pass of the 48 rows, eager
-  and compiled (where a layer's q, k and v, and its gate and up, compute their LoRA products
-  together); and the mixed pass through the CUDA path's step run on the CPU (its buffers
+  and compiled (where a layer's linears that read one input compute together, their base
+  weights packed with their LoRA A factors after them); and the mixed pass through the CUDA path's step run on the CPU (its buffers
   replayed by running them, each layer's attention the compiled flex attention that reads each
   row's own blocks of columns, where the CPU's compiled step attends by SDPA).
 

@@ -277,11 +277,12 @@ def test_waiting_rows_take_the_places_of_rows_that_stop(
 def test_the_compiled_step_groups_lora_products_of_layers_that_read_one_input(
     mixed_ranks, make_model, monkeypatch, names
 ):
-    """The compiled step computes the LoRA of a layer's q, k and v together (one GEMM of their
-    A factors, one batched GEMM of their B factors), and of its gate and up: each output equals
-    its layer's own within float32 round-off, for rows of mixed adapters (per-row masks and
-    scalings) and for one adapter. Layers whose LoRA layouts differ (an adapter on q and v only)
-    are not grouped; the eager step never is."""
+    """The compiled step computes a layer's q, k and v together (one GEMM of their packed base
+    weights and A factors, one batched GEMM of their B factors), its gate and up, its o, its
+    down: each output equals its layer's own within float32 round-off, for rows of mixed
+    adapters (per-row masks and scalings) and for one adapter. Where LoRA layouts differ (an
+    adapter on q and v only) the base weights alone are packed, each layer keeping its own LoRA;
+    the eager step never groups."""
     from marlow.rollout import lean
 
     monkeypatch.setattr(lean, "_GAVE_UP", set())
@@ -290,16 +291,13 @@ def test_the_compiled_step_groups_lora_products_of_layers_that_read_one_input(
     assert not any(
         "qkv" in layer for layer in LeanQwen3(mixed_ranks, 7, 16, adapters=names).w.layers
     )
-    x = torch.randn(
-        7, 3, mixed_ranks.config.hidden_size, generator=torch.Generator().manual_seed(0)
-    )
     for layer in forward.w.layers:
-        for key, members in (("qkv", ("q", "k", "v")), ("gate_up", ("gate", "up"))):
+        for key, members in lean.GROUPS.items():
             group = layer[key]
-            assert group is not None and group.sizes == tuple(
-                layer[m].weight.shape[0] for m in members
-            )
+            assert group.fused and group.sizes == tuple(layer[m].weight.shape[0] for m in members)
             linears = [layer[m] for m in members]
+            width = linears[0].weight.shape[1]
+            x = torch.randn(7, 3, width, generator=torch.Generator().manual_seed(width))
             ours = lean._linears(x, linears, group, forward.lora)
             theirs = [lean._linear(x, m, forward.lora) for m in linears]
             for a, b in zip(ours, theirs, strict=True):
@@ -309,69 +307,97 @@ def test_the_compiled_step_groups_lora_products_of_layers_that_read_one_input(
     partial = attach_adapters(make_model(seed=0), ["gen"], LoraSpec(rank=4), seed=0)
     partial.add_adapter("qv", LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]))
     activate(partial, "qv")
-    layer = LeanQwen3(partial, 2, 8, compiled=True).w.layers[0]
-    # k, gate and up have no LoRA: each member's own, the base weights packed all the same
-    assert layer["qkv"].a is None and layer["gate_up"].a is None
-    assert layer["qkv"].weight is not None and layer["gate_up"].weight is not None
+    with torch.no_grad():  # B is zero at first: make q's and v's LoRA move their outputs
+        for name, p in partial.named_parameters():
+            if "lora_B.qv" in name:
+                p.normal_(generator=torch.Generator().manual_seed(1))
+    qv = LeanQwen3(partial, 2, 8, compiled=True)
+    layer = qv.w.layers[0]
+    # k, o, gate, up and down have no LoRA: q and v their own, every base weight packed
+    assert all(layer[key].b is None and not layer[key].fused for key in lean.GROUPS)
+    linears = [layer[m] for m in lean.GROUPS["qkv"]]
+    x = torch.randn(2, 3, linears[0].weight.shape[1], generator=torch.Generator().manual_seed(0))
+    ours = lean._linears(x, linears, layer["qkv"], qv.lora)
+    for a, b, m in zip(ours, [lean._linear(x, m, qv.lora) for m in linears], linears, strict=True):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-5)
+        assert (m.a is None) == torch.equal(b, lean.F.linear(x, m.weight))  # q and v: LoRA
 
 
-def test_the_compiled_step_packs_each_layers_base_weights_that_read_one_input(make_model):
-    """A compiled call moves a layer's q, k and v base weights (and its gate and up) into one
-    buffer, in order, so that one GEMM computes them: the same values and parameter objects, no
-    copy at the next call, packed again after the model moves to another dtype, and training
-    still takes gradients through them (the buffer is made outside inference mode)."""
-    model = attach_adapters(make_model(seed=0), ["gen"], LoraSpec(rank=4), seed=0)
+def test_the_compiled_step_packs_each_layers_base_weights_and_its_lora_a_factors(make_model):
+    """A compiled call moves the base weights of a layer's linears that read one input (q, k
+    and v; gate and up; o; down) into one buffer a group, in order, with room after them for the
+    call's LoRA A factors, so that one GEMM computes both: the same values and parameter
+    objects, no copy at the next call, packed again after the model moves to another dtype.
+    A call whose factors another call overwrote writes its own back before it computes, and
+    training takes gradients through the weights (the buffer is not an inference tensor, and
+    writing the factors does not mark the weights modified)."""
+    from marlow.rollout import lean
+
+    model = attach_adapters(make_model(seed=0), ["gen", "crit"], LoraSpec(rank=4), seed=0)
+    with torch.no_grad():  # B is zero at first: make each adapter move the outputs
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.2, generator=torch.Generator().manual_seed(len(name)))
     activate(model, "gen")
-    members = [("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj"))]
+    body = model.base_model.model.model
 
-    def weights(layer):
+    def groups(layer):  # each group's base weights, in lean.GROUPS' order
+        attn, mlp = layer.self_attn, layer.mlp
         return [
-            [getattr(getattr(layer, part), name).base_layer.weight for name in names]
-            for part, names in members
+            [attn.q_proj, attn.k_proj, attn.v_proj],
+            [attn.o_proj],
+            [mlp.gate_proj, mlp.up_proj],
+            [mlp.down_proj],
         ]
 
-    params = [w for layer in model.base_model.model.model.layers for w in weights(layer)]
+    params = [[m.base_layer.weight for m in g] for layer in body.layers for g in groups(layer)]
     before = [[t.detach().clone() for t in group] for group in params]
-    ids = torch.tensor([[3, 5, 7, 9]])
+    ids = torch.tensor([[3, 5, 7, 9], [4, 4, 6, 8]])
+    mask, positions = torch.ones_like(ids), torch.arange(4).expand(2, -1)
     with torch.no_grad():
         expected = model(input_ids=ids).logits
+        eager = [
+            LeanQwen3(model, 2, 8, adapters=(name,))(ids, mask, positions, 0)
+            for name in ("gen", "crit")
+        ]
     with torch.inference_mode():
-        lean = LeanQwen3(model, 2, 8, compiled=True)
-    after = [w for layer in model.base_model.model.model.layers for w in weights(layer)]
+        first = LeanQwen3(model, 2, 8, adapters=("gen",), compiled=True)
+    after = [[m.base_layer.weight for m in g] for layer in body.layers for g in groups(layer)]
     assert all(
         a is b for x, y in zip(params, after, strict=True) for a, b in zip(x, y, strict=True)
     )
-    packed = [
-        (lean.w.layers[i]["qkv"], lean.w.layers[i]["gate_up"]) for i in range(len(lean.w.layers))
-    ]
+    packed = [layer[key] for layer in first.w.layers for key in lean.GROUPS]
     pointers = []
-    for group, old, (qkv_or_gate_up) in zip(
-        params, before, [g for pair in packed for g in pair], strict=True
-    ):
-        buffer = qkv_or_gate_up.weight
-        assert torch.equal(buffer, torch.cat(old))  # the same values, in order
+    for weights, old, group in zip(params, before, packed, strict=True):
+        rows = sum(group.sizes)
+        assert group.fused and torch.equal(group.weight[:rows], torch.cat(old))
+        assert torch.equal(group.weight[rows:], group.a)  # the call's A factors after them
         start = 0
-        for w in group:  # each weight is its block of the one buffer
-            assert w.data_ptr() == buffer.data_ptr() + start * w.stride(0) * w.element_size()
+        for w in weights:  # each weight is its block of the one buffer
+            assert w.data_ptr() == group.weight.data_ptr() + start * w.stride(0) * w.element_size()
             start += w.shape[0]
-        pointers.append(buffer.data_ptr())
-    again = LeanQwen3(model, 2, 8, compiled=True)
-    assert [
-        g.weight.data_ptr() for layer in again.w.layers for g in (layer["qkv"], layer["gate_up"])
-    ] == pointers
+        pointers.append(group.weight.data_ptr())
+    # another call of another adapter of the same ranks: no copy, its own factors written
+    second = LeanQwen3(model, 2, 8, adapters=("crit",), compiled=True)
+    again = [layer[key].weight.data_ptr() for layer in second.w.layers for key in lean.GROUPS]
+    assert again == pointers
+    with torch.inference_mode():
+        for lean_call, want in ((first, eager[0]), (second, eager[1]), (first, eager[0])):
+            got = lean_call(ids, mask, positions, 0)  # the prompt, through the groups
+            torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
     with torch.no_grad():
         torch.testing.assert_close(model(input_ids=ids).logits, expected, atol=0, rtol=0)
-    # training: a gradient reaches the adapter (B: A gets none while B is zero)
+    # training: a forward, a compiled call writing its factors, then the backward
     loss = model(input_ids=ids).logits.square().mean()
+    LeanQwen3(model, 2, 8, adapters=("crit",), compiled=True)
     loss.backward()
-    grads = [p.grad for n, p in model.named_parameters() if "lora_B" in n]
+    grads = [p.grad for n, p in model.named_parameters() if "lora_A.gen" in n]
     assert grads and all(g is not None and float(g.abs().sum()) > 0 for g in grads)
     # a model moved to another dtype is packed again at its next call
     model.double()
     moved = LeanQwen3(model, 2, 8, compiled=True).w.layers[0]["qkv"].weight
     assert moved.dtype == torch.float64
-    q = model.base_model.model.model.layers[0].self_attn.q_proj.base_layer.weight
-    assert q.data_ptr() == moved.data_ptr()
+    assert body.layers[0].self_attn.q_proj.base_layer.weight.data_ptr() == moved.data_ptr()
 
 
 def test_admitted_rows_change_the_adapter_masks_in_place(mixed_ranks):

@@ -32,14 +32,16 @@ equal transformers' (and PEFT's, under ``lora_in_base_dtype``) bit for bit, in f
 padded or not, after rows leave the batch (``tests/unit/test_rollout_lean.py``, torch 2.13,
 transformers 5.24).
 
-The compiled step computes the layers that read one input together: a layer's q, k and v, and
-its gate and up (:class:`_Group`): one GEMM of their base weights, packed one after the other
-in one buffer whose row blocks the model's own weights become (:func:`_packed`: no memory more,
-as vLLM keeps a layer's q, k and v); and where their LoRA layouts agree, one GEMM of their A
-factors one after the other, the rows' mask, one batched GEMM of their B factors zero-padded to
-the widest member's outputs. A layer then runs 12 matrix products instead of 21
-(``bench/lean_lora.py`` counts them), for a GPU's graphed step is bound by its count of small
-kernels more than by its bytes. Its outputs equal one layer at a time within float round-off;
+The compiled step computes the linears that read one input together, a group each
+(:class:`_Group`, :data:`GROUPS`): a layer's q, k and v; its o; its gate and up; its down. Their
+base weights are packed one after the other in one buffer whose row blocks the model's own
+weights become (:func:`_packed`, as vLLM keeps a layer's q, k and v as one weight), followed by
+the call's stacked LoRA A factors where every member has LoRA of one layout: one GEMM computes
+the base outputs and the low-rank ones, then the rows' mask, one batched GEMM of the members' B
+factors zero-padded to the widest member's outputs. A layer then runs 8 matrix products
+instead of 21 (``bench/lean_lora.py`` counts them), for a GPU's graphed step is bound by its
+count of small kernels more than by its bytes. The base costs the largest call's A factors
+more, no copy of its weights. Its outputs equal one layer at a time within float round-off;
 the eager step keeps one layer at a time, so that a call of one adapter stays bit-equal to
 transformers'.
 
@@ -105,6 +107,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -112,6 +115,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
+from torch.utils.weak import WeakIdKeyDictionary
 from transformers import Qwen3ForCausalLM
 
 from marlow.policy.adapters import active_adapter, lora_compute_dtype
@@ -148,19 +152,21 @@ class _Layout:
 
 @dataclass(frozen=True)
 class _Group:
-    """Linear layers that read one input (a layer's q, k and v; its gate and up), computed
-    together by the compiled step (:func:`_linears`): ``weight`` (sum of outputs, in), their
-    base weights packed one after the other (:func:`_packed`; None: a GEMM each); where their
-    LoRA factors share one layout, ``a`` (members x rank sum, in), every member's stacked A one
-    after the other, and ``b`` (members, rank sum, largest out), each member's B transposed and
-    zero-padded to the largest member's outputs (None: each member's own LoRA, if any);
-    ``sizes`` each member's outputs."""
+    """Linear layers that read one input (a layer's q, k and v; its gate and up; its o, or its
+    down, alone), computed together by the compiled step (:func:`_linears`). ``weight``: their
+    base weights packed one after the other (:func:`_packed`), then, where ``fused``, their
+    LoRA A factors (``a``'s rows), so that one GEMM computes the base outputs and the low-rank
+    ones; None: a GEMM each. Where every member has LoRA of one layout: ``a`` (members x rank
+    sum, in), every member's stacked A one after the other, and ``b`` (members, rank sum, largest
+    out), each member's B transposed and zero-padded to the largest member's outputs (None:
+    each member's own LoRA, if any). ``sizes``: each member's outputs."""
 
     sizes: tuple[int, ...]
     weight: torch.Tensor | None
-    a: torch.Tensor | None
-    b: torch.Tensor | None
+    a: torch.Tensor | None = None
+    b: torch.Tensor | None = None
     layout: int = -1
+    fused: bool = False
 
 
 @dataclass(frozen=True)
@@ -339,32 +345,60 @@ def _with_lora(
     return (out + F.linear(low, layer.b) * scaling).to(out.dtype)
 
 
+GROUPS = {
+    "qkv": ("q", "k", "v"),
+    "o_group": ("o",),
+    "gate_up": ("gate", "up"),
+    "down_group": ("down",),
+}
+"""The :class:`_Group` of each layer's linears that read one input, by its key in the layer."""
+
+
 def _group(members: Sequence[_Linear]) -> _Group:
     """``members`` (which read one input) as one :class:`_Group`: their base weights packed
-    where :func:`_packed` can, their LoRA together where every member has LoRA of one layout."""
+    where :func:`_packed` can, followed by their A factors where every member has LoRA of one
+    layout in the weights' dtype (written there by :meth:`LeanQwen3._claim`)."""
     sizes = tuple(m.weight.shape[0] for m in members)
-    weight = _packed([m.weight for m in members]) if all(m.bias is None for m in members) else None
     first = members[0]
-    if any(m.a is None or m.layout != first.layout for m in members):
-        return _Group(sizes, weight, None, None)
+    lora = all(m.a is not None and m.layout == first.layout for m in members)
+    a = torch.cat([m.a for m in members]) if lora else None
+    weight = None
+    if all(m.bias is None for m in members):
+        fits = a is not None and a.dtype == first.weight.dtype
+        weight = _packed([m.weight for m in members], a.shape[0] if fits else 0)
+    if not lora:
+        return _Group(sizes, weight)
     b = first.b.new_zeros(len(members), first.b.shape[1], max(sizes))
     for i, m in enumerate(members):
         b[i, :, : sizes[i]] = m.b.T
-    return _Group(sizes, weight, torch.cat([m.a for m in members]), b, first.layout)
+    fused = weight is not None and weight.shape[0] > sum(sizes)
+    return _Group(sizes, weight, a, b, first.layout, fused)
 
 
-def _packed(weights: Sequence[torch.Tensor]) -> torch.Tensor | None:
-    """``weights`` (each (out, in): a layer's q, k and v, or its gate and up) as one (sum of
-    outs, in) matrix whose row blocks they are, in order, so that one GEMM computes all their
-    outputs; None where they differ in input width, dtype or device.
+_WROTE: dict[tuple, weakref.ReferenceType] = {}
+"""A packed buffer's first spare rows (device, address) -> the call (:class:`LeanQwen3`) that
+last wrote its A factors there (:meth:`LeanQwen3._claim`)."""
 
-    Where they are not yet row blocks of one buffer, they are moved into one: each weight's
-    ``.data`` becomes its block of a new buffer (the same values, the same parameter objects,
-    their old memory freed), the way vLLM keeps a layer's q, k and v as one weight. So packing
-    costs the base no memory, and later calls find the weights packed and pack nothing (a model
-    moved to another device or dtype, or a weight replaced, is packed again at its next call).
-    The buffer is made outside inference mode, so that training can still take gradients
-    through the weights."""
+_PACKS = WeakIdKeyDictionary()
+"""Each packed group's first weight -> (device, storage address, the buffer's rows): the buffers
+:func:`_packed` made, whose rows past the weights are marlow's to write."""
+
+
+def _packed(weights: Sequence[torch.Tensor], spare: int = 0) -> torch.Tensor | None:
+    """``weights`` (each (out, in): a layer's q, k and v, its gate and up, its o or its down)
+    as one matrix whose row blocks they are, in order, followed by ``spare`` free rows (for the
+    call's LoRA A factors: one GEMM computes the base outputs and the low-rank ones); None where
+    they differ in input width, dtype or device.
+
+    Where they are not yet row blocks of a buffer made here with room for ``spare`` rows more,
+    they are moved into a new one: each weight's ``.data`` becomes its block (the same values,
+    the same parameter objects, their old memory freed), the way vLLM keeps a layer's q, k and v
+    as one weight. The base then costs the spare rows more (the largest call's A factors), and
+    later calls find the weights packed (a model moved to another device or dtype, or a weight
+    replaced, is packed again at its next compiled call). The buffer is made outside inference
+    mode, so that training takes gradients through the weights as before; the matrix returned
+    has its own version counter, so that writing the spare rows does not mark the weights
+    modified for autograd."""
     first = weights[0]
     width, dtype, device = first.shape[1], first.dtype, first.device
     if any(
@@ -372,20 +406,26 @@ def _packed(weights: Sequence[torch.Tensor]) -> torch.Tensor | None:
     ):
         return None
     rows = sum(w.shape[0] for w in weights)
-    if not _adjacent(weights):
+    made = _PACKS.get(first)
+    if not (made and made[0] == device and made[2] >= rows + spare and _adjacent(weights, made[1])):
+        capacity = rows + max(spare, made[2] - rows if made else 0)
         with torch.inference_mode(False), torch.no_grad():
-            buffer = torch.cat([w.detach() for w in weights])
+            buffer = first.new_zeros((capacity, width))
             start = 0
             for w in weights:
+                buffer[start : start + w.shape[0]] = w.detach()
                 w.data = buffer[start : start + w.shape[0]]
                 start += w.shape[0]
-    return first.detach().as_strided((rows, width), (width, 1))
+        _PACKS[first] = (device, first.untyped_storage().data_ptr(), capacity)
+    with torch.inference_mode(False):
+        matrix = torch.empty(0, dtype=dtype, device=device)
+        return matrix.set_(first.untyped_storage(), 0, (rows + spare, width), (width, 1))
 
 
-def _adjacent(weights: Sequence[torch.Tensor]) -> bool:
-    """Whether ``weights`` are contiguous and, in order, consecutive rows of one storage."""
-    first = weights[0]
-    storage, offset = first.untyped_storage().data_ptr(), first.storage_offset()
+def _adjacent(weights: Sequence[torch.Tensor], storage: int) -> bool:
+    """Whether ``weights`` are contiguous and, in order, the first rows of the storage at
+    address ``storage``."""
+    offset = 0
     for w in weights:
         if not w.is_contiguous() or w.untyped_storage().data_ptr() != storage:
             return False
@@ -399,26 +439,31 @@ def _linears(
     x: torch.Tensor, members: Sequence[_Linear], group: _Group | None, lora: Sequence[tuple]
 ) -> list[torch.Tensor]:
     """Each of ``members``' outputs of ``x`` (b, q, in), as :func:`_linear` computes them, or
-    where ``group`` is given, together: one GEMM of the packed base weights, then the LoRA
-    products two for all (one GEMM of every member's A, the rows' mask, one batched GEMM of
-    every member's B, the scaling). The same arithmetic as one member at a time but for the
-    order in which the GEMMs sum (float round-off), in three kernels instead of three a member:
+    where ``group`` is given, together: one GEMM of the packed base weights (and, fused, of the
+    A factors after them, else one GEMM of every member's A), the rows' mask, one batched GEMM of
+    every member's B, the scaling. The same arithmetic as one member at a time but for the order
+    in which the GEMMs sum (float round-off), in two or three kernels instead of three a member:
     on a GPU a decode step is bound by its count of small kernels."""
     if group is None:
         return [_linear(x, m, lora) for m in members]
+    rows = sum(group.sizes)
     if group.weight is None:
         outs = [F.linear(x, m.weight, m.bias) for m in members]
     else:
-        outs = list(F.linear(x, group.weight).split(group.sizes, dim=-1))
-    if group.a is None:
+        both = F.linear(x, group.weight)
+        outs = list(both[..., :rows].split(group.sizes, dim=-1))
+    if group.b is None:
         return [_with_lora(out, x, m, lora) for out, m in zip(outs, members, strict=True)]
     mask, scaling = lora[group.layout]
     b, q, _ = x.shape
     k, rank, width = group.b.shape
-    low = F.linear(x.to(group.a.dtype), group.a).view(b, q, k, rank)
+    if group.fused:
+        low = both[..., rows:].reshape(b, q, k, rank)
+    else:
+        low = F.linear(x.to(group.a.dtype), group.a).view(b, q, k, rank)
     if mask is not None:
         low = low * mask[:, :, None, :]  # (b, 1, 1, rank sum): each member alike
-    up = torch.bmm(low.view(b * q, k, rank).transpose(0, 1), group.b)  # (k, b * q, width)
+    up = torch.bmm(low.reshape(b * q, k, rank).transpose(0, 1), group.b)  # (k, b * q, width)
     up = up.view(k, b, q, width) * scaling
     return [
         (out + up[i, :, :, :n]).to(out.dtype)
@@ -548,10 +593,11 @@ def _rest(x: torch.Tensor, out: torch.Tensor, layer: dict, lora: Sequence[tuple]
     """The rest of a layer after its attention's ``out`` (b, heads, q, hd): the output
     projection and the residual, the norm, the MLP and its residual."""
     b, q, _ = x.shape
-    x = x + _linear(out.transpose(1, 2).reshape(b, q, -1), layer["o"], lora)
+    attended = out.transpose(1, 2).reshape(b, q, -1)
+    x = x + _linears(attended, (layer["o"],), layer.get("o_group"), lora)[0]
     h = _rms(x, layer["ln2"])
     gate, up = _linears(h, (layer["gate"], layer["up"]), layer.get("gate_up"), lora)
-    return x + _linear(F.silu(gate) * up, layer["down"], lora)
+    return x + _linears(F.silu(gate) * up, (layer["down"],), layer.get("down_group"), lora)[0]
 
 
 def _attend(
@@ -895,16 +941,20 @@ class LeanQwen3:
         # the fixed shapes need CUDA graphs on CUDA, and the compiled layers elsewhere
         needs = "graphs" if _graphs_on(device) else "compile"
         self.compiled = compiled and (device.type, needs) not in _GAVE_UP
-        if self.compiled:  # LoRA's products of the layers that read one input, together
+        if self.compiled:  # the layers that read one input, together
             layers = (
-                {
-                    **layer,
-                    "qkv": _group((layer["q"], layer["k"], layer["v"])),
-                    "gate_up": _group((layer["gate"], layer["up"])),
-                }
+                {**layer, **{key: _group([layer[m] for m in ms]) for key, ms in GROUPS.items()}}
                 for layer in self.w.layers
             )
             self.w = replace(self.w, layers=tuple(layers))
+        # the stacked A factors fused after their base weights, written there by _claim
+        self._tails = tuple(
+            (group.weight[sum(group.sizes) :], group.a)
+            for layer in self.w.layers
+            for key in GROUPS
+            if (group := layer.get(key)) is not None and group.fused
+        )
+        self._claim()
         # Compiled: the call's columns allocated at once (fixed shapes) and zeroed (a step reads
         # the columns not yet written too, masked with weight 0, and 0 times a NaN left in memory
         # would still be NaN). Eager: grown by doubling up to ``length`` as columns are written
@@ -944,6 +994,23 @@ class LeanQwen3:
         scaling = torch.tensor(layout.scalings, dtype=wide, device=mask.device)
         return mask, scaling[row_adapters][:, None, None]
 
+    def _claim(self) -> None:
+        """Write this call's LoRA A factors into the packed weights' spare rows after the base's
+        (:func:`_packed`), unless this call wrote them last: another call over the same model
+        (other adapters, or factors trained since) writes its own there. A captured CUDA graph
+        reads them where they are, so a replay after another call's computes this call's."""
+        if not self._tails:
+            return
+        first = self._tails[0][0]
+        key = (first.device, first.data_ptr())
+        last = _WROTE.get(key)
+        if last is not None and last() is self:
+            return
+        with torch.no_grad():
+            for tail, a in self._tails:
+                tail.copy_(a)
+        _WROTE[key] = weakref.ref(self)
+
     def admit(
         self,
         slots: torch.Tensor,
@@ -964,6 +1031,7 @@ class LeanQwen3:
         column the other rows are at (they write at their own: :meth:`__call__`'s
         ``columns``). The call's weights and stacked factors are reused, not stacked again."""
         k, q = ids.shape
+        self._claim()
         if q > self.length:
             raise ValueError(f"a prompt of {q} columns past the {self.length} of this call")
         own = torch.as_tensor(row_adapters, dtype=torch.long).to(self.row_adapters.device)
@@ -1019,6 +1087,7 @@ class LeanQwen3:
         columns: torch.Tensor | None = None,
     ) -> torch.Tensor:
         b, q = ids.shape
+        self._claim()
         if q > 1 and (at != 0 or columns is not None):
             raise ValueError("several tokens at once only from column 0 (the prompt)")
         end = at + q

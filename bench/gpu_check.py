@@ -130,10 +130,12 @@ The parts, each recorded whatever became of the others:
    peak allocated memory (None off CUDA).
 
    The layers are eager, as a run's are by default (``grpo.compile`` auto). After the last
-   micro-batch, the first is timed once more with the layers compiled
-   (:func:`marlow.models.compile_layers`; ``compiled``: the same warm-up pass, which compiles
-   them, and timed pass), side by side, where :data:`COMPILED_UPDATE_S` is left, and always in
-   the dry run, so that CI runs that path.
+   micro-batch, the first is timed once more with its layers not checkpointed
+   (``grpo.activation_checkpointing=off``; ``unchecked``: the same warm-up and timed passes, the
+   peak allocated memory and plan's prediction without checkpointing), side by side: what the
+   recomputation costs in time (about one forward of the layers more: the 4 of the formula's
+   factor become 6) and saves in memory, where the time left passes the estimate (2 x the
+   checkpointed pass's seconds), and always in the dry run, so that CI runs that path.
 
    Time: the child takes at most the size's ``update_s`` (60 s for the 0.6B, 75 for the
    1.7B, 90 for the 4B: the child's start, the load, the matmuls and the compilation count;
@@ -1191,18 +1193,16 @@ def time_update(
             )
             write_json(out, result)
             print(f"update: {row['tokens_per_s']:.0f} tokens/s", flush=True)
-        if first is not None:  # the first micro-batch once more, its layers compiled
-            time_compiled(first, model, optimizer, update.temperature, dev, dry_run, deadline)
+        if first is not None:  # the first micro-batch once more, its layers not checkpointed
+            plan = update_plan(model, b, result, first[0]["tokens"], checkpointed=False)
+            args = (model, optimizer, update.temperature, dev, dry_run, deadline)
+            time_unchecked(first, plan, *args)
             write_json(out, result)
 
 
-COMPILED_UPDATE_S = 90
-"""The compiled pass of the update alone starts only with this many seconds left (the 0.6B's
-compilation of a checkpointed layer's forward and backward did not finish in 50 s on an H200)."""
-
-
-def time_compiled(
+def time_unchecked(
     first: tuple[dict[str, Any], Chunk],
+    plan: dict[str, float],
     model: PeftModel,
     optimizer: torch.optim.Optimizer,
     temperature: float,
@@ -1211,25 +1211,34 @@ def time_compiled(
     deadline: float,
 ) -> None:
     """The first micro-batch's passes (``first``: its row and chunk) timed once more with the
-    layers compiled (:func:`marlow.models.compile_layers`, ``grpo.compile`` on) into its row's
-    ``compiled``, the compilation in its warm-up; with :data:`COMPILED_UPDATE_S` left, and always
-    in the dry run, so that CI runs that path. The layers are eager again afterwards."""
-    from marlow.models import compile_layers
+    layers not checkpointed (:func:`marlow.models.checkpoint_layers` off,
+    ``grpo.activation_checkpointing=off``) into its row's ``unchecked``, beside ``plan``, plan's
+    prediction without checkpointing (:func:`update_plan`); where the time left passes 2 x the checkpointed pass's seconds, and
+    always in the dry run, so that CI runs that path. The layers are checkpointed again
+    afterwards, as the check's others are."""
+    import torch
+
+    from marlow.models import checkpoint_layers
 
     row, chunk = first
-    left = deadline - time.monotonic()
-    if not dry_run and left < COMPILED_UPDATE_S:
-        row["compiled"] = {"status": "skipped", "error": f"{left:.0f} s left"}
+    left, estimate = deadline - time.monotonic(), 2 * row["seconds"]
+    if not dry_run and left < estimate:
+        row["unchecked"] = {"status": "skipped", "error": f"{left:.0f} s left"}
         return
-    print("update: compiled layers", flush=True)
-    row["compiled"] = {"status": "running"}
-    compile_layers(model)
+    print("update: layers not checkpointed", flush=True)
+    row["unchecked"] = {"status": "running", "plan": plan}
+    checkpoint_layers(model, on=False)
     try:
-        row["compiled"] = {"status": "ok", **time_passes(model, chunk, optimizer, temperature, dev)}
+        timed = time_passes(model, chunk, optimizer, temperature, dev)
+        measured = timed["peak_allocated_gib"]
+        ratio = None if measured is None else measured / plan["peak_gib"]
+        row["unchecked"].update(status="ok", ratio=ratio, **timed)
     except Exception as err:
-        row["compiled"] = {"status": "failed", "error": one_line(err)}
-    compile_layers(model, on=False)
+        row["unchecked"].update(status="failed", error=one_line(err))
+    checkpoint_layers(model)
     optimizer.zero_grad()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()  # the un-checkpointed activations' blocks
 
 
 def not_yet(before: dict[str, Any] | None, row: dict[str, Any], left: float) -> str | None:
@@ -1243,18 +1252,20 @@ def not_yet(before: dict[str, Any] | None, row: dict[str, Any], left: float) -> 
     return f"estimated {estimate:.0f} s, {left:.0f} s left" if estimate > left else None
 
 
-def update_plan(model: PeftModel, b: int, figures: dict[str, Any], tokens: int) -> dict[str, float]:
+def update_plan(
+    model: PeftModel, b: int, figures: dict[str, Any], tokens: int, checkpointed: bool = True
+) -> dict[str, float]:
     """``marlow plan``'s figures in GiB for one micro-batch of ``tokens`` tokens of ``model``
     (``b`` bytes a base weight): base (``figures``' weight bytes), the adapter
     (:data:`marlow.plan.OPTIMIZER_BYTES` x its parameters) and activations
-    (:func:`marlow.plan.activation_bytes`, its layers checkpointed), and their sum."""
+    (:func:`marlow.plan.activation_bytes`, its layers ``checkpointed`` or not), and their sum."""
     from marlow.archs import Shape
     from marlow.models import decoder_and_head
     from marlow.plan import OPTIMIZER_BYTES, activation_bytes, lora_shapes
 
     shape, lora = Shape.of(model.config), lora_shapes(model, UPDATE_ADAPTER)
     chunked = decoder_and_head(model) is not None
-    activations = activation_bytes(shape, b, lora, tokens, chunked, checkpointed=True)
+    activations = activation_bytes(shape, b, lora, tokens, chunked, checkpointed)
     out = {
         "base_gib": figures["weight_bytes"] / GIB,
         "adapters_gib": OPTIMIZER_BYTES * figures["adapter_parameters"] / GIB,

@@ -314,9 +314,10 @@ def _update(sizes: dict[str, Any]) -> list[str]:
         f"on one micro-batch of rows of {s['row']:,} tokens ({s['prompt']:,} of them prompt) of "
         f"random ids, a stand-in in bfloat16 with one LoRA adapter of rank {s['rank']} on every "
         "linear; one untimed warm-up pass and an AdamW step, then the timed pass; its layers as "
-        "the check ran them (layers), and the first micro-batch timed once more with them the "
-        "other way, compiled (`grpo.compile`) or eager, where the time allowed (other "
-        "tokens/s). Beside it, "
+        "the check ran them (layers: eager or compiled, checkpointed as a run's are by default), "
+        "and the first micro-batch timed once more, where the time allowed, with them not "
+        "checkpointed (`grpo.activation_checkpointing=off`; in checks before that, the other "
+        "way, compiled or eager) (other tokens/s). Beside it, "
         "the fraction of the card's bf16 matmul throughput (measured in each size's run, "
         f"TFLOP/s: {matmul or 'none'}) that its FLOPs take (4 x (non-embedding + adapter "
         "parameters) x tokens, the LM head left out, + the attention's; the formula in "
@@ -347,15 +348,25 @@ def _update(sizes: dict[str, Any]) -> list[str]:
                 f"| {other} | {m['fraction_of_peak']:.3f} | {_num(m['peak_allocated_gib'], 2)} "
                 f"| {plan} | {_num(m['ratio'], 2)} |"
             )
+    unchecked = [
+        f"{name} {m['tokens']:,} tokens: {_num(u['peak_allocated_gib'], 2)} against plan's "
+        f"{_num(u['plan']['peak_gib'], 2)} (ratio {_num(u['ratio'], 2)})"
+        for name, part in parts.items()
+        for m in part.get("micro_batches", [])
+        if (u := m.get("unchecked", {})).get("status") == "ok"
+    ]
+    if unchecked:
+        lines += ["", f"Not checkpointed, peak allocated GiB: {'; '.join(unchecked)}."]
     if troubles:
         lines += ["", "Update micro-batches that did not complete:", "", *troubles]
     return [*lines, ""]
 
 
 def _other(m: dict[str, Any]) -> str:
-    """A micro-batch's tokens/s with its layers the other way (``compiled`` where the check ran
-    them eager, ``eager`` where it compiled them), its status where that did not complete."""
-    other = m.get("compiled", m.get("eager"))
+    """A micro-batch's tokens/s timed once more: its layers not checkpointed (``unchecked``), or
+    in checks before that the other way (``compiled`` where the check ran them eager, ``eager``
+    where it compiled them); its status where that did not complete."""
+    other = m.get("unchecked", m.get("compiled", m.get("eager")))
     if not isinstance(other, dict):
         return "-"
     return _num(other["tokens_per_s"], 0) if other.get("status", "ok") == "ok" else other["status"]

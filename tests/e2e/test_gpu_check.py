@@ -223,14 +223,19 @@ def test_the_dry_run_times_the_update_alone_beside_plans_prediction(dry_run):
         assert [m["tokens"] for m in part["micro_batches"]] == list(update.tokens)
         assert [("profile" in m) for m in part["micro_batches"]] == [True, False]
         assert_profile(part["micro_batches"][0]["profile"])
-        # eager, as a run's layers are by default, and the first micro-batch once more compiled
-        # (always in the dry run, so that CI runs that path)
+        # eager and checkpointed, as a run's layers are by default, and the first micro-batch
+        # once more not checkpointed, beside plan's figure for that (always in the dry run, so
+        # that CI runs that path)
         assert part["compiled"] is False
-        assert [("compiled" in m) for m in part["micro_batches"]] == [True, False]
-        compiled = part["micro_batches"][0]["compiled"]
-        assert compiled["status"] == "ok", compiled
-        assert compiled["tokens_per_s"] == pytest.approx(update.tokens[0] / compiled["seconds"])
-        assert compiled["warmup_s"] > 0 and compiled["peak_allocated_gib"] is None
+        assert [("unchecked" in m) for m in part["micro_batches"]] == [True, False]
+        unchecked = part["micro_batches"][0]["unchecked"]
+        assert unchecked["status"] == "ok", unchecked
+        assert unchecked["tokens_per_s"] == pytest.approx(update.tokens[0] / unchecked["seconds"])
+        assert unchecked["warmup_s"] > 0 and unchecked["peak_allocated_gib"] is None
+        activations = activation_bytes(Shape.of(config), 2, lora, update.tokens[0], True, False)
+        assert unchecked["plan"]["activations_gib"] == pytest.approx(activations / 2**30)
+        checked = part["micro_batches"][0]["plan"]["activations_gib"]
+        assert unchecked["plan"]["activations_gib"] > checked  # every layer's own, kept
         for m in part["micro_batches"]:
             assert m["status"] == "ok" and m["rows"] * update.row == m["tokens"], m
             assert m["tokens_per_s"] == pytest.approx(m["tokens"] / m["seconds"])
@@ -456,6 +461,9 @@ def as_gpu_run(result: dict) -> dict:
         for m in entry["update"]["micro_batches"]:
             m["peak_allocated_gib"] = 3.0
             m["ratio"] = 3.0 / m["plan"]["peak_gib"]
+            if "unchecked" in m:
+                u = m["unchecked"]
+                u["peak_allocated_gib"], u["ratio"] = 4.0, 4.0 / u["plan"]["peak_gib"]
     for c in gpu["sampler"]["configurations"]:
         c["peak_allocated_gib"] = 2.5
         c["compiled"] = c["compile"] is None  # CUDA's default: a compiled decode step
@@ -543,13 +551,18 @@ def test_the_section_of_a_gpu_run_has_the_update_alone_table(dry_run):
     ) in text
     assert f"(measured in each size's run, TFLOP/s: {name} " in text
     for m in part["micro_batches"]:
-        other = f"{m['compiled']['tokens_per_s']:,.0f}" if "compiled" in m else "-"
+        other = f"{m['unchecked']['tokens_per_s']:,.0f}" if "unchecked" in m else "-"
         assert (
             f"| {name} | {m['tokens']:,} | eager | {m['tokens_per_s']:,.0f} | {other} "
             f"| {m['fraction_of_peak']:.3f} | 3.00 | {m['plan']['peak_gib']:.2f} "
             f"| {3.0 / m['plan']['peak_gib']:.2f} |"
         ) in text
-    assert "compiled" in part["micro_batches"][0]  # the first has its compiled figure
+    first = part["micro_batches"][0]  # the first has its figures not checkpointed
+    plan = first["unchecked"]["plan"]["peak_gib"]
+    assert (
+        f"Not checkpointed, peak allocated GiB: {name} {first['tokens']:,} tokens: 4.00 against "
+        f"plan's {plan:.2f} (ratio {4.0 / plan:.2f})."
+    ) in text
     assert text.index("| batch |") < text.index("| model | tokens |")
     assert text.index("| model | tokens |") < text.index("| model | routing | step |")
 

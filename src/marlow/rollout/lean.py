@@ -362,16 +362,16 @@ def _group(members: Sequence[_Linear]) -> _Group:
     first = members[0]
     lora = all(m.a is not None and m.layout == first.layout for m in members)
     a = torch.cat([m.a for m in members]) if lora else None
-    weight = None
+    weight, fused = None, False
     if all(m.bias is None for m in members):
-        fits = a is not None and a.dtype == first.weight.dtype
-        weight = _packed([m.weight for m in members], a.shape[0] if fits else 0)
+        fused = a is not None and a.dtype == first.weight.dtype  # A after the base weights
+        weight = _packed([m.weight for m in members], a.shape[0] if fused else 0)
+        fused = fused and weight is not None
     if not lora:
         return _Group(sizes, weight)
     b = first.b.new_zeros(len(members), first.b.shape[1], max(sizes))
     for i, m in enumerate(members):
         b[i, :, : sizes[i]] = m.b.T
-    fused = weight is not None and weight.shape[0] > sum(sizes)
     return _Group(sizes, weight, a, b, first.layout, fused)
 
 

@@ -1,0 +1,115 @@
+"""The update's operations on one micro-batch, counted on the CPU where a GPU's kernels are what
+bounds it: the Python-bound stand-in of the 0.6B (``bench/lean_lora.py``'s: 28 layers at width
+64, bfloat16) with one LoRA adapter on every linear, of rank 4 (a sixteenth of the width, as 64
+is of the 0.6B's 1,024, so that its low-rank outputs are not counted over every token), in
+training mode, its decoder layers checkpointed as a run's are by default
+(``grpo.activation_checkpointing``) and not.
+
+    .venv/bin/python bench/update_ops.py [--rows 4] [--row-tokens 128]
+
+One pass is what the trainer's update makes of a micro-batch: ``score_chunk`` over ``rows`` x
+``row-tokens`` random ids (the last 3/4 of each row its completion), the loss
+``-(logp x mask).sum() / mask.sum()`` and its ``backward()``, after an untimed one. Printed for
+each: the ATen operations it runs (views left out), the matrix products among them, and the
+operations whose output holds at least tokens x width elements ("over every token": on a GPU at
+thousands of tokens, each such elementwise operation is a pass over the micro-batch's
+activations through the card's memory), by name and dtype. These counts, not the CPU's seconds,
+say what a GPU's update is bound by: its elementwise passes and small kernels, or its matrix
+products.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+
+import torch
+
+from lean_lora import VIEWS, proxy  # bench/ is the script's folder: on sys.path
+from marlow.models import checkpoint_layers
+from marlow.policy.adapters import LoraSpec, attach_adapters, use_adapter
+from marlow.tiny.tokenizer import build_tokenizer
+from marlow.training.batch import Chunk
+from marlow.training.logprobs import score_chunk
+
+PRODUCTS = frozenset(["mm", "bmm", "addmm", "matmul"])
+
+
+def counted(call, every: int) -> tuple[Counter, Counter]:
+    """The operations ``call()`` runs below autograd (views left out) by name, and by (name,
+    dtype) those whose output holds at least ``every`` elements."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    names: Counter = Counter()
+    large: Counter = Counter()
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = func.overloadpacket.__name__
+            if name in VIEWS:
+                return out
+            names[name] += 1
+            first = out[0] if isinstance(out, tuple | list) else out
+            if isinstance(first, torch.Tensor) and first.numel() >= every:
+                large[(name, str(first.dtype).removeprefix("torch."))] += 1
+            return out
+
+    with Count():
+        call()
+    return names, large
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=4)
+    ap.add_argument("--row-tokens", type=int, default=128)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    tok = build_tokenizer()
+    model = attach_adapters(
+        proxy(len(tok)).to(torch.bfloat16), ["policy"], LoraSpec(rank=4), seed=0
+    )
+    model.train()
+    rows, width = args.rows, args.row_tokens
+    prompt = width // 4
+    ids = torch.randint(0, len(tok), (rows, width), generator=torch.Generator().manual_seed(0))
+    completion = torch.ones(rows, width - prompt, dtype=torch.bool)
+    chunk = Chunk(
+        list(range(rows)),
+        ids,
+        torch.ones_like(ids),
+        torch.full((rows,), prompt),
+        ids[:, prompt:],
+        completion,
+    )
+
+    def one_pass() -> None:
+        scored = score_chunk(model, chunk, temperature=1.0)
+        (-(scored.logp * scored.mask).sum() / scored.mask.sum()).backward()
+
+    layers = model.config.num_hidden_layers
+    every = ids.numel() * model.config.hidden_size
+    print(f"one micro-batch of {rows} x {width} tokens, {layers} layers")
+    for checkpointed in (True, False):
+        checkpoint_layers(model, on=checkpointed)
+        with use_adapter(model, "policy"):
+            one_pass()
+            names, large = counted(one_pass, every)
+        total, products = sum(names.values()), sum(names[n] for n in PRODUCTS)
+        over = sum(large.values())
+        elementwise = over - sum(n for (name, _), n in large.items() if name in PRODUCTS)
+        print(
+            f"{'checkpointed' if checkpointed else 'not checkpointed'}: {total:,} operations "
+            f"({total / layers:.0f} a layer), {products:,} matrix products; over every token: "
+            f"{over:,} ({over / layers:.0f} a layer), {elementwise:,} of them not matrix "
+            f"products ({elementwise / layers:.0f} a layer)"
+        )
+        print(
+            "  over every token, the most:",
+            ", ".join(f"{n}x {k[0]} {k[1]}" for k, n in large.most_common(8)),
+        )
+
+
+if __name__ == "__main__":
+    main()

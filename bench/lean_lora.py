@@ -85,22 +85,30 @@ VIEWS = frozenset(
 GEMMS = frozenset(["mm", "addmm", "bmm", "baddbmm", "matmul", "linear"])
 
 
-def operations(call) -> Counter:
-    """The ATen operations ``call()`` runs below autograd, views left out, counted by name."""
+def operations(call, every: int = 0) -> tuple[Counter, Counter]:
+    """The ATen operations ``call()`` runs below autograd, views left out, counted by name; and
+    with ``every``, by (name, dtype) those whose output holds at least ``every`` elements
+    (``bench/update_ops.py``'s passes over every token)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     seen: Counter = Counter()
+    large: Counter = Counter()
 
     class Count(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
             name = func.overloadpacket.__name__
-            if name not in VIEWS:
-                seen[name] += 1
-            return func(*args, **(kwargs or {}))
+            if name in VIEWS:
+                return out
+            seen[name] += 1
+            first = out[0] if isinstance(out, tuple | list) else out
+            if every and isinstance(first, torch.Tensor) and first.numel() >= every:
+                large[(name, str(first.dtype).removeprefix("torch."))] += 1
+            return out
 
     with Count():
         call()
-    return seen
+    return seen, large
 
 
 def best_ms(call, repeats: int) -> float:
@@ -185,7 +193,7 @@ def main() -> None:
         # the step then finds nothing compiled and says so once, keeping its layers
         with torch._dynamo.config.patch(disable=True), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            ops = operations(
+            ops, _ = operations(
                 lambda kw=kw: sample(HFEngine(model, tok, stop_ids=never, **kw), mixed, 0)
             )
         gemms = sum(n for name, n in ops.items() if name in GEMMS)

@@ -21,43 +21,15 @@ products.
 from __future__ import annotations
 
 import argparse
-from collections import Counter
 
 import torch
 
-from lean_lora import VIEWS, proxy  # bench/ is the script's folder: on sys.path
+from lean_lora import GEMMS, operations, proxy  # bench/ is the script's folder: on sys.path
 from marlow.models import checkpoint_layers
 from marlow.policy.adapters import LoraSpec, attach_adapters, use_adapter
 from marlow.tiny.tokenizer import build_tokenizer
 from marlow.training.batch import Chunk
 from marlow.training.logprobs import score_chunk
-
-PRODUCTS = frozenset(["mm", "bmm", "addmm", "matmul"])
-
-
-def counted(call, every: int) -> tuple[Counter, Counter]:
-    """The operations ``call()`` runs below autograd (views left out) by name, and by (name,
-    dtype) those whose output holds at least ``every`` elements."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    names: Counter = Counter()
-    large: Counter = Counter()
-
-    class Count(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            name = func.overloadpacket.__name__
-            if name in VIEWS:
-                return out
-            names[name] += 1
-            first = out[0] if isinstance(out, tuple | list) else out
-            if isinstance(first, torch.Tensor) and first.numel() >= every:
-                large[(name, str(first.dtype).removeprefix("torch."))] += 1
-            return out
-
-    with Count():
-        call()
-    return names, large
 
 
 def main() -> None:
@@ -95,10 +67,10 @@ def main() -> None:
         checkpoint_layers(model, on=checkpointed)
         with use_adapter(model, "policy"):
             one_pass()
-            names, large = counted(one_pass, every)
-        total, products = sum(names.values()), sum(names[n] for n in PRODUCTS)
+            names, large = operations(one_pass, every)
+        total, products = sum(names.values()), sum(names[n] for n in GEMMS)
         over = sum(large.values())
-        elementwise = over - sum(n for (name, _), n in large.items() if name in PRODUCTS)
+        elementwise = over - sum(n for (name, _), n in large.items() if name in GEMMS)
         print(
             f"{'checkpointed' if checkpointed else 'not checkpointed'}: {total:,} operations "
             f"({total / layers:.0f} a layer), {products:,} matrix products; over every token: "

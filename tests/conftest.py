@@ -114,6 +114,20 @@ def tiny_cache(tmp_path_factory) -> str:
     mp.undo()
 
 
+def in_process(args: list[str], cwd: Path):
+    """``marlow ARGS`` run in this process from ``cwd`` (typer's runner: its exit code, stdout
+    and stderr), for the commands that read a run or refuse: a process of its own costs seconds
+    of imports, and the tests beside each keep the command's own process."""
+    import contextlib
+
+    from typer.testing import CliRunner
+
+    from marlow.cli import app
+
+    with contextlib.chdir(cwd):
+        return CliRunner().invoke(app, [str(a) for a in args])
+
+
 def shrunk_config(**over) -> RunConfig:
     """A tiny-preset config shrunk to seconds per step; pass overrides as a nested dict. Needs
     the ``tiny_cache`` fixture (module-scoped fixtures call it directly)."""

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import PRETRAIN_STEPS
+from tests.conftest import PRETRAIN_STEPS, in_process
 
 MARLOW = [sys.executable, "-m", "marlow.cli"]
 
@@ -46,8 +46,8 @@ def test_train_on_a_tiny_config_then_eval(tiny_cache, tmp_path: Path):
     assert result["checkpoint"].endswith("step_000002") and result["step"] == 2
     assert result["val/all/n_problems"] == 6
     assert "step_000002" in done.stdout and "problems" in done.stdout  # a table naming it
-    again = run(["eval", "run"], tiny_cache, tmp_path)  # never clobbers the earlier eval
-    assert again.returncode == 2 and "--overwrite" in again.stderr
+    again = in_process(["eval", "run"], tmp_path)  # never clobbers the earlier eval
+    assert again.exit_code == 2 and "--overwrite" in again.stderr
     assert json.loads((tmp_path / "run" / "evals" / "step-2" / "eval.json").read_text()) == result
     elsewhere = run(["eval", "run", "--out", "ev", "--json"], tiny_cache, tmp_path)  # by choice
     assert elsewhere.returncode == 0, elsewhere.stderr
@@ -58,11 +58,11 @@ def test_train_on_a_tiny_config_then_eval(tiny_cache, tmp_path: Path):
     assert base["checkpoint"] is None and base["routing"] == "base"
     assert (tmp_path / "run" / "evals" / "base" / "eval.json").exists()
 
-    done = run(["train", str(config), "--out", "run"], tiny_cache, tmp_path)
-    assert done.returncode == 2 and "--resume" in done.stderr
+    done = in_process(["train", str(config), "--out", "run"], tmp_path)
+    assert done.exit_code == 2 and "--resume" in done.stderr
 
-    done = run(["inspect", "run", "--json"], tiny_cache, tmp_path)
-    assert done.returncode == 0, done.stderr
+    done = in_process(["inspect", "run", "--json"], tmp_path)
+    assert done.exit_code == 0, done.stderr
     report = json.loads(done.stdout)
     assert (report["workflow"], report["routing"], report["step"]) == ("voting", "sp", 2)
     last_train = [r for r in records if "train/all/reward" in r][-1]
@@ -75,11 +75,11 @@ def test_train_on_a_tiny_config_then_eval(tiny_cache, tmp_path: Path):
     assert report["signatures"]["roles"]["generator"]["n_turns"] == 18  # 6 problems x 3 slots
     names = [d["name"] for d in report["detectors"]]
     assert names == ["terminal_cliff", "gradient_amplification", "sp_role_capture"]
-    done = run(["inspect", "run", "detect.cliff_drop=0.2"], tiny_cache, tmp_path)
-    assert done.returncode == 0, done.stderr
+    done = in_process(["inspect", "run", "detect.cliff_drop=0.2"], tmp_path)
+    assert done.exit_code == 0, done.stderr
     for title in ("latest training metrics", "trajectory signatures", "detectors"):
         assert title in done.stdout
-    assert run(["inspect", "nowhere"], tiny_cache, tmp_path).returncode == 2
+    assert in_process(["inspect", "nowhere"], tmp_path).exit_code == 2
 
 
 def test_a_wrong_field_fails_in_one_line_naming_it(tiny_cache, tmp_path: Path):

@@ -11,7 +11,7 @@ import re
 import subprocess
 import sys
 
-from tests.conftest import PRETRAIN_STEPS
+from tests.conftest import PRETRAIN_STEPS, in_process
 from tests.e2e.test_run_folders import SOLVER_CRITIC
 
 GRID = f"""\
@@ -84,11 +84,11 @@ def test_a_grid_with_overrides_a_failed_cell_and_a_workflow_file_read_elsewhere(
 
     (project / "solver_critic.yaml").unlink()
     results = project / "res"
-    shown = marlow(["inspect", str(trained), "--json"], tiny_cache, elsewhere)
-    assert shown.returncode == 0, shown.stderr
+    shown = in_process(["inspect", trained, "--json"], elsewhere)
+    assert shown.exit_code == 0, shown.stderr
     assert set(json.loads(shown.stdout)["roles"]) == {"solver", "critic", "all"}
-    grid_folder = marlow(["inspect", str(results)], tiny_cache, elsewhere)
-    assert grid_folder.returncode == 2
+    grid_folder = in_process(["inspect", results], elsewhere)
+    assert grid_folder.exit_code == 2
     said = " ".join(grid_folder.stderr.split())
     assert f"marlow inspect {results}/cells/" in said and f"marlow report {results}" in said
 

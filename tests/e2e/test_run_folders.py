@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import PRETRAIN_STEPS
+from tests.conftest import PRETRAIN_STEPS, in_process
 
 MARLOW = [sys.executable, "-m", "marlow.cli"]
 
@@ -75,16 +75,16 @@ def test_a_run_with_a_relative_workflow_file_reads_from_any_folder(tiny_cache, t
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1, 2, 3]
 
-    shown = marlow(["inspect", str(run), "--json"], tiny_cache, elsewhere)
-    assert shown.returncode == 0, shown.stderr
+    shown = in_process(["inspect", run, "--json"], elsewhere)
+    assert shown.exit_code == 0, shown.stderr
     report = json.loads(shown.stdout)
     assert set(report["roles"]) == {"solver", "critic", "all"}
     # item 9: a metric sampled every diagnostics.every (5) steps shows its own latest step
     solver = report["roles"]["solver"]
     assert report["train_step"] == 3 and solver["latest_step"]["chi2_update"] == 1
     assert solver["latest_step"]["reward"] == 3
-    table = marlow(["inspect", str(run)], tiny_cache, elsewhere)
-    assert table.returncode == 0, table.stderr
+    table = in_process(["inspect", run], elsewhere)
+    assert table.exit_code == 0, table.stderr
     row = next(line for line in table.stdout.splitlines() if line.startswith("│ chi2_update "))
     assert "(step 1)" in row, table.stdout
 

@@ -10,11 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from marlow.cli import app
 from marlow.config import load_config
 from marlow.plan import plan_run
+from tests.conftest import in_process
 
 MARLOW = [sys.executable, "-m", "marlow.cli"]
 FITS = ("grpo.micro_tokens=4096", "rollout.max_batch=16")  # the paper preset, cut to fit 80 GiB
@@ -66,14 +65,10 @@ def test_the_table_and_both_verdicts(tmp_path: Path):
     ("model", "card"),
     [("Qwen/Qwen3-0.6B", 48), ("Qwen/Qwen3-1.7B", 80), ("Qwen/Qwen3-4B", 80)],
 )
-def test_the_paper_preset_fits_the_studys_cards(model, card, tmp_path, monkeypatch):
+def test_the_paper_preset_fits_the_studys_cards(model, card, tmp_path):
     """§A.8: two GPUs per cell, 48 GB L40S for 0.6B, 80 GB H100 for 1.7B and 4B; each
-    data-parallel process holds the whole plan, so the verdict is per GPU. In-process (typer's
-    runner): the tests above run the command in a process of its own."""
-    monkeypatch.chdir(tmp_path)
-    done = CliRunner().invoke(
-        app, ["plan", "preset=paper", f"model.name={model}", "--gpu-mem", str(card)]
-    )
+    data-parallel process holds the whole plan, so the verdict is per GPU."""
+    done = in_process(["plan", "preset=paper", f"model.name={model}", "--gpu-mem", card], tmp_path)
     assert done.exit_code == 0, done.output
     assert f"fits in {card} GiB" in " ".join(done.output.split()), done.output
     assert list(tmp_path.iterdir()) == []  # nothing written

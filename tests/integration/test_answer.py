@@ -11,14 +11,13 @@ import subprocess
 import sys
 
 import pytest
-from typer.testing import CliRunner
 
 import marlow
-from marlow.cli import app
 from marlow.serving.trained import load_workflow
 from marlow.tasks import build_task
 from marlow.training.evaluate import evaluate
 from marlow.training.export import export_run
+from tests.conftest import in_process
 
 
 def cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
@@ -125,8 +124,7 @@ def test_marlow_answer_answers_a_file_in_batches_and_never_overwrites(trained_vo
     ],
 )
 def test_marlow_answer_refuses_bad_arguments_in_one_line(trained_voting, args, message):
-    """In-process (typer's runner: a process of its own costs seconds of imports a case)."""
-    result = CliRunner().invoke(app, ["answer", str(trained_voting), *args])
+    result = in_process(["answer", trained_voting, *args], trained_voting.parent)
     assert isinstance(result.exception, SystemExit), result.exception  # no traceback
     assert result.exit_code != 0
     lines = [line for line in result.output.splitlines() if line.strip()]

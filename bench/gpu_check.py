@@ -138,8 +138,8 @@ The parts, each recorded whatever became of the others:
    checkpointed pass's seconds), and always in the dry run, so that CI runs that path.
 
    Time: the child takes at most the size's ``update_s`` (60 s for the 0.6B, 75 for the
-   1.7B, 90 for the 4B: the child's start, the load, the matmuls and the compilation count;
-   the 0.6B's took 28 s on an H200, its compilation included), and runs only
+   1.7B, 90 for the 4B: the child's start, the load, the matmuls and the passes count; the
+   0.6B's took 28 s on an H200, a compilation of its layers included then), and runs only
    with the size's ``min_s`` per routing plus ``update_s`` left, so that its runs keep the time
    they need to start; otherwise it is skipped. The first micro-batch runs with any time left;
    each next one only after the one before succeeded and with its estimate left: 2 (warm-up
@@ -1213,9 +1213,9 @@ def time_unchecked(
     """The first micro-batch's passes (``first``: its row and chunk) timed once more with the
     layers not checkpointed (:func:`marlow.models.checkpoint_layers` off,
     ``grpo.activation_checkpointing=off``) into its row's ``unchecked``, beside ``plan``, plan's
-    prediction without checkpointing (:func:`update_plan`); where the time left passes 2 x the checkpointed pass's seconds, and
-    always in the dry run, so that CI runs that path. The layers are checkpointed again
-    afterwards, as the check's others are."""
+    prediction without checkpointing (:func:`update_plan`); where the time left passes 2 x the
+    checkpointed pass's seconds, and always in the dry run, so that CI runs that path. The
+    layers are checkpointed again afterwards, as the check's others are."""
     import torch
 
     from marlow.models import checkpoint_layers

@@ -2,7 +2,7 @@
 
 One table of bad inputs a user can type: config values, override syntax, config and data files,
 data rows, models, paths and command-line flags. For each, the CLI (driven in-process with
-typer's CliRunner, in a fresh folder) must:
+typer's CliRunner, in a fresh folder: tests.conftest.in_process) must:
 
 * exit with code 2 through ``SystemExit`` (no other exception: no traceback);
 * print exactly one line, ``error: ...``, holding every needle of the row (the field or file it
@@ -25,11 +25,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save
-from typer.testing import CliRunner
 
-from marlow.cli import app
 from marlow.models import check_model_source, is_tiny
-from tests.conftest import PRETRAIN_STEPS
+from tests.conftest import PRETRAIN_STEPS, in_process
 
 GSM = '{"question": "1+1?", "answer": "it is #### 2"}\n'
 GSM_ROWS = "".join(
@@ -542,10 +540,9 @@ def test_bad_input_is_one_clear_line_and_leaves_nothing(case: Case, tmp_path, mo
             files={"dup.jsonl": '{"problem": "p", "answer": "1", "unique_id": "a"}\n' * 4},
         )
     _write(tmp_path, case.files)
-    monkeypatch.chdir(tmp_path)
     before = _snapshot(tmp_path)
 
-    result = CliRunner().invoke(app, case.args)
+    result = in_process(case.args, tmp_path)
 
     assert isinstance(result.exception, SystemExit), result.exception  # no traceback
     assert result.exit_code == 2, result.output

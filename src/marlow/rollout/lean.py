@@ -380,8 +380,8 @@ _WROTE: dict[tuple, weakref.ReferenceType] = {}
 last wrote its A factors there (:meth:`LeanQwen3._claim`)."""
 
 _PACKS = WeakIdKeyDictionary()
-"""Each packed group's first weight -> (device, storage address, the buffer's rows): the buffers
-:func:`_packed` made, whose rows past the weights are marlow's to write."""
+"""Each packed group's first weight -> (device, storage address) of the buffer :func:`_packed`
+made for it, whose rows past the weights are marlow's to write (its rows: the storage's size)."""
 
 
 def _packed(weights: Sequence[torch.Tensor], spare: int = 0) -> torch.Tensor | None:
@@ -393,9 +393,10 @@ def _packed(weights: Sequence[torch.Tensor], spare: int = 0) -> torch.Tensor | N
     Where they are not yet row blocks of a buffer made here with room for ``spare`` rows more,
     they are moved into a new one: each weight's ``.data`` becomes its block (the same values,
     the same parameter objects, their old memory freed), the way vLLM keeps a layer's q, k and v
-    as one weight. The base then costs the spare rows more (the largest call's A factors), and
-    later calls find the weights packed (a model moved to another device or dtype, or a weight
-    replaced, is packed again at its next compiled call). The buffer is made outside inference
+    as one weight. The base then costs the spare rows more (the largest call's A factors so far:
+    a call of more packs again), and later calls find the weights packed (a model moved to
+    another device or dtype, or a weight replaced, is packed again at its next compiled call;
+    the buffers made here are known by :data:`_PACKS`). The buffer is made outside inference
     mode, so that training takes gradients through the weights as before; the matrix returned
     has its own version counter, so that writing the spare rows does not mark the weights
     modified for autograd."""
@@ -406,17 +407,18 @@ def _packed(weights: Sequence[torch.Tensor], spare: int = 0) -> torch.Tensor | N
     ):
         return None
     rows = sum(w.shape[0] for w in weights)
-    made = _PACKS.get(first)
-    if not (made and made[0] == device and made[2] >= rows + spare and _adjacent(weights, made[1])):
-        capacity = rows + max(spare, made[2] - rows if made else 0)
+    storage = first.untyped_storage()
+    room = storage.nbytes() // (width * first.element_size())  # the buffer's rows
+    ours = _PACKS.get(first) == (device, storage.data_ptr())
+    if not (ours and room >= rows + spare and _adjacent(weights, storage.data_ptr())):
         with torch.inference_mode(False), torch.no_grad():
-            buffer = first.new_zeros((capacity, width))
+            buffer = first.new_zeros((rows + spare, width))
             start = 0
             for w in weights:
                 buffer[start : start + w.shape[0]] = w.detach()
                 w.data = buffer[start : start + w.shape[0]]
                 start += w.shape[0]
-        _PACKS[first] = (device, first.untyped_storage().data_ptr(), capacity)
+        _PACKS[first] = (device, first.untyped_storage().data_ptr())
     with torch.inference_mode(False):
         matrix = torch.empty(0, dtype=dtype, device=device)
         return matrix.set_(first.untyped_storage(), 0, (rows + spare, width), (width, 1))

@@ -82,7 +82,7 @@ VIEWS = frozenset(
     ]
 )
 """Operations that make a view: no kernel on a GPU."""
-GEMMS = frozenset(["mm", "addmm", "bmm", "baddbmm", "matmul", "linear"])
+GEMMS = frozenset(["mm", "addmm", "addmm_", "bmm", "baddbmm", "matmul", "linear"])
 
 
 def operations(call, every: int = 0) -> tuple[Counter, Counter]:

@@ -1,11 +1,12 @@
 """The update's operations on one micro-batch, counted on the CPU where a GPU's kernels are what
 bounds it: the Python-bound stand-in of the 0.6B (``bench/lean_lora.py``'s: 28 layers at width
-64, bfloat16) with one LoRA adapter on every linear, of rank 4 (a sixteenth of the width, as 64
-is of the 0.6B's 1,024, so that its low-rank outputs are not counted over every token), in
-training mode, its decoder layers checkpointed as a run's are by default
-(``grpo.activation_checkpointing``) and not.
+64, bfloat16, its RMSNorms fused as a loaded base's are: ``marlow.models.fuse_norms``) with one
+LoRA adapter on every linear, of rank 4 (a sixteenth of the width, as 64 is of the 0.6B's
+1,024, so that its low-rank outputs are not counted over every token), in training mode, its
+decoder layers checkpointed as a run's are by default (``grpo.activation_checkpointing``) and
+not.
 
-    .venv/bin/python bench/update_ops.py [--rows 4] [--row-tokens 128]
+    .venv/bin/python bench/update_ops.py [--rows 4] [--row-tokens 128] [--repeats 5]
 
 One pass is what the trainer's update makes of a micro-batch: ``score_chunk`` over ``rows`` x
 ``row-tokens`` random ids (the last 3/4 of each row its completion), the loss
@@ -15,17 +16,20 @@ operations whose output holds at least tokens x width elements ("over every toke
 thousands of tokens, each such elementwise operation is a pass over the micro-batch's
 activations through the card's memory), by name and dtype. These counts, not the CPU's seconds,
 say what a GPU's update is bound by: its elementwise passes and small kernels, or its matrix
-products.
+products. Then the median milliseconds of ``repeats`` timed passes (one thread): at width 64
+the arithmetic is negligible, so they measure the cost of the operations themselves.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import time
 
 import torch
 
 from lean_lora import GEMMS, operations, proxy  # bench/ is the script's folder: on sys.path
-from marlow.models import checkpoint_layers
+from marlow.models import checkpoint_layers, fuse_norms
 from marlow.policy.adapters import LoraSpec, attach_adapters, use_adapter
 from marlow.tiny.tokenizer import build_tokenizer
 from marlow.training.batch import Chunk
@@ -36,12 +40,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=4)
     ap.add_argument("--row-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=5, help="timed passes of each; the median")
     args = ap.parse_args()
+    torch.set_num_threads(1)
     torch.manual_seed(0)
     tok = build_tokenizer()
-    model = attach_adapters(
-        proxy(len(tok)).to(torch.bfloat16), ["policy"], LoraSpec(rank=4), seed=0
-    )
+    base = proxy(len(tok)).to(torch.bfloat16)
+    fuse_norms(base)  # as a run's loaded base computes them
+    model = attach_adapters(base, ["policy"], LoraSpec(rank=4), seed=0)
     model.train()
     rows, width = args.rows, args.row_tokens
     prompt = width // 4
@@ -68,6 +74,11 @@ def main() -> None:
         with use_adapter(model, "policy"):
             one_pass()
             names, large = operations(one_pass, every)
+            seconds = []
+            for _ in range(args.repeats):
+                start = time.perf_counter()
+                one_pass()
+                seconds.append(time.perf_counter() - start)
         total, products = sum(names.values()), sum(names[n] for n in GEMMS)
         over = sum(large.values())
         elementwise = over - sum(n for (name, _), n in large.items() if name in GEMMS)
@@ -75,7 +86,8 @@ def main() -> None:
             f"{'checkpointed' if checkpointed else 'not checkpointed'}: {total:,} operations "
             f"({total / layers:.0f} a layer), {products:,} matrix products; over every token: "
             f"{over:,} ({over / layers:.0f} a layer), {elementwise:,} of them not matrix "
-            f"products ({elementwise / layers:.0f} a layer)"
+            f"products ({elementwise / layers:.0f} a layer); "
+            f"{statistics.median(seconds) * 1000:.0f} ms a pass"
         )
         print(
             "  over every token, the most:",

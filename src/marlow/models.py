@@ -22,6 +22,11 @@ LoRA weights and their gradients (PEFT's ``autocast_adapter_dtype``,
 :func:`marlow.policy.adapters.attach_adapters`), AdamW state, and the log-prob, entropy, chi2 and
 KL arithmetic (logits are cast to float32 before the log-softmax). The model is moved to the
 run's device (config ``device``, :func:`resolve_device`) once, right after loading.
+
+RMSNorm: the loaded model's RMSNorms compute through torch's ``rms_norm`` (:func:`fuse_norms`),
+one fused kernel each way on CUDA where transformers' eager arithmetic runs eight kernels
+forward (float32 copies of every token's activations among them); the same values in float32,
+one rounding instead of two in bfloat16.
 """
 
 from __future__ import annotations
@@ -303,7 +308,62 @@ def load_base(
     for p in model.parameters():
         p.requires_grad_(False)
     model.eval()  # dropout off in the base; LoRA dropout is set by the adapter config
+    fuse_norms(model)
     return model, tokenizer
+
+
+RMS_NORMS = frozenset(["Qwen3RMSNorm", "Qwen2RMSNorm", "LlamaRMSNorm", "MistralRMSNorm"])
+"""transformers' RMSNorm classes whose forward is ``weight * (x / rms(x))`` computed in float32
+and cast back to the input's dtype before the weight (the same code in each): the ones
+:func:`fuse_norms` computes through torch's ``rms_norm``."""
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``weight * x / sqrt(mean(x^2) + eps)`` over the last dimension, through torch's
+    ``rms_norm``: computed in float32 and rounded once to ``x``'s dtype (``weight`` is in it),
+    outside any autocast (which would return float32). On CUDA one fused kernel forward and one
+    backward (``_fused_rms_norm``), where transformers' eager RMSNorm runs eight forward, three of
+    them float32 passes over every token; on the CPU torch composes it of the same operations as
+    transformers', in float32 bit for bit the same values."""
+    shape = (x.shape[-1],)
+    if torch.is_autocast_enabled(x.device.type):
+        with torch.autocast(x.device.type, enabled=False):
+            return torch.nn.functional.rms_norm(x, shape, weight, eps)
+    return torch.nn.functional.rms_norm(x, shape, weight, eps)
+
+
+def fuse_norms(model: torch.nn.Module) -> int:
+    """Make each RMSNorm of ``model`` of a class in :data:`RMS_NORMS` compute through
+    :func:`rms_norm` (its forward shadowed on the module: in every pass, a checkpoint's recompute
+    included); returns how many. Over a float32 model the values are transformers' bit for bit;
+    over a bfloat16 one ``x / rms(x)`` is no longer rounded to bfloat16 before the weight
+    multiplies it (one rounding, not two: within one bfloat16 step of transformers'). The lean
+    sampling forward (:mod:`marlow.rollout.lean`) computes a fused norm the same way."""
+    count = 0
+    for module in model.modules():
+        if type(module).__name__ in RMS_NORMS and "forward" not in module.__dict__:
+            module.forward = _FusedNorm(module)  # shadows the class's forward
+            count += 1
+    return count
+
+
+def fused_norm(module: torch.nn.Module) -> bool:
+    """Whether ``module`` computes through :func:`rms_norm` (:func:`fuse_norms`)."""
+    return isinstance(module.__dict__.get("forward"), _FusedNorm)
+
+
+class _FusedNorm:
+    """An RMSNorm's forward through :func:`rms_norm`; the class's own where the input's dtype is
+    not the weight's (torch would compose it then, in another order)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        module = self.module
+        if x.dtype != module.weight.dtype:
+            return type(module).forward(module, x)
+        return rms_norm(x, module.weight, module.variance_epsilon)
 
 
 def checkpoints_layers(config) -> bool:

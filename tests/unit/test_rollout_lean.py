@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from marlow.models import fuse_norms
 from marlow.policy.adapters import (
     LoraSpec,
     activate,
@@ -207,13 +208,22 @@ def lora_model(qwen3, dtype=torch.float32):
     return model
 
 
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_lean_computes_an_unmerged_lora_adapter_as_peft_does(qwen3, dtype):
+def test_lean_computes_an_unmerged_lora_adapter_as_peft_does(qwen3, dtype, fused):
     """Each active adapter through the lean forward: the model's (PEFT's) logits, bit for bit,
     float32 LoRA factors over a float32 or bfloat16 base, padded rows leaving the batch; over the
     bfloat16 base both compute LoRA in bfloat16 (the model's forward under
-    ``lora_in_base_dtype``, as the trainer scores)."""
+    ``lora_in_base_dtype``, as the trainer scores: marlow's fused LoRA linear). ``fused``: the
+    model's RMSNorms compute through torch's rms_norm (``fuse_norms``, as a loaded base's do),
+    and the lean forward's as well."""
     model = lora_model(qwen3, dtype)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:  # not the ones they start at: their product rounds
+                p.uniform_(0.5, 1.5)
+    if fused:
+        assert fuse_norms(model) == 2 * 4 + 1
     ids, mask, positions = padded_batch([5, 9, 3, 9, 1])
     logits = {}
     with torch.inference_mode():

@@ -18,8 +18,9 @@ Departures from plain PEFT usage, and why:
   and float16 LoRA weights to float32. Its LoRA forward casts the layer's input to the LoRA
   weights' dtype and the sum back to the base output's dtype, so a bfloat16 base and float32
   adapters mix; marlow's scoring runs them under :func:`lora_in_base_dtype` instead, which
-  computes LoRA in the base's dtype (autocast). The gradients, and the AdamW state built from
-  them, are float32 either way. (The random LoRA A of a bfloat16 base has passed through
+  computes LoRA in the base's dtype (autocast), each plain LoRA linear in one fused call
+  (:class:`LoraLinear`). The gradients, and the AdamW state built from them, are float32 either
+  way. (The random LoRA A of a bfloat16 base has passed through
   bfloat16 once on creation, so it is the float32 run's rounded to bfloat16; B starts at 0
   either way.)
 * **Saving is atomic per adapter**: each ``out_dir/<name>/`` is written beside its final place and
@@ -45,6 +46,7 @@ from pathlib import Path
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
+from peft.tuners.lora import Linear as LoraLinearLayer
 from peft.tuners.lora import LoraLayer
 from peft.utils import get_peft_model_state_dict, load_peft_weights, set_peft_model_state_dict
 from torch import nn
@@ -291,7 +293,11 @@ def lora_in_base_dtype(model: nn.Module) -> Iterator[None]:
     cast down (once per forward) instead of the activations up, and ``B(A(x)) * scaling`` and
     its sum with the base output stay in the base's dtype. The factors, their gradients and the
     optimizer's state stay float32 (mixed precision, as Hugging Face's Trainer runs a bfloat16
-    model). Elsewhere nothing changes.
+    model). Each plain LoRA linear (:func:`plain_lora`, one adapter active, no dropout drawn)
+    computes through :class:`LoraLinear` there: the scaling folded into B and the sum with the
+    base output done by the low-rank matrix product itself, in the forward and in the backward
+    (PEFT's forward elsewhere: DoRA, dropout in training, several adapters, none). Elsewhere
+    nothing changes.
 
     Why: on one H200, the update of a bfloat16 Qwen3-0.6B stand-in with a rank-64 adapter on
     8,192 tokens spent most of its device time in elementwise kernels around PEFT's float32 LoRA
@@ -305,15 +311,33 @@ def lora_in_base_dtype(model: nn.Module) -> Iterator[None]:
         yield
         return
     layers = _lora_state(model).layers
-    casting = [getattr(layer, "cast_input_dtype_enabled", True) for layer in layers]
+    before = [_how_it_computes(layer) for layer in layers]
     for layer in layers:
         layer.cast_input_dtype_enabled = False
+        if isinstance(layer, LoraLinearLayer) and "forward" not in layer.__dict__:
+            layer.forward = _FusedForward(layer)  # shadows the class's forward
     try:
         with torch.autocast(weight.device.type, dtype=dtype):
             yield
     finally:
-        for layer, was in zip(layers, casting, strict=True):
-            layer.cast_input_dtype_enabled = was
+        for layer, how in zip(layers, before, strict=True):
+            _compute_as(layer, how)
+
+
+def _how_it_computes(layer: nn.Module) -> tuple[bool, object]:
+    """What decides a LoRA layer's arithmetic besides its weights: PEFT's cast of its input to
+    the factors' dtype, and the forward shadowing the class's (:func:`lora_in_base_dtype`,
+    :func:`folded`), or None."""
+    return getattr(layer, "cast_input_dtype_enabled", True), layer.__dict__.get("forward")
+
+
+def _compute_as(layer: nn.Module, how: tuple[bool, object]) -> None:
+    cast, forward = how
+    layer.cast_input_dtype_enabled = cast
+    if forward is None:
+        layer.__dict__.pop("forward", None)
+    else:
+        layer.forward = forward
 
 
 def recompute_as_forward(
@@ -321,41 +345,134 @@ def recompute_as_forward(
 ) -> tuple[AbstractContextManager, AbstractContextManager]:
     """A ``context_fn`` for ``torch.utils.checkpoint`` of ``module`` (a decoder layer), called
     at its forward: the forward as it is, and the recompute in the backward with ``module``'s
-    LoRA layers casting as they did in the forward. The recompute runs after
-    :func:`lora_in_base_dtype` has closed, under the autocast the checkpoint restores: without
-    this, PEFT would cast each LoRA input up to float32 there (exact, but another computation:
-    a compiled layer's recompute then saves other tensors than its forward did, which the
-    checkpoint refuses)."""
+    LoRA layers computing as they did in the forward (:func:`_how_it_computes`). The recompute
+    runs after :func:`lora_in_base_dtype` has closed, under the autocast the checkpoint
+    restores: without this, PEFT would cast each LoRA input up to float32 there and compute
+    through its own forward (exact, but another computation, which saves other tensors than the
+    forward did: the checkpoint refuses that)."""
     layers = [m for m in module.modules() if isinstance(m, LoraLayer)]
-    casting = [getattr(m, "cast_input_dtype_enabled", True) for m in layers]
+    forward = [_how_it_computes(m) for m in layers]
 
     @contextmanager
     def as_in_the_forward() -> Iterator[None]:
-        now = [getattr(m, "cast_input_dtype_enabled", True) for m in layers]
-        for m, cast in zip(layers, casting, strict=True):
-            m.cast_input_dtype_enabled = cast
+        now = [_how_it_computes(m) for m in layers]
+        for m, how in zip(layers, forward, strict=True):
+            _compute_as(m, how)
         try:
             yield
         finally:
-            for m, cast in zip(layers, now, strict=True):
-                m.cast_input_dtype_enabled = cast
+            for m, how in zip(layers, now, strict=True):
+                _compute_as(m, how)
 
     return nullcontext(), as_in_the_forward()
 
 
+def plain_lora(layer: nn.Module, name: str) -> bool:
+    """Whether ``layer`` computes adapter ``name`` as plain LoRA on a linear,
+    ``base(x) + scaling * B(A(dropout(x)))``: a PEFT LoRA linear over an ``nn.Linear``, not
+    merged by PEFT, without DoRA or another variant, a LoRA bias, a transposed weight, or a bias
+    on B."""
+    if not isinstance(layer, LoraLinearLayer) or name not in layer.lora_A:
+        return False
+    a, b = layer.lora_A[name], layer.lora_B[name]
+    return (
+        type(layer.get_base_layer()) is nn.Linear
+        and not layer.merged
+        and not layer.use_dora.get(name, False)
+        and not getattr(layer, "lora_bias", {}).get(name, False)
+        and not getattr(layer, "fan_in_fan_out", False)
+        and name not in getattr(layer, "lora_variant", {})
+        and type(a) is nn.Linear
+        and type(b) is nn.Linear
+        and b.bias is None
+    )
+
+
+class LoraLinear(torch.autograd.Function):
+    """``x @ W.T + bias + scaling * (x @ A.T) @ B.T`` (a plain LoRA linear without dropout) in
+    ``x``'s dtype, with as few passes over the tokens as the algebra allows: the scaling is
+    folded into B (a weight-sized product), and the low-rank update is added to the base output
+    by its own matrix product (``addmm_``, whose sum is part of the product), where PEFT
+    computes ``B(A(x))`` over every token, then scales it and adds it in two more passes. The
+    backward does the same for the input's gradient, ``g @ W + (g @ (scaling B)) @ A`` by one
+    ``addmm_``. The base (``weight``, ``bias``) is frozen: no gradient. A and B get their
+    gradients in their own dtype (float32 factors computing in bfloat16: mixed precision);
+    B's is computed unscaled and scaled in the wider of the two dtypes. The same values as PEFT's up to float
+    round-off (exactly PEFT's where the scaling is a power of two and the sums run in the same
+    order; tests)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, a, b, scaling):  # noqa: D102
+        a_low = a.to(x.dtype)
+        b_low = b.to(x.dtype) * scaling
+        out = nn.functional.linear(x, weight, bias)  # as PEFT's base layer, then its A
+        low = nn.functional.linear(x, a_low)
+        ctx.save_for_backward(x, weight, a_low, b_low, low)
+        ctx.scaling, ctx.a_dtype, ctx.b_dtype = scaling, a.dtype, b.dtype
+        return add_low_rank(out, low, b_low)
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102
+        x, weight, a_low, b_low, low = ctx.saved_tensors
+        g = grad.reshape(-1, grad.shape[-1])
+        g_low = g @ b_low
+        gx = ga = gb = None
+        if ctx.needs_input_grad[0]:
+            gx = (g @ weight).addmm_(g_low, a_low).view(x.shape)
+        if ctx.needs_input_grad[3]:
+            ga = (g_low.t() @ x.reshape(-1, x.shape[-1])).to(ctx.a_dtype)
+        if ctx.needs_input_grad[4]:
+            gb = g.t() @ low.reshape(-1, low.shape[-1])
+            gb = (gb.to(torch.promote_types(gb.dtype, ctx.b_dtype)) * ctx.scaling).to(ctx.b_dtype)
+        return gx, None, None, ga, gb, None
+
+
+def add_low_rank(out: torch.Tensor, low: torch.Tensor, b_scaled: torch.Tensor) -> torch.Tensor:
+    """``out + low @ b_scaled.T`` over the last dimension, the sum made by the matrix product
+    itself (one ``addmm``: accumulated with the product, rounded once), the LoRA update of
+    :class:`LoraLinear` (and of the lean sampling forward where it computes as the trainer's
+    scoring)."""
+    flat = torch.addmm(out.reshape(-1, out.shape[-1]), low.reshape(-1, low.shape[-1]), b_scaled.t())
+    return flat.view(out.shape)
+
+
+class _FusedForward:
+    """A LoRA linear's forward through :class:`LoraLinear` where that computes it
+    (:func:`lora_in_base_dtype`): one adapter active, :func:`plain_lora`, no dropout drawn, a
+    frozen base in the input's dtype and no extra arguments; else the class's own forward."""
+
+    def __init__(self, layer: LoraLayer) -> None:
+        self.layer = layer
+
+    def __call__(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        layer = self.layer
+        active = layer.active_adapters
+        name = active[0] if len(active) == 1 else None
+        base = layer.get_base_layer()
+        if (
+            args
+            or kwargs
+            or name is None
+            or layer.disable_adapters
+            or not plain_lora(layer, name)
+            or _draws_dropout(layer.lora_dropout[name])
+            or base.weight.requires_grad
+            or base.weight.dtype != x.dtype
+        ):
+            return type(layer).forward(layer, x, *args, **kwargs)
+        a, b = layer.lora_A[name].weight, layer.lora_B[name].weight
+        return LoraLinear.apply(x, base.weight, base.bias, a, b, float(layer.scaling[name]))
+
+
+def _draws_dropout(dropout: nn.Module) -> bool:
+    return not isinstance(dropout, nn.Identity) and dropout.training and dropout.p > 0
+
+
 def can_merge(model: nn.Module, name: str) -> bool:
     """Whether :func:`merged` can stand in for adapter ``name``: every layer carrying it is a plain
-    LoRA linear (no DoRA, no LoRA bias, no transposed weight)."""
-    from peft.tuners.lora import Linear as LoraLinear
-
+    LoRA linear (:func:`plain_lora`)."""
     layers = [m for m in _lora_state(model).layers if name in m.lora_A]
-    return bool(layers) and all(
-        isinstance(m, LoraLinear)
-        and not m.use_dora.get(name, False)
-        and not getattr(m, "lora_bias", {}).get(name, False)
-        and not getattr(m, "fan_in_fan_out", False)
-        for m in layers
-    )
+    return bool(layers) and all(plain_lora(m, name) for m in layers)
 
 
 @contextmanager

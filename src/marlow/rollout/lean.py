@@ -15,8 +15,9 @@ rows; tiny-l (3.2M parameters) 20,985 instead of 16,894 at 256 rows (``bench/rol
   quantised, not replaced);
 - each adapter the call names is the base itself (:data:`marlow.types.BASE`, which is also what
   an adapter folded in by :func:`marlow.policy.adapters.merged` looks like), or plain LoRA on
-  linear layers (no DoRA, no LoRA bias, none on the embedding), whose update it adds as PEFT
-  does: the input cast to the factors' dtype, ``B(A(x)) * scaling`` added, the sum cast back.
+  linear layers (no DoRA, no LoRA bias, none on the embedding), whose update it adds as the
+  model's forward does: the input cast to the factors' dtype, ``B(A(x)) * scaling`` added, the
+  sum cast back.
   The factors are first cast to :func:`marlow.policy.adapters.lora_compute_dtype` (a bfloat16
   base's dtype; float32 over a float32 base), the arithmetic the trainer's scoring runs under
   :func:`marlow.policy.adapters.lora_in_base_dtype`.
@@ -27,10 +28,12 @@ per-row 0/1 mask over the stacked rank keeps only the row's own adapter's column
 (Punica's and vLLM's idea, in plain torch); the row's scaling multiplies B's output, as PEFT
 multiplies it. A row of one adapter then gets its own update plus exact zeros from the others',
 summed in another blocking order by the GEMM: equal to PEFT's within float round-off (tests).
-A call of one adapter, or of the base, takes PEFT's arithmetic as it is (no mask) and its logits
-equal transformers' (and PEFT's, under ``lora_in_base_dtype``) bit for bit, in float32 and bf16,
-padded or not, after rows leave the batch (``tests/unit/test_rollout_lean.py``, torch 2.13,
-transformers 5.24).
+A call of one adapter, or of the base, takes the model's own arithmetic (no mask): PEFT's in
+float32, and over a bfloat16 base that of the trainer's scoring under ``lora_in_base_dtype``
+(:class:`marlow.policy.adapters.LoraLinear`: the scaling in B, the sum made by the low-rank
+product, :func:`marlow.policy.adapters.add_low_rank`). Its logits equal the model's forward bit
+for bit, in float32 and bf16, padded or not, after rows leave the batch
+(``tests/unit/test_rollout_lean.py``, torch 2.13, transformers 5.24).
 
 The compiled step computes the linears that read one input together, a group each
 (:class:`_Group`, :data:`GROUPS`): a layer's q, k and v; its o; its gate and up; its down. Their
@@ -46,6 +49,7 @@ the eager step keeps one layer at a time, so that a call of one adapter stays bi
 transformers'.
 
 It follows transformers' operations in the same order with the same kernels (RMSNorm in float32,
+or through torch's ``rms_norm`` where :func:`marlow.models.fuse_norms` made the model's so,
 rotary angles as ``position * inv_freq``, scaled-dot-product attention: causal with the padding
 mask over the prompt, the query heads grouped onto their key/value head for one new token, the
 SDPA call transformers makes, the head on the last position kept as a (rows, 1, width) batch).
@@ -118,7 +122,13 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from torch.utils.weak import WeakIdKeyDictionary
 from transformers import Qwen3ForCausalLM
 
-from marlow.policy.adapters import active_adapter, lora_compute_dtype
+from marlow.models import fused_norm, rms_norm
+from marlow.policy.adapters import (
+    active_adapter,
+    add_low_rank,
+    lora_compute_dtype,
+    plain_lora,
+)
 from marlow.types import BASE
 
 
@@ -173,6 +183,7 @@ class _Group:
 class _Norm:
     weight: torch.Tensor
     eps: float
+    fused: bool  # computed through marlow.models.rms_norm (marlow.models.fuse_norms)
 
 
 @dataclass(frozen=True)
@@ -194,18 +205,8 @@ class _Unsupported(Exception):  # noqa: N818 - a layer the lean forward does not
 
 def _check_plain_lora(module: torch.nn.Module, adapter: str) -> None:
     """Raise :class:`_Unsupported` unless ``module`` is a plain LoRA linear for ``adapter``
-    (no DoRA, no LoRA bias, no transposed weight, no variant, not merged by PEFT)."""
-    if (
-        getattr(module, "merged", False)
-        or module.use_dora.get(adapter, False)
-        or getattr(module, "lora_bias", {}).get(adapter, False)
-        or getattr(module, "fan_in_fan_out", False)
-        or adapter in getattr(module, "lora_variant", {})
-        or not getattr(module, "cast_input_dtype_enabled", True)
-    ):
-        raise _Unsupported
-    a, b = module.lora_A[adapter], module.lora_B[adapter]
-    if type(a) is not torch.nn.Linear or type(b) is not torch.nn.Linear or b.bias is not None:
+    (:func:`marlow.policy.adapters.plain_lora`) casting its input as PEFT does."""
+    if not plain_lora(module, adapter) or not getattr(module, "cast_input_dtype_enabled", True):
         raise _Unsupported
 
 
@@ -313,18 +314,23 @@ def _parts(
 
 
 def _norm(module: torch.nn.Module) -> _Norm:
-    return _Norm(module.weight, float(module.variance_epsilon))
+    return _Norm(module.weight, float(module.variance_epsilon), fused_norm(module))
 
 
 def _rms(x: torch.Tensor, norm: _Norm) -> torch.Tensor:
-    """Qwen3's RMSNorm: in float32, scaled in the input's dtype."""
+    """Qwen3's RMSNorm as the model computes it: through :func:`marlow.models.rms_norm` where
+    :func:`marlow.models.fuse_norms` made it so, else transformers' arithmetic (in float32,
+    scaled in the input's dtype)."""
+    if norm.fused and x.dtype == norm.weight.dtype:
+        return rms_norm(x, norm.weight, norm.eps)
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.eps)
     return norm.weight * h.to(x.dtype)
 
 
 def _linear(x: torch.Tensor, layer: _Linear, lora: Sequence[tuple]) -> torch.Tensor:
-    """The base layer's output, plus the LoRA update as PEFT computes it (:func:`_with_lora`)."""
+    """The base layer's output, plus the LoRA update as the model computes it
+    (:func:`_with_lora`)."""
     return _with_lora(F.linear(x, layer.weight, layer.bias), x, layer, lora)
 
 
@@ -333,13 +339,17 @@ def _with_lora(
 ) -> torch.Tensor:
     """``out``, the base layer's output of ``x``, plus the LoRA update as PEFT computes it: the
     input cast to the factors' dtype, ``B(A(x)) * scaling`` added, the sum cast back to the base
-    output's dtype. ``lora[layer.layout]`` is (mask, scaling): the rows' 0/1 mask over the
-    stacked rank (rows, 1, rank sum) or None when every row has the one adapter, and the scaling
-    (a float, or per row (rows, 1, 1))."""
+    output's dtype; where every row has the one adapter and the factors are a bfloat16 (or
+    float16) base's dtype, as :class:`marlow.policy.adapters.LoraLinear` computes it in the
+    trainer's scoring (the scaling in B, the sum made by the product). ``lora[layer.layout]`` is
+    (mask, scaling): the rows' 0/1 mask over the stacked rank (rows, 1, rank sum) or None when
+    every row has the one adapter, and the scaling (a float, or per row (rows, 1, 1))."""
     if layer.a is None:
         return out
     mask, scaling = lora[layer.layout]
     low = F.linear(x.to(layer.a.dtype), layer.a)
+    if mask is None and isinstance(scaling, float) and layer.a.dtype == out.dtype != torch.float32:
+        return add_low_rank(out, low, layer.b * scaling)  # as LoraLinear under lora_in_base_dtype
     if mask is not None:
         low = low * mask
     return (out + F.linear(low, layer.b) * scaling).to(out.dtype)

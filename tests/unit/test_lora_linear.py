@@ -1,0 +1,172 @@
+"""marlow's fused LoRA linear (``marlow.policy.adapters.LoraLinear``): PEFT's values and
+gradients with fewer passes over the tokens, taken by every plain LoRA linear while the trainer
+scores a bfloat16 base (``lora_in_base_dtype``), and PEFT's own forward everywhere else."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from marlow.models import checkpoint_layers, completion_logprobs
+from marlow.policy import adapters
+from marlow.policy.adapters import (
+    LoraLinear,
+    LoraSpec,
+    attach_adapters,
+    lora_in_base_dtype,
+    use_adapter,
+)
+from tests.conftest import build_tiny_qwen3
+
+
+def reference(x, weight, bias, a, b, scaling):
+    """PEFT's arithmetic: the base, then ``B(A(x)) * scaling`` added."""
+    dtype = x.dtype
+    return nn.functional.linear(x, weight, bias) + (x @ a.to(dtype).t() @ b.to(dtype).t()) * scaling
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("scaling", [0.5, 0.3])
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_fused_lora_linear_has_peft_s_values_and_gradients(dtype, scaling, bias):
+    """Forward and every gradient (input, A, B) against PEFT's formula: bit for bit in float32
+    where the scaling is a power of two (the paper's 32 / 64), within round-off otherwise; float32
+    factors over a float64 base get their gradients in float32."""
+    torch.manual_seed(0)
+    base = nn.Linear(24, 40, bias=bias).to(dtype).requires_grad_(False)
+    a = torch.randn(8, 24, requires_grad=True)
+    b = torch.randn(40, 8, requires_grad=True)
+    x = torch.randn(3, 5, 24, dtype=dtype, requires_grad=True)
+    grad = torch.randn(3, 5, 40, dtype=dtype)
+    want = reference(x, base.weight, base.bias, a, b, scaling)
+    want.backward(grad)
+    wanted = [t.grad for t in (x, a, b)]
+    x.grad = a.grad = b.grad = None
+    got = LoraLinear.apply(x, base.weight, base.bias, a, b, scaling)
+    got.backward(grad)
+    assert got.shape == want.shape and got.dtype == dtype
+    assert a.grad.dtype == b.grad.dtype == torch.float32
+    exact = dtype == torch.float32 and scaling == 0.5
+    tol = {torch.float32: 1e-5, torch.float64: 1e-12}[dtype]
+    for ours, theirs in zip([got, x.grad, a.grad, b.grad], [want, *wanted], strict=True):
+        if exact:
+            assert torch.equal(ours, theirs)
+        else:
+            torch.testing.assert_close(ours, theirs, atol=tol * 10, rtol=tol)
+
+
+def bf16_adapted(rank=4, alpha=8, dropout=0.0):
+    """The tiny random Qwen3 in bfloat16 with adapter ``policy``, its B moved off zero."""
+    model = attach_adapters(
+        build_tiny_qwen3().to(torch.bfloat16), ["policy"], LoraSpec(rank, alpha, dropout), seed=0
+    )
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.3)
+    return model
+
+
+def score(model):
+    """Training-mode log-probs of a padded batch of completions, and each LoRA factor's gradient
+    of their sum."""
+    torch.manual_seed(1)
+    ids = torch.randint(4, 64, (3, 12))
+    attention = torch.ones_like(ids)
+    attention[0, -3:] = 0
+    prompt = torch.tensor([4, 5, 3])
+    mask = torch.ones(3, 8, dtype=torch.bool)
+    mask[0, -3:] = False
+    targets = ids[:, 4:12]
+    model.train()
+    model.zero_grad()
+    with use_adapter(model, "policy"):
+        logp, _ = completion_logprobs(model, ids, attention, prompt, targets, mask, 1.0)
+        logp.sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return logp.detach(), grads
+
+
+def peft_forward_only(monkeypatch):
+    """Make every LoRA linear compute through PEFT's own forward, as before the fused one."""
+    monkeypatch.setattr(
+        adapters._FusedForward,
+        "__call__",
+        lambda self, x, *a, **k: type(self.layer).forward(self.layer, x, *a, **k),
+    )
+
+
+def test_scoring_a_bfloat16_base_computes_each_lora_linear_fused(monkeypatch):
+    """Every LoRA linear of the scoring forward goes through LoraLinear, once each, and the layers
+    compute through PEFT's forward again afterwards. Against the float32 model's log-probs and
+    gradients, the fused bfloat16 ones are as close as PEFT's bfloat16 ones (each rounds
+    differently: the fused sum rounds once), far closer than the adapter's own effect."""
+    model = bf16_adapted()
+    truth, true_grads = score(copy.deepcopy(model).float())
+    layers = [m for m in model.modules() if isinstance(m, adapters.LoraLinearLayer)]
+    calls = []
+    apply = LoraLinear.apply
+    monkeypatch.setattr(LoraLinear, "apply", lambda *args: calls.append(1) or apply(*args))
+    ours, our_grads = score(model)
+    assert len(calls) == len(layers) == 14  # 7 linears, 2 layers
+    assert not any("forward" in m.__dict__ for m in layers)
+    peft_forward_only(monkeypatch)
+    calls.clear()
+    theirs, their_grads = score(model)
+    assert not calls
+    ours_off, theirs_off = (ours - truth).abs(), (theirs - truth).abs()
+    assert ours_off.max() < 0.1 and ours_off.mean() < 1.25 * theirs_off.mean()
+    assert set(our_grads) == set(their_grads) == set(true_grads) and our_grads
+    for name, grad in our_grads.items():
+        true = true_grads[name]
+        ours_rel = ((grad.float() - true).norm() / true.norm()).item()
+        theirs_rel = ((their_grads[name].float() - true).norm() / true.norm()).item()
+        assert ours_rel < 0.05 and ours_rel < 1.5 * theirs_rel + 0.005, name
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.zero_()
+    base, _ = score(model)
+    assert (ours - base).abs().max() > 0.5  # the adapter's effect: the comparison is not vacuous
+
+
+def test_a_checkpointed_recompute_computes_through_the_fused_forward():
+    """The backward's recompute of a checkpointed layer runs after lora_in_base_dtype has closed,
+    as the forward did (recompute_as_forward): the same gradients bit for bit as the layers not
+    checkpointed (PEFT's forward there would be another computation)."""
+    model = bf16_adapted()
+    plain_logp, plain = score(model)
+    checkpoint_layers(model, on=True)
+    logp, grads = score(model)
+    assert torch.equal(logp, plain_logp)
+    assert set(grads) == set(plain) and grads
+    for name, grad in grads.items():
+        assert torch.equal(grad, plain[name]), name
+
+
+def test_other_lora_layers_compute_through_peft(monkeypatch):
+    """PEFT's forward where the fused one would not compute the same: LoRA dropout drawn in
+    training (not in eval), the adapters disabled, a float32 base (nothing changes there)."""
+    calls = []
+    apply = LoraLinear.apply
+    monkeypatch.setattr(LoraLinear, "apply", lambda *args: calls.append(1) or apply(*args))
+    x = torch.randn(2, 5, 64).to(torch.bfloat16)
+    dropped = bf16_adapted(dropout=0.5)
+    layer = dropped.base_model.model.model.layers[0].self_attn.q_proj
+    with use_adapter(dropped, "policy"), lora_in_base_dtype(dropped):
+        dropped.train()
+        layer(x)
+        assert not calls
+        dropped.eval()
+        layer(x)
+        assert len(calls) == 1
+        with dropped.disable_adapter():
+            assert torch.equal(layer(x), layer.get_base_layer()(x))
+    assert len(calls) == 1
+    float32 = attach_adapters(build_tiny_qwen3(), ["policy"], LoraSpec(4, 8), seed=0)
+    with use_adapter(float32, "policy"), lora_in_base_dtype(float32):
+        float32.model.model.layers[0].self_attn.q_proj(torch.randn(2, 5, 64))
+    assert len(calls) == 1

@@ -8,6 +8,7 @@ import pytest
 import torch
 from peft import LoraConfig
 
+from marlow.models import fuse_norms
 from marlow.policy.adapters import LoraSpec, activate, attach_adapters
 from marlow.prompts import render
 from marlow.prompts.chat import chat_prompt_ids
@@ -34,8 +35,15 @@ def perturbed(model, std: float = 0.3, seed: int = 0):
 @pytest.fixture
 def mixed_ranks(make_model):
     """A random tiny Qwen3 with three adapters of ranks 4, 2 and 8 (scalings 2, 4 and 0.5),
-    the third on the attention projections only."""
-    model = attach_adapters(make_model(seed=0), ["gen"], LoraSpec(rank=4, alpha=8), seed=0)
+    the third on the attention projections only; its RMSNorms fused, as a loaded base's are
+    (``fuse_norms``), their weights off the ones they start at."""
+    base = make_model(seed=0)
+    with torch.no_grad():
+        for name, p in base.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(1))
+    fuse_norms(base)
+    model = attach_adapters(base, ["gen"], LoraSpec(rank=4, alpha=8), seed=0)
     model.add_adapter("agg", LoraConfig(r=2, lora_alpha=8, target_modules="all-linear"))
     attn = ["q_proj", "k_proj", "v_proj", "o_proj"]
     model.add_adapter("crit", LoraConfig(r=8, lora_alpha=4, target_modules=attn))

@@ -91,8 +91,9 @@ The parts, each recorded whatever became of the others:
    (alpha 32) on every linear (:func:`marlow.policy.adapters.attach_adapters`), active and in
    ``train()`` mode, and for each micro-batch of :data:`UPDATE` (:data:`DRY_UPDATE`): rows of
    ``row`` tokens, the first ``prompt`` of them prompt and the rest completion, every id drawn
-   uniformly below the vocabulary (seed 0); ``score_chunk(model, chunk, temperature=1.0)``
-   (:func:`marlow.training.logprobs.score_chunk`: the chunked head where it applies), the loss
+   uniformly below the vocabulary (seed 0); ``score_chunk(model, chunk, temperature=1.0,
+   entropy=False)`` (:func:`marlow.training.logprobs.score_chunk`: the chunked head where it
+   applies; no entropies, as an update whose logp_old was scored before it), the loss
    ``-(logp x mask).sum() / mask.sum()`` and its ``backward()``. One untimed warm-up pass, an
    AdamW step (torch's defaults; so that the timed pass runs beside the adapter's two float32
    moments, as a learn phase does and as plan counts), then the timed pass, which adds its
@@ -1336,11 +1337,12 @@ def time_passes(
 
 
 def update_pass(model: PeftModel, chunk: Chunk, temperature: float) -> None:
-    """One pass of the update over ``chunk``: :func:`marlow.training.logprobs.score_chunk`, the
-    loss ``-(logp x mask).sum() / mask.sum()`` and its ``backward()``."""
+    """One pass of the update over ``chunk``: :func:`marlow.training.logprobs.score_chunk`
+    (without the entropies, which an update whose logp_old was scored before it does not
+    compute), the loss ``-(logp x mask).sum() / mask.sum()`` and its ``backward()``."""
     from marlow.training.logprobs import score_chunk
 
-    scored = score_chunk(model, chunk, temperature=temperature)
+    scored = score_chunk(model, chunk, temperature=temperature, entropy=False)
     (-(scored.logp * scored.mask).sum() / scored.mask.sum()).backward()
 
 

@@ -9,7 +9,8 @@ not.
     .venv/bin/python bench/update_ops.py [--rows 4] [--row-tokens 128] [--repeats 5]
 
 One pass is what the trainer's update makes of a micro-batch: ``score_chunk`` over ``rows`` x
-``row-tokens`` random ids (the last 3/4 of each row its completion), the loss
+``row-tokens`` random ids (the last 3/4 of each row its completion; no entropies, as an update
+whose logp_old was scored before it), the loss
 ``-(logp x mask).sum() / mask.sum()`` and its ``backward()``, after an untimed one. Printed for
 each: the ATen operations it runs (views left out), the matrix products among them, and the
 operations whose output holds at least tokens x width elements ("over every token": on a GPU at
@@ -63,7 +64,7 @@ def main() -> None:
     )
 
     def one_pass() -> None:
-        scored = score_chunk(model, chunk, temperature=1.0)
+        scored = score_chunk(model, chunk, temperature=1.0, entropy=False)
         (-(scored.logp * scored.mask).sum() / scored.mask.sum()).backward()
 
     layers = model.config.num_hidden_layers

@@ -549,7 +549,8 @@ def completion_logprobs(
     mask: torch.Tensor,
     temperature: float,
     share_prompts: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    entropy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (with gradient when enabled) and entropies (detached) of the completion tokens
     ``targets`` (T, L) after prompts of ``prompt_len`` (T,) in right-padded sequences ``ids``
     (T, S) with their ``attention`` mask; ``mask`` (T, L) marks the real completion tokens, and
@@ -564,7 +565,8 @@ def completion_logprobs(
 
     ``share_prompts``: rows with the same prompt forward it once where that is estimated cheaper
     (:mod:`marlow.shared_prompts`; the chunked-head models only); the same results up to float
-    round-off."""
+    round-off. ``entropy`` False: the entropies are not computed (None), for a pass that does
+    not read them."""
     length = ids.shape[1]
     steps = torch.arange(mask.shape[1], device=ids.device)
     # position of the logits that predict completion token j: P + j - 1, clamped on padding
@@ -575,9 +577,9 @@ def completion_logprobs(
         with lora_in_base_dtype(model):
             logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits
         picked = logits.gather(1, pos[:, :, None].expand(-1, -1, logits.shape[-1]))  # (T, L, V)
-        logp, ent = token_logprobs_and_entropy(picked, targets, temperature)
+        logp, ent = token_logprobs_and_entropy(picked, targets, temperature, entropy)
         zero = torch.zeros((), dtype=torch.float32, device=ids.device)
-        return torch.where(mask, logp, zero), torch.where(mask, ent, zero)
+        return torch.where(mask, logp, zero), None if ent is None else torch.where(mask, ent, zero)
     decoder, head = split
     packing = None
     if share_prompts:
@@ -598,7 +600,7 @@ def completion_logprobs(
     else:
         picked = hidden.flatten(0, 1)[packing.index[mask]]  # (N, H)
     logp, ent = head_logprobs_and_entropy(
-        picked, head.weight, head.bias, targets[mask], temperature
+        picked, head.weight, head.bias, targets[mask], temperature, entropy=entropy
     )
     full = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-    return full.masked_scatter(mask, logp), full.masked_scatter(mask, ent)
+    return full.masked_scatter(mask, logp), None if ent is None else full.masked_scatter(mask, ent)

@@ -49,15 +49,19 @@ class Passes:
         self.turns: dict[tuple[str, str], int] = {}
         self.temperatures: dict[str, set[float]] = {}
         self.chunks = 0
+        self.entropies: set[tuple[str, str]] = set()  # the (kind, adapter) passes that made them
         self.after = False  # the step's updates are done
         self.merged: str | None = None
         real_chunk, real_merged = logprobs.score_chunk, grpo.merged
         real_score, real_end = trainer.engine.score, trainer.optim.end_step
 
-        def score_chunk(model, chunk, temperature, share_prompts=True):
-            self._add(self._kind(model), chunk.ids.shape[0], temperature)
+        def score_chunk(model, chunk, temperature, share_prompts=True, entropy=True):
+            kind = self._kind(model)
+            self._add(kind, chunk.ids.shape[0], temperature)
+            if entropy:
+                self.entropies.add(kind)
             self.chunks += 1
-            return real_chunk(model, chunk, temperature, share_prompts)
+            return real_chunk(model, chunk, temperature, share_prompts, entropy)
 
         @contextmanager
         def merged(model, name):
@@ -256,3 +260,11 @@ def test_a_step_makes_the_passes_its_settings_need(small_config, tmp_path, monke
     # the probe and the sync check at temperature 1 (marlow.training.sync), the rest as sampled
     for kind, temperatures in passes.temperatures.items():
         assert temperatures == ({1.0} if kind in PROBE else {TEMPERATURE}), kind
+    # the entropies come from the logp_old pass (the update's forward where it gives logp_old)
+    # and from no other: each costs passes over the vocabulary-wide logits
+    assert passes.entropies == {
+        ("logp_old" if "logp_old" in kinds else "update", adapter)
+        for adapter, kinds in expected.items()
+    }
+    for role in ("generator", "aggregator"):  # every role's entropy is still measured
+        assert record[f"train/{role}/entropy"] > 0, role

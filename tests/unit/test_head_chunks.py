@@ -47,6 +47,31 @@ def test_head_logprobs_equal_the_whole_log_softmax(temperature, dtype):
     assert float(expect[0].abs().max()) > 0.1  # a real gradient
 
 
+def test_without_entropy_the_log_probs_and_gradients_are_the_same_bits():
+    """``entropy=False`` (a pass that does not read them): no entropies, and the log-probs and
+    every gradient bit for bit those of the pass that computes them; so for the whole logits."""
+    gen = torch.Generator().manual_seed(1)
+    n, h, v = 23, 16, 500
+    hidden = torch.randn(n, h, generator=gen).requires_grad_()
+    weight = (torch.randn(v, h, generator=gen) * 0.3).requires_grad_()
+    targets = torch.randint(0, v, (n,), generator=gen)
+    runs = []
+    for entropy in (True, False):
+        hidden.grad = weight.grad = None
+        logp, ent = head_logprobs_and_entropy(hidden, weight, None, targets, 0.7, 5, entropy)
+        logp.sum().backward()
+        runs.append((logp.detach(), ent, hidden.grad.clone(), weight.grad.clone()))
+        whole, whole_ent = token_logprobs_and_entropy(
+            (hidden @ weight.T)[None], targets[None], 0.7, entropy
+        )
+        assert (ent is None) == (whole_ent is None) == (not entropy)
+    (with_logp, ent, *with_grads), (logp, _, *grads) = runs
+    assert ent.shape == (n,) and bool((ent > 0).all())
+    assert torch.equal(logp, with_logp)
+    for a, b in zip(grads, with_grads, strict=True):
+        assert torch.equal(a, b)
+
+
 def saved_shapes(fn) -> list[tuple[int, ...]]:
     """The shapes of every tensor autograd saves for the backward while ``fn`` runs."""
     shapes = []
@@ -125,7 +150,7 @@ def test_scoring_through_the_head_equals_the_whole_logits(
         mp.setattr(
             models,
             "head_logprobs_and_entropy",
-            lambda *a: chunks.append(len(a[0])) or real(*a, chunk_tokens=4),
+            lambda *a, **k: chunks.append(len(a[0])) or real(*a, chunk_tokens=4, **k),
         )
         ours = run()
     with monkeypatch.context() as mp:

@@ -62,8 +62,8 @@ def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
 
 
 def token_logprobs_and_entropy(
-    logits: Tensor, targets: Tensor, temperature: float
-) -> tuple[Tensor, Tensor]:
+    logits: Tensor, targets: Tensor, temperature: float, entropy: bool = True
+) -> tuple[Tensor, Tensor | None]:
     """Log-prob of each target token and the entropy of each next-token distribution.
 
     Args:
@@ -72,6 +72,7 @@ def token_logprobs_and_entropy(
         temperature: the sampling temperature tau; logits are divided by tau when tau > 0, so the
             log-probs are those of the distribution the sampler drew from. tau = 0 (greedy)
             leaves the logits unscaled.
+        entropy: False: not computed (None returned), for callers that do not read it.
 
     Returns:
         logp (T, L) with gradient, and entropy (T, L) *detached*: entropy is a diagnostic here,
@@ -95,14 +96,15 @@ def token_logprobs_and_entropy(
         logits = logits / temperature  # (T, L, V)
     log_probs = torch.log_softmax(logits, dim=-1)  # (T, L, V)
     logp = log_probs.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)  # (T, L)
+    if not entropy:
+        return logp, None
     with torch.no_grad():
         # -sum_v p log p. exp() makes the one temporary; entr(p) = -p log p is then taken in
         # place and is 0 at p = 0, where the naive p * log_probs would give 0 * -inf = NaN
         # (a vocabulary masked with -inf logits).
         neg_plogp = log_probs.exp()  # (T, L, V) p
         torch.special.entr(neg_plogp, out=neg_plogp)  # (T, L, V) -p log p
-        entropy = neg_plogp.sum(dim=-1)  # (T, L)
-    return logp, entropy
+        return logp, neg_plogp.sum(dim=-1)  # (T, L)
 
 
 HEAD_CHUNK_BYTES = 256 * 2**20
@@ -116,7 +118,8 @@ def head_logprobs_and_entropy(
     targets: Tensor,
     temperature: float,
     chunk_tokens: int | None = None,
-) -> tuple[Tensor, Tensor]:
+    entropy: bool = True,
+) -> tuple[Tensor, Tensor | None]:
     """:func:`token_logprobs_and_entropy` of the logits ``hidden @ weight.T + bias`` (an LM head),
     computed ``chunk_tokens`` tokens at a time, so that the (tokens, vocabulary) logits never
     exist at once: not in the forward, and not kept for the backward, which computes each chunk's
@@ -130,9 +133,12 @@ def head_logprobs_and_entropy(
         temperature, as :func:`token_logprobs_and_entropy`.
         chunk_tokens: tokens a chunk; None: as many as :data:`HEAD_CHUNK_BYTES` of float32 logits
             hold.
+        entropy: False: not computed (None returned): three passes over each chunk's logits
+            fewer, for the passes that do not read it (the update's where logp_old was scored
+            before it, the base's log-probs, the adapter-sync check's).
 
     Returns:
-        logp (N,) with gradient, entropy (N,) detached; float32. Each chunk makes the operations
+        logp (N,) with gradient, entropy (N,) detached (or None); float32. Each chunk makes the operations
         of :func:`token_logprobs_and_entropy` in its order (the head in its dtype, the upcast, the
         temperature, the log-softmax), so the two agree to float round-off. Peak memory beyond
         the inputs: a few (chunk, V) float32 tensors.
@@ -146,7 +152,10 @@ def head_logprobs_and_entropy(
         )
     if chunk_tokens is None:
         chunk_tokens = max(1, HEAD_CHUNK_BYTES // (4 * weight.shape[0]))
-    return _HeadLogprobs.apply(hidden, weight, bias, targets.long(), temperature, chunk_tokens)
+    logp, ent = _HeadLogprobs.apply(
+        hidden, weight, bias, targets.long(), temperature, chunk_tokens, entropy
+    )
+    return logp, ent if entropy else None
 
 
 def _chunk_log_softmax(
@@ -165,16 +174,17 @@ class _HeadLogprobs(torch.autograd.Function):
     """:func:`head_logprobs_and_entropy`'s forward and its chunked backward."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, chunk):  # noqa: D102
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk, with_entropy):  # noqa: D102
         n = hidden.shape[0]
         logp = hidden.new_empty(n, dtype=torch.float32)
-        entropy = hidden.new_empty(n, dtype=torch.float32)
+        entropy = hidden.new_empty(n if with_entropy else 0, dtype=torch.float32)
         for start in range(0, n, chunk):
             end = min(n, start + chunk)
             log_probs = _chunk_log_softmax(hidden[start:end], weight, bias, temperature)
             logp[start:end] = log_probs.gather(-1, targets[start:end, None])[:, 0]
-            p = log_probs.exp_()  # (c, V), in place: the chunk's log-softmax is done with
-            entropy[start:end] = torch.special.entr(p, out=p).sum(-1)
+            if with_entropy:
+                p = log_probs.exp_()  # (c, V), in place: the chunk's log-softmax is done with
+                entropy[start:end] = torch.special.entr(p, out=p).sum(-1)
         ctx.save_for_backward(hidden, weight, bias, targets)
         ctx.temperature, ctx.chunk = temperature, chunk
         ctx.mark_non_differentiable(entropy)
@@ -204,7 +214,7 @@ class _HeadLogprobs(torch.autograd.Function):
                 grad_w += dz.T @ h
             if need_b:
                 grad_b += dz.sum(0)
-        return grad_h, grad_w, grad_b, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None
 
 
 def chi2_token(log_ratio: Tensor, mask: Tensor) -> Tensor:

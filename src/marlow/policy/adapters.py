@@ -392,14 +392,15 @@ class LoraLinear(torch.autograd.Function):
     """``x @ W.T + bias + scaling * (x @ A.T) @ B.T`` (a plain LoRA linear without dropout) in
     ``x``'s dtype, with as few passes over the tokens as the algebra allows: the scaling is
     folded into B (a weight-sized product), and the low-rank update is added to the base output
-    by its own matrix product (``addmm_``, whose sum is part of the product), where PEFT
-    computes ``B(A(x))`` over every token, then scales it and adds it in two more passes. The
-    backward does the same for the input's gradient, ``g @ W + (g @ (scaling B)) @ A`` by one
-    ``addmm_``. The base (``weight``, ``bias``) is frozen: no gradient. A and B get their
-    gradients in their own dtype (float32 factors computing in bfloat16: mixed precision);
-    B's is computed unscaled and scaled in the wider of the two dtypes. The same values as PEFT's up to float
-    round-off (exactly PEFT's where the scaling is a power of two and the sums run in the same
-    order; tests)."""
+    by its own matrix product (:func:`add_low_rank`: ``addmm``, whose sum is part of the
+    product), where PEFT computes ``B(A(x))`` over every token, then scales it and adds it in
+    two more passes. The backward does the same for the input's gradient,
+    ``g @ W + (g @ (scaling B)) @ A``, by one in-place ``addmm_``. The base (``weight``,
+    ``bias``) is frozen: no gradient. A and B get their gradients in their own dtype (float32
+    factors computing in bfloat16: mixed precision); B's is computed unscaled and scaled in the
+    wider of the two dtypes. It keeps what PEFT's keeps for the backward (the input and the
+    low-rank output; the cast factors are weight-sized). The same values as PEFT's up to float
+    round-off (exactly PEFT's in float32 where the scaling is a power of two; tests)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, a, b, scaling):  # noqa: D102

@@ -257,7 +257,14 @@ class HFEngine:
                     target = ids[:, len(req.prompt_ids) :]  # (1, L)
                     every = torch.ones_like(target, dtype=torch.bool)
                     logp, _ = completion_logprobs(
-                        self.model, ids, torch.ones_like(ids), p, target, every, temperature
+                        self.model,
+                        ids,
+                        torch.ones_like(ids),
+                        p,
+                        target,
+                        every,
+                        temperature,
+                        entropy=False,
                     )
                     out[i] = logp[0].tolist()
         finally:

@@ -79,26 +79,32 @@ def _score_all(
     micro_tokens: int,
     fold: bool = False,
     rows: Sequence[int] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    entropy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(N, L) log-probs and entropies of the rows of ``batch`` under ``adapter``, no gradient;
     ``rows``: the rows scored (default every row), the others left 0; ``fold``: with the adapter
-    merged into the base weights (the weights :func:`update_adapter` folds, bit for bit)."""
+    merged into the base weights (the weights :func:`update_adapter` folds, bit for bit);
+    ``entropy`` False: the entropies are not computed (None)."""
     rows = range(len(batch)) if rows is None else list(rows)
     logp = ent = None
     adapted = merged(model, adapter) if fold else use_adapter(model, adapter)
     with torch.no_grad(), adapted:
         for local, s in score_rows(
-            model, batch, rows, temperature=temperature, micro_tokens=micro_tokens
+            model,
+            batch,
+            rows,
+            temperature=temperature,
+            micro_tokens=micro_tokens,
+            entropy=entropy,
         ):
             if logp is None:
-                logp, ent = (
-                    s.logp.new_zeros(batch.mask.shape),
-                    s.entropy.new_zeros(batch.mask.shape),
-                )
+                logp = s.logp.new_zeros(batch.mask.shape)
+                ent = s.logp.new_zeros(batch.mask.shape) if entropy else None
             width = s.mask.shape[1]
             picked = [rows[j] for j in local]
             logp[picked, :width] = s.logp
-            ent[picked, :width] = s.entropy
+            if ent is not None:
+                ent[picked, :width] = s.entropy
     return logp, ent
 
 
@@ -161,7 +167,9 @@ def score_base(
     disabled, no gradient), for the per-role KL penalty (``mitigate.kl_coef``) and
     ``kl_to_base``; ``rows``: the rows scored (default every row), the others left 0. The same
     before and after an update, which changes only the adapters."""
-    batch.base_logp, _ = _score_all(model, batch, BASE, temperature, micro_tokens, rows=rows)
+    batch.base_logp, _ = _score_all(
+        model, batch, BASE, temperature, micro_tokens, rows=rows, entropy=False
+    )
 
 
 def update_adapter(
@@ -375,6 +383,7 @@ class _AdapterUpdate:
                 micro_tokens=self.cfg.micro_tokens,
                 keys=[keys[i] for i in idx],
                 share_prompts=whole,
+                entropy=self.old is not None,  # read only where logp_old is this forward's
             ):
                 rows = [idx[j] for j in local]
                 if own is not None:
@@ -627,7 +636,7 @@ def post_update_stats(
 ) -> torch.Tensor:
     """chi2_update: token chi2 of pi_new / pi_old on the step's tokens, after all updates.
     Returns the new (N, L) log-probs (the trainer refuses an update that made them non-finite)."""
-    new, _ = _score_all(model, batch, batch.adapter, temperature, micro_tokens)
+    new, _ = _score_all(model, batch, batch.adapter, temperature, micro_tokens, entropy=False)
     for role, idx in batch.by_role().items():
         n = sum(batch.completion_len[i] for i in idx)
         if n:
@@ -651,7 +660,9 @@ def probe_logp(model, batch: AdapterBatch) -> torch.Tensor:
     could differ only on logits near float32's largest value."""
     row = probe_row(batch)
     with torch.no_grad(), use_adapter(model, batch.adapter):
-        _, scored = next(score_rows(model, batch, [row], temperature=1.0, micro_tokens=1))
+        _, scored = next(
+            score_rows(model, batch, [row], temperature=1.0, micro_tokens=1, entropy=False)
+        )
     return scored.logp[scored.mask]
 
 

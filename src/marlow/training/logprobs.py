@@ -44,14 +44,17 @@ MAX_PAD_WASTE = 0.25  # at most this share of a micro-batch's padded tokens is p
 @dataclass
 class Scored:
     logp: torch.Tensor  # (T, L) float32 log-prob of each completion token; 0 on padding
-    entropy: torch.Tensor  # (T, L) float32 entropy of the temperature-scaled policy; 0 on padding
+    entropy: torch.Tensor | None  # (T, L) float32 entropy of the tempered policy; 0 on padding;
+    # None where the pass was asked for none (``entropy=False``)
     mask: torch.Tensor  # (T, L) bool, True on real completion tokens
 
 
-def score_chunk(model, chunk: Chunk, temperature: float, share_prompts: bool = True) -> Scored:
+def score_chunk(
+    model, chunk: Chunk, temperature: float, share_prompts: bool = True, entropy: bool = True
+) -> Scored:
     """Log-probs (with gradient when enabled) and entropies of one micro-batch's completions
     (:func:`marlow.models.completion_logprobs`; ``share_prompts``: rows with the same prompt
-    forward it once where that is cheaper)."""
+    forward it once where that is cheaper; ``entropy`` False: none computed)."""
     logp, ent = completion_logprobs(
         model,
         chunk.ids,
@@ -61,6 +64,7 @@ def score_chunk(model, chunk: Chunk, temperature: float, share_prompts: bool = T
         chunk.mask,
         temperature,
         share_prompts,
+        entropy,
     )
     return Scored(logp, ent, chunk.mask)
 
@@ -109,14 +113,15 @@ def score_rows(
     micro_tokens: int | Literal["auto"],
     keys: Sequence[Hashable] | None = None,
     share_prompts: bool = True,
+    entropy: bool = True,
 ) -> Iterator[tuple[list[int], Scored]]:
     """Score ``rows`` of ``batch`` in micro-batches (see :func:`micro_batches`), lazily: yields
     (indices into ``rows``, Scored of those rows in that order). A caller that backpropagates can
     free each chunk's graph before the next is built. ``keys`` (one per row of ``rows``, e.g. its
-    role) keeps micro-batches key-pure and each key's consecutive. ``share_prompts``: as
-    :func:`score_chunk`."""
+    role) keeps micro-batches key-pure and each key's consecutive. ``share_prompts`` and
+    ``entropy``: as :func:`score_chunk`."""
     rows = list(rows)
     lengths = [batch.seq_len[i] for i in rows]
     for local in micro_batches(lengths, micro_tokens, keys=keys):
         chunk = batch.chunk([rows[j] for j in local])
-        yield local, score_chunk(model, chunk, temperature, share_prompts)
+        yield local, score_chunk(model, chunk, temperature, share_prompts, entropy)

@@ -350,6 +350,33 @@ MATMUL_N = {"cuda": 8192, "cpu": 256}
 MATMUL_REPEATS = 5
 PROFILE_TOP = 15
 """The kernels (operations) a profile names, the longest first."""
+KERNEL_KINDS = {
+    "attention": ("flash", "fmha", "attention", "sdpa", "flex"),
+    "matrix products": (
+        "gemm",
+        "nvjet",
+        "cutlass",
+        "xmma",
+        "cublas",
+        "aten::mm",
+        "aten::addmm",
+        "aten::bmm",
+        "aten::baddbmm",
+    ),
+}
+"""What a kernel's (an aten operation's) name holds, lower-cased, for :func:`kernel_kind`: the
+first kind that matches (attention first: a memory-efficient attention kernel's name holds
+"cutlass" too); any other is "the rest" (elementwise work, reductions, copies)."""
+
+
+def kernel_kind(name: str) -> str:
+    """The :data:`KERNEL_KINDS` kind of a profiled kernel or aten operation, else "the rest"."""
+    low = name.lower()
+    for kind, marks in KERNEL_KINDS.items():
+        if any(mark in low for mark in marks):
+            return kind
+    return "the rest"
+
 
 PROBE = """\
 import json, sys, torch
@@ -1349,8 +1376,9 @@ def update_pass(model: PeftModel, chunk: Chunk, temperature: float) -> None:
 def profiled(work: Callable[[], object], device: torch.device) -> dict[str, Any]:
     """``work()`` once more under ``torch.profiler``: its seconds (the device synchronized), and
     the device's work in it: on CUDA its kernels (CUDA graph replays' included), on the CPU its
-    aten operations; how many, their total seconds, and the :data:`PROFILE_TOP` names that took
-    the longest (their calls and seconds)."""
+    aten operations; how many, their total seconds, those seconds by :func:`kernel_kind`
+    (``kinds``: what share of the device's time its matrix products take), and the
+    :data:`PROFILE_TOP` names that took the longest (their calls and seconds)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -1368,11 +1396,15 @@ def profiled(work: Callable[[], object], device: torch.device) -> dict[str, Any]
         events = [e for e in prof.key_averages() if e.key.startswith("aten::")]
         own = [(e.key, e.count, e.self_cpu_time_total) for e in events]
     own.sort(key=lambda e: -e[2])
+    kinds = dict.fromkeys([*KERNEL_KINDS, "the rest"], 0.0)
+    for name, _, us in own:
+        kinds[kernel_kind(name)] += us / 1e6
     return {
         "seconds": seconds,
         "what": "CUDA kernels" if cuda else "aten operations",
         "count": sum(calls for _, calls, _ in own),
         "device_s": sum(us for _, _, us in own) / 1e6,
+        "kinds": kinds,
         "top": [{"name": n[:120], "calls": c, "s": us / 1e6} for n, c, us in own[:PROFILE_TOP]],
     }
 

@@ -191,7 +191,8 @@ def _profiles(result: dict[str, Any]) -> list[str]:
         lines += [
             f"Profile of {what} (`torch.profiler` over one call more; kernels replayed from "
             f"CUDA graphs count): {p['count']:,} {p['what']}, {p['device_s']:.3f} s of their "
-            f"time in {p['seconds']:.2f} s (the profiler's own cost included); the longest:",
+            f"time in {p['seconds']:.2f} s (the profiler's own cost included){_kinds(p)}; "
+            "the longest:",
             "",
             "| kernel | calls | seconds |",
             "|---|---|---|",
@@ -202,6 +203,16 @@ def _profiles(result: dict[str, Any]) -> list[str]:
             "",
         ]
     return lines
+
+
+def _kinds(profile: dict[str, Any]) -> str:
+    """ ", of which N% matrix products, ..." for a profile with its time by kind (none for a
+    JSON before the check recorded it)."""
+    kinds, total = profile.get("kinds"), profile["device_s"]
+    if not kinds or total <= 0:
+        return ""
+    shares = ", ".join(f"{100 * s / total:.0f}% {kind}" for kind, s in kinds.items())
+    return f", of which {shares}"
 
 
 def _sampler(part: dict[str, Any] | None) -> list[str]:

@@ -172,6 +172,14 @@ def assert_profile(profile: dict) -> None:
     assert [t["s"] for t in top] == sorted((t["s"] for t in top), reverse=True)
     assert sum(t["calls"] for t in top) <= profile["count"]
     assert 0 < sum(t["s"] for t in top) <= profile["device_s"] + 1e-9
+    # every operation's time in one kind; the CPU's matrix products among them
+    kinds = profile["kinds"]
+    assert list(kinds) == ["attention", "matrix products", "the rest"]
+    assert abs(sum(kinds.values()) - profile["device_s"]) < 1e-6 and kinds["matrix products"] > 0
+    products = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm")
+    listed = sum(t["s"] for t in top if t["name"] in products)
+    assert kinds["matrix products"] >= listed - 1e-9
+    assert kinds["the rest"] >= sum(t["s"] for t in top if t["name"] == "aten::mul") - 1e-9
 
 
 def test_a_sampler_child_that_dies_is_recorded_and_what_it_measured_kept(tmp_path, monkeypatch):
@@ -593,6 +601,12 @@ def test_the_section_shows_each_profile_and_leaves_out_runs_that_took_no_step(dr
     ):
         assert f"Profile of {what} (" in text
         assert f"{profile['count']:,} aten operations, {profile['device_s']:.3f} s" in text
+        kinds = profile["kinds"]
+        products = round(100 * kinds["matrix products"] / profile["device_s"])
+        assert (
+            f"included), of which {round(100 * kinds['attention'] / profile['device_s'])}% " in text
+        )
+        assert f"% attention, {products}% matrix products, " in text
         top = profile["top"][: gpu_docs.PROFILE_ROWS]
         assert len(top) > 1
         assert all(f"| `{t['name']}` | {t['calls']:,} | {t['s']:.4f} |" in text for t in top)

@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install install-vllm browser quickstart test test-vllm verify-worlds docs test-slow lint bench
+.PHONY: install install-vllm browser quickstart test test-gpu-check test-vllm verify-worlds docs test-slow lint bench
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -52,6 +52,13 @@ browser: $(CHROMIUM)
 test: $(STAMP) $(CHROMIUM)
 	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/pytest -q --durations=15
+
+# The GPU check's dry run on the CPU (bench/gpu_check.py --device cpu --dry-run: the sampler and
+# the update alone beside their bounds and plan, a training step, the docs section it makes),
+# through the tests of tests/e2e/test_gpu_check.py marked slow (about 70 s on 2 cores), so that
+# CI keeps the check a lease runs from rotting while no GPU is at hand.
+test-gpu-check: $(STAMP)
+	$(VENV)/bin/pytest -q -m slow tests/e2e/test_gpu_check.py
 
 # The vLLM backend's tests (tests/vllm, marker vllm), in the vLLM environment.
 test-vllm: $(VLLM_STAMP)

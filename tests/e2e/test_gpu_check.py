@@ -56,7 +56,7 @@ def dry_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict, Path]:
     return proc, json.loads((out / "gpu_check.json").read_text()), out
 
 
-@pytest.mark.slow  # the dry run takes ~45 s on 2 cores: make test-slow
+@pytest.mark.slow  # the dry run takes ~70 s on 2 cores: make test-gpu-check (in CI)
 def test_the_dry_run_records_every_part_and_plan_beside_each_step(dry_run):
     proc, result, out = dry_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -104,7 +104,7 @@ def test_the_dry_run_records_every_part_and_plan_beside_each_step(dry_run):
                 assert run[key] is None
 
 
-@pytest.mark.slow  # the dry run takes ~45 s on 2 cores: make test-slow
+@pytest.mark.slow  # the dry run takes ~70 s on 2 cores: make test-gpu-check (in CI)
 def test_the_dry_run_times_the_sampler_beside_its_bandwidth_bound(dry_run):
     part = dry_run[1]["sampler"]
     assert part["status"] == "ok", part
@@ -206,7 +206,7 @@ raise SystemExit("CUDA error: an illegal memory access was encountered")
     assert {c["status"] for c in part["configurations"]} == {"skipped"}
 
 
-@pytest.mark.slow  # the dry run takes ~45 s on 2 cores: make test-slow
+@pytest.mark.slow  # the dry run takes ~70 s on 2 cores: make test-gpu-check (in CI)
 def test_the_dry_run_times_the_update_alone_beside_plans_prediction(dry_run):
     """Every micro-batch measured, and plan's figures and the FLOPs equal to their formulas on
     the same stand-in shape built on the meta device."""
@@ -478,7 +478,7 @@ def as_gpu_run(result: dict) -> dict:
     return gpu
 
 
-@pytest.mark.slow  # the dry run takes ~45 s on 2 cores: make test-slow
+@pytest.mark.slow  # the dry run takes ~70 s on 2 cores: make test-gpu-check (in CI)
 def test_the_section_of_a_gpu_run_gives_the_date_the_card_and_each_figure(dry_run):
     result = as_gpu_run(dry_run[1])
     entry = next(iter(result["sizes"].values()))
@@ -529,7 +529,7 @@ def test_the_section_of_a_gpu_run_gives_the_date_the_card_and_each_figure(dry_ru
     )
 
 
-@pytest.mark.slow  # the dry run takes ~45 s on 2 cores: make test-slow
+@pytest.mark.slow  # the dry run takes ~70 s on 2 cores: make test-gpu-check (in CI)
 def test_the_section_lists_sampler_configurations_that_did_not_complete(dry_run):
     result = as_gpu_run(dry_run[1])
     last = result["sampler"]["configurations"][-1]
@@ -547,7 +547,7 @@ def test_the_section_lists_sampler_configurations_that_did_not_complete(dry_run)
     assert "sampler" not in text and "| batch |" not in text
 
 
-@pytest.mark.slow  # the dry run takes ~45 s on 2 cores: make test-slow
+@pytest.mark.slow  # the dry run takes ~70 s on 2 cores: make test-gpu-check (in CI)
 def test_the_section_of_a_gpu_run_has_the_update_alone_table(dry_run):
     result = as_gpu_run(dry_run[1])
     name, entry = next(iter(result["sizes"].items()))
@@ -587,7 +587,7 @@ def test_the_section_of_a_gpu_run_has_the_update_alone_table(dry_run):
     assert "update alone" not in gpu_docs.section(result)
 
 
-@pytest.mark.slow  # the dry run takes ~45 s on 2 cores: make test-slow
+@pytest.mark.slow  # the dry run takes ~70 s on 2 cores: make test-gpu-check (in CI)
 def test_the_section_shows_each_profile_and_leaves_out_runs_that_took_no_step(dry_run):
     result = as_gpu_run(dry_run[1])
     name, entry = next(iter(result["sizes"].items()))
@@ -618,7 +618,7 @@ def test_the_section_shows_each_profile_and_leaves_out_runs_that_took_no_step(dr
     assert f"* {name} ip: skipped: left out (--skip runs)" in text
 
 
-@pytest.mark.slow  # the dry run takes ~45 s on 2 cores: make test-slow
+@pytest.mark.slow  # the dry run takes ~70 s on 2 cores: make test-gpu-check (in CI)
 def test_the_section_refuses_a_cpu_run_and_a_page_without_its_markers(dry_run, tmp_path):
     with pytest.raises(gpu_docs.DocsError, match="ran on 'cpu' .a dry run"):
         gpu_docs.section(dry_run[1])

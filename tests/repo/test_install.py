@@ -96,7 +96,7 @@ def test_the_vllm_environment_is_pinned_whole_without_the_cuda_vision_packages()
 
 def test_the_readmes_test_command_is_what_ci_runs():
     """The README's first code block holds the test command, and .ci/run runs exactly it."""
-    command = "make test test-vllm verify-worlds docs"
+    command = "make test test-gpu-check test-vllm verify-worlds docs"
     run = [
         line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.startswith("make")
     ]

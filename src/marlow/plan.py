@@ -12,48 +12,59 @@ are then read off the model; memory figures follow from them and the config by t
 * **adapter** (each) = 16 x its trainable LoRA parameters: weights, gradients, AdamW's exp_avg and
   exp_avg_sq, all float32 whatever the run dtype. Every adapter is counted with its gradients,
   though only the adapter being updated holds them at one time.
-* **activations of one micro-batch** = N x (per-token bytes), with N = the largest forward the
-  trainer makes: max(``grpo.micro_tokens``, one turn of prompt + ``rollout.max_new_tokens``
-  tokens), since a turn longer than ``micro_tokens`` is scored alone. ``grpo.micro_tokens=auto``
-  is sized to ``--gpu-mem`` as a CUDA run sizes it to its card (:func:`auto_micro_tokens`), and
-  is 8,192 without one. Per token, what autograd
-  keeps for the backward of a Qwen3 decoder under LoRA (a frozen base: no weight gradients), with
-  h hidden, a / g query / key-value heads of size d, I the MLP width, L layers, V the vocabulary:
+* **activations of one micro-batch**: the most bytes one update pass (forward and backward) over
+  N tokens holds at once, with N = the largest forward the trainer makes:
+  max(``grpo.micro_tokens``, one turn of prompt + ``rollout.max_new_tokens`` tokens), since a
+  turn longer than ``micro_tokens`` is scored alone. ``grpo.micro_tokens=auto`` is sized to
+  ``--gpu-mem`` as a CUDA run sizes it to its card (:func:`auto_micro_tokens`), and is 8,192
+  without one. The pass holds what it keeps for its whole backward, and on top of that the
+  larger of two phases, which never overlap: the backward of one decoder layer, or the LM head
+  (forward or backward), so
 
-      L x b x (2h + 3ad + 3gd + 4I)     per layer: the inputs of its 4 RMSNorms (2h + ad + gd);
-                                        SDPA's q, k, v and output (2ad + 2gd); SwiGLU's gate, up,
-                                        silu(gate) and their product (4I)
-    + 4 x sum over LoRA modules (in + r) a float32 run: each LoRA layer's input (float32 already:
-                                        q/k/v and gate/up share one, so this overcounts 3h per
-                                        layer) and its rank-r A output
-    + b x sum over LoRA modules r       a bfloat16 or float16 run, whose LoRA layers compute in
-                                        its dtype (marlow.policy.adapters.lora_compute_dtype):
-                                        only the rank-r A output, the input being the base
-                                        layer's own
-    + b x h                             the final norm's input
-    + b x h                             the head's input at the completion positions, which the
-                                        head keeps for its backward (chunked head, below)
-    + one chunk of the head             3 x HEAD_CHUNK_BYTES once, not per token: a chunk's
-                                        float32 logits, their log-softmax and the head's output
-                                        in the run dtype, in the forward or the backward
+      activations = N x kept + max(N x layer, N x head + the head's chunks)
 
-  The chunked head: where the model's logits are a plain linear head on its decoder
+  per token (:class:`Activations`), for a Qwen3 decoder under LoRA (a frozen base: no weight
+  gradients), with h hidden, a / g query / key-value heads of size d, I the MLP width, L layers,
+  V the vocabulary, r each LoRA module's rank:
+
+      own  = b x (4h + 3ad + 3gd + 4I)  what a layer keeps for its backward: the inputs of its 4
+             + 4 x (2 + 2a + g)         RMSNorms (2h + ad + gd) and of its linears after the two
+                                        norms (2h); SDPA's q, k, v and output (2ad + 2gd);
+                                        SwiGLU's gate, up, silu(gate) and their product (4I);
+                                        in float32, each norm's rows' 1/rms and SDPA's logsumexp
+      lora = b x sum of r               each LoRA module's rank-r A output (its input is the base
+                                        linear's own), over a layer's modules; with LoRA dropout,
+             + (b + 1) x sum of in      each module's dropped input and its mask too
+      grad = 2bI + bh (checkpointed),   the layer's backward: its gradients in flight, at most
+             3bI + 2bh (not)            about two or three (N, I) tensors and the residual's
+      kept = L x b x h (checkpointed)   each layer's input, the layers running again in the
+             L x (own + lora) (not)     backward (``grpo.activation_checkpointing``; auto: on for
+                                        a Hugging Face model), or every layer's own
+      layer = own + lora + grad         one layer's recompute and backward (checkpointed)
+              grad (not)
+      head = 3bh + 4                    the final norm's input and its 1/rms, the head's input
+                                        at the completion positions and its gradient
+  and the head's chunks: 2 x HEAD_CHUNK_BYTES (fewer when N tokens do not fill one), a chunk's
+  float32 logits and their log-softmax, which live together in the forward and the backward.
+
+  These are what autograd keeps on any device; the backward's ``grad`` was measured by counting
+  the live tensors of passes on the CPU (``tests/unit/test_plan_memory.py`` holds the model to
+  them). The chunked head: where the model's logits are a plain linear head on its decoder
   (:func:`marlow.models.decoder_and_head`: Qwen3, Qwen2, Llama, Mistral), scoring takes the
   completion tokens through the head a chunk at a time
   (:func:`marlow.algo.estimators.head_logprobs_and_entropy`), so no (N, V) tensor exists. For any
-  other model, per token instead of the head's two terms: V x (2b + 3 x 4), the model's logits
-  (all positions) and their gathered completion positions in the run dtype, and the three float32
-  (N, V) tensors live at once in ``token_logprobs_and_entropy``.
-
-  Checkpointed layers (``grpo.activation_checkpointing``; auto: on for a Hugging Face model):
-  each decoder layer keeps only its input for the backward and runs again there, so per token
-  the L layer terms above become L x b x h (the layers' inputs) plus one layer's own terms and
-  its LoRA terms (the layer whose backward runs, recomputed), the rest unchanged.
+  other model the head's phase holds, per token, V x (2b + 3 x 4) more: the model's logits (all
+  positions) and their gathered completion positions in the run dtype, and the three float32
+  (N, V) tensors of ``token_logprobs_and_entropy``; no chunks.
 
   Attention is taken to be a memory-efficient SDPA kernel (no N x N score matrix: true for
-  flash/efficient attention on GPUs; PyTorch's math fallback on a CPU does keep one). Every token
-  is counted as a completion token (an upper bound for the float32 logit copies). A run whose
-  routing trains no adapter makes no backward: 0.
+  flash/efficient attention on GPUs; PyTorch's math fallback on a CPU does keep one). RMSNorms are taken to be a loaded base's,
+  through torch's ``rms_norm`` (:func:`marlow.models.fuse_norms`): one fused kernel on CUDA,
+  which keeps the input and the rows' 1/rms (on a CPU a bfloat16 norm keeps a float32 copy of
+  its input too). A LoRA folded into one weight per layer (``grpo.fold_lora``, a CPU's float32
+  default) keeps each layer's folded weight for its backward as well, which is not counted.
+  Every token is counted as a completion token (an upper bound for the head's input). A run
+  whose routing trains no adapter makes no backward: 0.
 * **KV cache of one rollout batch** = ``rollout.max_batch`` x (prompt + ``rollout.max_new_tokens``)
   x L x 2 x g x d x b. The prompt length is not in the config: ``prompt_tokens`` (default
   :data:`PROMPT_TOKENS`) is the assumption, and it is printed with the figure. A DAPO math problem
@@ -99,34 +110,69 @@ OPTIMIZER_BYTES = 16
 GIB = 2**30
 
 
-def activation_bytes_per_token(
+@dataclass(frozen=True)
+class Activations:
+    """What one update pass holds (module docstring), in bytes: ``kept`` a token through the
+    whole backward; on top of it, ``layer`` a token while one decoder layer's backward runs, or
+    ``head`` a token and the chunks of a head over ``vocab`` entries (0: not chunked) while the
+    LM head runs."""
+
+    kept: int
+    layer: int
+    head: int
+    vocab: int
+
+    def bytes(self, tokens: int) -> int:
+        """The most bytes a pass over ``tokens`` tokens holds at once."""
+        head = tokens * self.head + head_chunk_bytes(self.vocab, tokens)
+        return tokens * self.kept + max(tokens * self.layer, head)
+
+    def tokens_that_fit(self, room: float) -> int:
+        """The most tokens of one pass that hold at most ``room`` bytes (0 if not one does):
+        :meth:`bytes` grows with the tokens, so the edge is found by bisection."""
+        if self.bytes(1) > room:
+            return 0
+        low, high = 1, 2
+        while self.bytes(high) <= room:
+            low, high = high, 2 * high
+        while high - low > 1:  # bytes(low) fits, bytes(high) does not
+            middle = (low + high) // 2
+            low, high = (middle, high) if self.bytes(middle) <= room else (low, middle)
+        return low
+
+
+def activations(
     shape: Shape,
     b: int,
     lora: list[tuple[int, int]],
     chunked_head: bool = True,
     checkpointed: bool = False,
-) -> int:
-    """Bytes autograd keeps per token of a forward (module docstring) in a run of ``b`` bytes a
-    base weight; ``lora`` holds (in features, rank) of every LoRA layer of one adapter;
+    dropout: bool = False,
+) -> Activations:
+    """The memory model of one update pass (module docstring) of a run of ``b`` bytes a base
+    weight; ``lora`` holds (in features, rank) of every LoRA layer of one adapter;
     ``chunked_head``: the logits go through the head chunk by chunk
     (:func:`marlow.models.decoder_and_head`); ``checkpointed``: the decoder layers are
-    checkpointed (``grpo.activation_checkpointing``)."""
+    checkpointed (``grpo.activation_checkpointing``); ``dropout``: the LoRA layers draw dropout
+    (``policy.lora_dropout`` > 0)."""
     s = shape
-    layer = b * (2 * s.h + 3 * s.a * s.d + 3 * s.g * s.d + 4 * s.I)  # one layer's own
-    # float32: each LoRA layer's input and A output; bfloat16 / float16: LoRA computes in the
-    # base's dtype (lora_compute_dtype), and keeps its A outputs alone
-    fp32 = 4 * sum(inp + r for inp, r in lora)
-    adapters = b * sum(r for _, r in lora) if b < 4 else fp32
-    head = b * s.h if chunked_head else s.V * (2 * b + 3 * 4)
-    if checkpointed:  # each layer's input, and one layer's own while its backward runs
-        return s.L * b * s.h + layer + adapters // s.L + b * s.h + head
-    return s.L * layer + adapters + b * s.h + head
+    own = b * (4 * s.h + 3 * s.a * s.d + 3 * s.g * s.d + 4 * s.I) + 4 * (2 + 2 * s.a + s.g)
+    adapters = b * sum(r for _, r in lora)  # every layer's A outputs
+    if dropout:  # PEFT's forward: each module's dropped input, and its mask
+        adapters += (b + 1) * sum(inp for inp, _ in lora)
+    head = 3 * b * s.h + 4 + (0 if chunked_head else s.V * (2 * b + 3 * 4))
+    vocab = s.V if chunked_head else 0
+    if checkpointed:
+        layer = own + adapters // s.L + 2 * b * s.I + b * s.h
+        return Activations(s.L * b * s.h, layer, head, vocab)
+    return Activations(s.L * own + adapters, 3 * b * s.I + 2 * b * s.h, head, vocab)
 
 
-def head_chunk_bytes(shape: Shape, tokens: int, chunked_head: bool) -> int:
-    """The chunked head's one chunk (module docstring): 3 x the float32 logits of a chunk of at
-    most HEAD_CHUNK_BYTES (fewer where ``tokens`` do not fill one); 0 without the chunked head."""
-    return 3 * min(HEAD_CHUNK_BYTES, tokens * 4 * shape.V) if chunked_head else 0
+def head_chunk_bytes(vocab: int, tokens: int) -> int:
+    """The chunked head's chunks (module docstring): 2 x the float32 logits of a chunk of at
+    most HEAD_CHUNK_BYTES (fewer where ``tokens`` do not fill one) over ``vocab`` entries; 0
+    where ``vocab`` is 0 (no chunked head)."""
+    return 2 * min(HEAD_CHUNK_BYTES, tokens * 4 * vocab)
 
 
 def activation_bytes(
@@ -136,24 +182,11 @@ def activation_bytes(
     tokens: int,
     chunked_head: bool = True,
     checkpointed: bool = False,
+    dropout: bool = False,
 ) -> int:
-    """The activations of one forward of ``tokens`` tokens (module docstring): ``tokens`` x
-    :func:`activation_bytes_per_token`, and the chunked head's chunk (:func:`head_chunk_bytes`)."""
-    per_token = activation_bytes_per_token(shape, b, lora, chunked_head, checkpointed)
-    return tokens * per_token + head_chunk_bytes(shape, tokens, chunked_head)
-
-
-def tokens_that_fit(room: float, per_token: int, shape: Shape, chunked_head: bool) -> int:
-    """The most tokens of one forward whose activations (``per_token`` each, and the chunked
-    head's chunk) fit in ``room`` bytes. The total grows with the tokens, so it is the larger of
-    the two closed forms that hold: a chunk not yet full (12 V more a token) or a full one."""
-    if not chunked_head:
-        return math.floor(room / per_token)
-    unfilled = math.floor(room / (per_token + 3 * 4 * shape.V))
-    filled = math.floor((room - 3 * HEAD_CHUNK_BYTES) / per_token)
-    fits = [unfilled] if unfilled * 4 * shape.V <= HEAD_CHUNK_BYTES else []
-    fits += [filled] if filled * 4 * shape.V >= HEAD_CHUNK_BYTES else []
-    return max(fits, default=unfilled)
+    """The activations of one pass over ``tokens`` tokens (module docstring): the
+    :func:`activations` model's bytes at ``tokens``."""
+    return activations(shape, b, lora, chunked_head, checkpointed, dropout).bytes(tokens)
 
 
 MICRO_TOKENS_MAX = 32768
@@ -174,18 +207,19 @@ def auto_micro_tokens(
     checkpointed: bool,
     beside: int,
     memory: int | None,
+    dropout: bool = False,
 ) -> int:
     """``grpo.micro_tokens=auto``: :data:`MICRO_TOKENS_OFF_CUDA` where ``memory`` is None (not
     a CUDA device) or no adapter trains (``lora`` empty); else the most tokens of one forward
-    whose activations (:func:`activation_bytes`) fit in :data:`ACTIVATION_SHARE` of the card's
+    whose activations (:func:`activations`) fit in :data:`ACTIVATION_SHARE` of the card's
     ``memory`` bytes left beside ``beside`` bytes (the base weights and the adapters), rounded
     down to a multiple of :data:`MICRO_TOKENS_STEP`, at most :data:`MICRO_TOKENS_MAX` and at
     least one step (a card too small for that does not fit the run: ``marlow plan`` says so)."""
     if memory is None or not lora:
         return MICRO_TOKENS_OFF_CUDA
     room = ACTIVATION_SHARE * (memory - beside)
-    per_token = activation_bytes_per_token(shape, b, lora, chunked_head, checkpointed)
-    fits = tokens_that_fit(room, per_token, shape, chunked_head) if room > 0 else 0
+    model = activations(shape, b, lora, chunked_head, checkpointed, dropout)
+    fits = model.tokens_that_fit(room) if room > 0 else 0
     return max(
         MICRO_TOKENS_STEP, min(MICRO_TOKENS_MAX, fits // MICRO_TOKENS_STEP * MICRO_TOKENS_STEP)
     )
@@ -259,28 +293,30 @@ def plan_run(
     turn = prompt_tokens + cfg.rollout.max_new_tokens
     chunked = decoder_and_head(base) is not None
     ckpt = checkpoints_layers(cfg) and bool(checkpointable_layers(base))
-    per_token = activation_bytes_per_token(shape, b, lora, chunked, ckpt) if adapters else 0
+    dropout = cfg.policy.lora_dropout > 0
+    model = activations(shape, b, lora, chunked, ckpt, dropout) if adapters else None
     base_bytes = parameters * b
     adapter_bytes = sum(a.bytes for a in adapters)
     micro = cfg.grpo.micro_tokens
     if micro == "auto":
         card = None if gpu_mem_gib is None else int(gpu_mem_gib * GIB)
-        micro = auto_micro_tokens(shape, b, lora, chunked, ckpt, base_bytes + adapter_bytes, card)
+        beside = base_bytes + adapter_bytes
+        micro = auto_micro_tokens(shape, b, lora, chunked, ckpt, beside, card, dropout)
     tokens = max(micro, turn)
-    activations = activation_bytes(shape, b, lora, tokens, chunked, ckpt) if adapters else 0
+    held = model.bytes(tokens) if model else 0
     kv = kv_cache_bytes(shape, b, cfg.rollout.max_batch, turn)
-    peak = base_bytes + adapter_bytes + max(activations, kv)
+    peak = base_bytes + adapter_bytes + max(held, kv)
     fits = max_micro = None
     suggestions: dict[str, Any] = {}
     if gpu_mem_gib is not None:
         budget = gpu_mem_gib * GIB
         fits = peak <= budget
         room = budget - base_bytes - adapter_bytes
-        most = tokens_that_fit(room, per_token, shape, chunked) if adapters else 0
-        if adapters and room >= kv and most >= turn:
+        most = model.tokens_that_fit(room) if model else 0
+        if model and room >= kv and most >= turn:
             max_micro = most
         if not fits:
-            suggestions = suggest(cfg, micro, shape, b, per_token, room, prompt_tokens, chunked)
+            suggestions = suggest(cfg, micro, shape, b, model, room, prompt_tokens)
     return Plan(
         model=cfg.model.name,
         source=source,
@@ -294,7 +330,7 @@ def plan_run(
         base_bytes=base_bytes,
         adapter_bytes=adapter_bytes,
         forward_tokens=tokens,
-        activation_bytes=activations,
+        activation_bytes=held,
         checkpointed=ckpt,
         max_batch=cfg.rollout.max_batch,
         prompt_tokens=prompt_tokens,
@@ -314,10 +350,9 @@ def suggest(
     micro_tokens: int,
     shape: Shape,
     b: int,
-    per_token: int,
+    model: Activations | None,
     room: float,
     prompt_tokens: int,
-    chunked_head: bool = True,
 ) -> dict[str, Any]:
     """The settings that, set together, make a run that does not fit do so: ``room`` is the
     memory left beside the base weights and the adapters, which both the rollout's KV cache and
@@ -330,8 +365,8 @@ def suggest(
       split) is already too long; then the two above are sized for the shorter turn;
     * ``dtype`` / ``policy.lora_rank`` / ``model.name``: when the weights alone leave no room.
 
-    ``micro_tokens``: the run's ``grpo.micro_tokens``, ``auto`` resolved. ``chunked_head``: the
-    activations include the chunked head's chunk (:func:`tokens_that_fit`).
+    ``micro_tokens``: the run's ``grpo.micro_tokens``, ``auto`` resolved. ``model``: its
+    activations' memory model (:func:`activations`; None: no adapter trains, no update).
     The ``--prompt-tokens`` assumption (:data:`PROMPT_TOKENS`) is part of every figure."""
     r = cfg.rollout
     if room <= 0:  # the weights and adapters alone pass the card
@@ -341,7 +376,7 @@ def suggest(
         return out
     new = r.max_new_tokens
     kv_token = kv_cache_bytes(shape, b, 1, 1)  # one token of one sequence
-    forward = tokens_that_fit(room, per_token, shape, chunked_head) if per_token else math.inf
+    forward = model.tokens_that_fit(room) if model else math.inf
     longest = min(math.floor(room / kv_token), forward) - prompt_tokens  # one sequence fits
     out = {}
     if new > longest:
@@ -351,7 +386,7 @@ def suggest(
     turn = prompt_tokens + new
     if kv_cache_bytes(shape, b, r.max_batch, turn) > room:
         out["rollout.max_batch"] = math.floor(room / kv_cache_bytes(shape, b, 1, turn))
-    if per_token and max(micro_tokens, turn) > forward:
+    if model and max(micro_tokens, turn) > forward:
         out["grpo.micro_tokens"] = forward
     return out
 
@@ -379,7 +414,7 @@ def _attach(
 
 def lora_shapes(model: torch.nn.Module, name: str) -> list[tuple[int, int]]:
     """(in features, rank) of every LoRA layer of adapter ``name`` in ``model``, as
-    :func:`activation_bytes_per_token` reads them."""
+    :func:`activations` reads them."""
     return [
         (layer.lora_A[name].in_features, layer.r[name])
         for layer in model.modules()

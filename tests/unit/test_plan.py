@@ -138,17 +138,19 @@ def test_lora_on_named_modules_and_the_routings():
 
 
 def hand_activation_bytes(arch: str, b: int, r: int, tokens: int, checkpointed: bool) -> int:
-    """The module docstring's formula for LoRA on all 7 linears, written out for Qwen3: its
-    logits through the head a chunk of at most 256 MiB of float32 logits at a time; with
-    checkpointed layers, each layer's input and one layer's own terms instead of every layer's."""
+    """The module docstring's model for LoRA on all 7 linears, written out for Qwen3: what the
+    pass keeps throughout, and the larger of one layer's backward and the head's phase, whose
+    logits go through the head a chunk of at most 256 MiB of float32 logits at a time."""
     f = fields(arch)
-    h, ad, gd, inter, L, V = f["h"], f["a"] * f["d"], f["g"] * f["d"], f["I"], f["L"], f["V"]
-    layer = b * (2 * h + 3 * ad + 3 * gd + 4 * inter)
-    lora_inputs = 3 * h + ad + 2 * h + inter  # q, k, v | o | gate, up | down
-    lora = 4 * (lora_inputs + 7 * r) if b == 4 else b * 7 * r  # bfloat16: LoRA in it, A outputs
-    chunk = 3 * min(256 * 2**20, tokens * 4 * V)
-    layers = L * b * h + layer + lora if checkpointed else L * (layer + lora)
-    return tokens * (layers + b * h + b * h) + chunk
+    h, a, g, d, inter, L, V = (f[k] for k in ("h", "a", "g", "d", "I", "L", "V"))
+    own = b * (4 * h + 3 * a * d + 3 * g * d + 4 * inter) + 4 * (2 + 2 * a + g)
+    lora = b * 7 * r  # a layer's A outputs
+    if checkpointed:
+        kept, layer = L * b * h, own + lora + 2 * b * inter + b * h
+    else:
+        kept, layer = L * (own + lora), 3 * b * inter + 2 * b * h
+    head = tokens * (3 * b * h + 4) + 2 * min(256 * 2**20, tokens * 4 * V)
+    return tokens * kept + max(tokens * layer, head)
 
 
 @pytest.mark.parametrize(

@@ -185,6 +185,8 @@ class _HeadLogprobs(torch.autograd.Function):
             if with_entropy:
                 p = log_probs.exp_()  # (c, V), in place: the chunk's log-softmax is done with
                 entropy[start:end] = torch.special.entr(p, out=p).sum(-1)
+                del p
+            del log_probs  # freed before the next chunk's logits are made, not after
         ctx.save_for_backward(hidden, weight, bias, targets)
         ctx.temperature, ctx.chunk = temperature, chunk
         ctx.mark_non_differentiable(entropy)
@@ -206,14 +208,16 @@ class _HeadLogprobs(torch.autograd.Function):
             dz = p.mul_(-g[:, None])
             dz.scatter_add_(-1, targets[start:end, None], g[:, None].float())
             if scale:
-                dz = dz / ctx.temperature
+                dz.div_(ctx.temperature)
             dz = dz.to(weight.dtype)  # the upcast's backward: back to the head's dtype
+            del p  # the float32 (c, V) freed before the products, as dz is before the next chunk
             if need_h:
                 grad_h[start:end] = dz @ weight
             if need_w:
                 grad_w += dz.T @ h
             if need_b:
                 grad_b += dz.sum(0)
+            del dz
         return grad_h, grad_w, grad_b, None, None, None, None
 
 

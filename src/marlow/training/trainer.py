@@ -268,7 +268,9 @@ class Trainer:
         )
         lora = lora_shapes(self.model, self.adapters[0]) if self.adapters else []
         chunked = decoder_and_head(self.model) is not None
-        n = auto_micro_tokens(Shape.of(base.config), b, lora, chunked, checkpointed, beside, card)
+        dropout = config.policy.lora_dropout > 0
+        shape = Shape.of(base.config)
+        n = auto_micro_tokens(shape, b, lora, chunked, checkpointed, beside, card, dropout)
         if card is not None:
             self.log(
                 f"grpo.micro_tokens auto: {n:,} tokens a forward (their activations in marlow "

@@ -1,0 +1,157 @@
+"""``marlow plan``'s memory model of the update (``marlow.plan.activations``) against what an
+update pass really holds: the bytes of the tensors alive at once, counted op by op on the CPU
+(the same autograd engine, and in float32 the same tensors kept, as on a GPU), for a small random
+Qwen3 with a LoRA adapter on every linear, its layers checkpointed and not, its LM head's phase
+the larger and its layers' phase the larger, each phase within 10% of the model's."""
+
+from __future__ import annotations
+
+import weakref
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from marlow import plan
+from marlow.algo import estimators
+from marlow.archs import Shape
+from marlow.models import checkpoint_layers, fuse_norms
+from marlow.policy.adapters import LoraSpec, attach_adapters, use_adapter
+from marlow.training.batch import Chunk
+from marlow.training.logprobs import score_chunk
+
+
+class LiveBytes(TorchDispatchMode):
+    """The bytes of the storages that operations make under the mode and that are alive, their
+    peak over the whole call and while the LM head runs (``in_head``); storages made before (the
+    weights) are not counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[int, weakref.ref] = {}
+        self.now = self.peak = self.head_peak = 0
+        self.in_head = False
+
+    def _freed(self, key: int, n: int):
+        def forget(_ref) -> None:
+            if self.live.pop(key, None) is not None:
+                self.now -= n
+
+        return forget
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor):
+                continue
+            storage = t.untyped_storage()
+            key, n = storage.data_ptr(), storage.nbytes()
+            if n == 0 or key in self.live or key in self.before:
+                continue
+            self.live[key] = weakref.ref(storage, self._freed(key, n))
+            self.now += n
+        self.peak = max(self.peak, self.now)
+        if self.in_head:
+            self.head_peak = max(self.head_peak, self.now)
+        return out
+
+
+def measure(model, chunk: Chunk, monkeypatch) -> LiveBytes:
+    """One update pass over ``chunk`` (``score_chunk`` without entropies, the loss, its
+    backward) under :class:`LiveBytes`, the LM head's forward and backward marked."""
+    counter = LiveBytes()
+    counter.before = {t.untyped_storage().data_ptr() for t in model.state_dict().values()}
+    head = estimators._HeadLogprobs
+
+    def marked(phase):
+        def run(ctx, *args):
+            counter.in_head = True
+            try:
+                return phase(ctx, *args)
+            finally:
+                counter.in_head = False
+
+        return staticmethod(run)
+
+    monkeypatch.setattr(head, "forward", marked(head.forward))
+    monkeypatch.setattr(head, "backward", marked(head.backward))
+    with counter:
+        scored = score_chunk(model, chunk, temperature=1.0, entropy=False)
+        (-(scored.logp * scored.mask).sum() / scored.mask.sum()).backward()
+    return counter
+
+
+@pytest.fixture(scope="module")
+def small_qwen3():
+    config = Qwen3Config(
+        vocab_size=8192,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    base = Qwen3ForCausalLM(config)
+    for p in base.parameters():
+        p.requires_grad_(False)
+    fuse_norms(base)  # as load_base computes them
+    model = attach_adapters(base, ["policy"], LoraSpec(rank=8), seed=0)
+    model.train()
+    rows, width, prompt = 4, 256, 64
+    ids = torch.randint(0, config.vocab_size, (rows, width))
+    chunk = Chunk(
+        list(range(rows)),
+        ids,
+        torch.ones_like(ids),
+        torch.full((rows,), prompt),
+        ids[:, prompt:],
+        torch.ones(rows, width - prompt, dtype=torch.bool),
+    )
+    return model, chunk
+
+
+@pytest.mark.parametrize("checkpointed", [True, False])
+@pytest.mark.parametrize("chunk_mib", [8, 0.25])  # the head's phase the larger; the layers'
+def test_plans_activations_are_what_an_update_pass_holds(
+    small_qwen3, checkpointed, chunk_mib, monkeypatch
+):
+    model, chunk = small_qwen3
+    chunk_bytes = int(chunk_mib * 2**20)
+    monkeypatch.setattr(estimators, "HEAD_CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(plan, "HEAD_CHUNK_BYTES", chunk_bytes)
+    checkpoint_layers(model, on=checkpointed)
+    try:
+        with use_adapter(model, "policy"):
+            counted = measure(model, chunk, monkeypatch)
+    finally:
+        checkpoint_layers(model, on=False)
+        model.zero_grad(set_to_none=True)
+    tokens = chunk.ids.numel()
+    memory = plan.activations(
+        Shape.of(model.config), 4, plan.lora_shapes(model, "policy"), True, checkpointed
+    )
+    head = tokens * (memory.kept + memory.head) + plan.head_chunk_bytes(memory.vocab, tokens)
+    layer = tokens * (memory.kept + memory.layer)
+    assert (head > layer) == (chunk_mib > 1)  # the phase each case is for
+    assert counted.head_peak == pytest.approx(head, rel=0.1)
+    assert counted.peak == pytest.approx(memory.bytes(tokens), rel=0.1)
+    if layer > head:  # the layers' phase, not the head's, makes the peak
+        assert counted.peak > counted.head_peak
+        assert counted.peak == pytest.approx(layer, rel=0.1)
+
+
+def test_the_fitting_tokens_are_the_edge_of_the_model():
+    shape = Shape(h=1024, a=16, g=8, d=128, I=3072, L=28, V=151936)
+    lora = [(1024, 64)] * 6 * 28 + [(3072, 64)] * 28
+    for checkpointed in (True, False):
+        memory = plan.activations(shape, 2, lora, True, checkpointed)
+        room = 12 * 2**30
+        most = memory.tokens_that_fit(room)
+        assert memory.bytes(most) <= room < memory.bytes(most + 1)
+    assert memory.tokens_that_fit(memory.bytes(1) - 1) == 0

@@ -145,8 +145,8 @@ The parts, each recorded whatever became of the others:
    they need to start; otherwise it is skipped. The first micro-batch runs with any time left;
    each next one only after the one before succeeded and with its estimate left: 2 (warm-up
    and timed pass) x the one before's timed seconds x the ratio of their tokens. Plan predicts
-   3.37 and 5.88 GiB for the 0.6B's two micro-batches, 6.65 and 11.21 for the 1.7B's, 12.85
-   and 20.05 for the 4B's: every one fits an H100. What the part costs the default budget
+   2.70 and 5.49 GiB for the 0.6B's two micro-batches, 5.99 and 11.21 for the 1.7B's, 12.20
+   and 20.40 for the 4B's: every one fits an H100. What the part costs the default budget
    comes out of the runs after it: at most ``update_s`` a size, mostly the child's start, the
    loading of the stand-in and the compilation, the passes that fit being a fraction of a
    second each at an H100's bf16 rate (by the formula above, 18 TFLOPs for the 0.6B's 8,192

@@ -146,6 +146,35 @@ def test_plans_activations_are_what_an_update_pass_holds(
         assert counted.peak == pytest.approx(layer, rel=0.1)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_heads_chunks_are_what_its_passes_hold(dtype, temperature, monkeypatch):
+    """The LM head alone, forward and backward over 3 full chunks, holds two chunks of float32
+    logits at once (the logits, or their float32 copy, and their log-softmax) and the bfloat16
+    logits only while their copy is made."""
+    vocab, width, tokens = 4096, 64, 768
+    monkeypatch.setattr(estimators, "HEAD_CHUNK_BYTES", 256 * 4 * vocab)  # 256 tokens a chunk
+    monkeypatch.setattr(plan, "HEAD_CHUNK_BYTES", 256 * 4 * vocab)
+    torch.manual_seed(0)
+    hidden = torch.randn(tokens, width, dtype=dtype, requires_grad=True)
+    weight = torch.randn(vocab, width, dtype=dtype) / 8
+    targets = torch.randint(0, vocab, (tokens,))
+    counter = LiveBytes()
+    counter.before = {t.untyped_storage().data_ptr() for t in (hidden, weight, targets)}
+    with counter:
+        logp, _ = estimators.head_logprobs_and_entropy(
+            hidden, weight, None, targets, temperature, entropy=False
+        )
+        logp.sum().backward()
+    shape = Shape(h=width, a=1, g=1, d=width, I=width, L=1, V=vocab)
+    b = dtype.itemsize
+    memory = plan.activations(shape, b, [], True, False)
+    chunks = plan.head_chunk_bytes(memory.vocab, tokens)
+    assert chunks == 2 * 256 * 4 * vocab
+    small = tokens * (4 * 2 + 2 * b * width)  # logp, its gradient; the hidden state's gradient
+    assert chunks <= counter.peak <= chunks + small
+
+
 def test_the_fitting_tokens_are_the_edge_of_the_model():
     shape = Shape(h=1024, a=16, g=8, d=128, I=3072, L=28, V=151936)
     lora = [(1024, 64)] * 6 * 28 + [(3072, 64)] * 28

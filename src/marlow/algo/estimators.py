@@ -164,9 +164,9 @@ def _chunk_log_softmax(
     """(c, V) float32 log-softmax of one chunk's temperature-scaled logits."""
     z = torch.nn.functional.linear(h, weight, bias)
     if z.dtype in (torch.float16, torch.bfloat16):
-        z = z.float()
+        z = z.float()  # the half-precision logits freed before the log-softmax
     if temperature > 0 and temperature != 1.0:
-        z = z / temperature
+        z.div_(temperature)  # in place: the float32 logits are this function's own
     return torch.log_softmax(z, dim=-1)
 
 

@@ -6,12 +6,8 @@ the larger and its layers' phase the larger, each phase within 10% of the model'
 
 from __future__ import annotations
 
-import weakref
-
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from marlow import plan
@@ -21,57 +17,22 @@ from marlow.models import checkpoint_layers, fuse_norms
 from marlow.policy.adapters import LoraSpec, attach_adapters, use_adapter
 from marlow.training.batch import Chunk
 from marlow.training.logprobs import score_chunk
-
-
-class LiveBytes(TorchDispatchMode):
-    """The bytes of the storages that operations make under the mode and that are alive, their
-    peak over the whole call and while the LM head runs (``in_head``); storages made before (the
-    weights) are not counted."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.live: dict[int, weakref.ref] = {}
-        self.now = self.peak = self.head_peak = 0
-        self.in_head = False
-
-    def _freed(self, key: int, n: int):
-        def forget(_ref) -> None:
-            if self.live.pop(key, None) is not None:
-                self.now -= n
-
-        return forget
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if not isinstance(t, torch.Tensor):
-                continue
-            storage = t.untyped_storage()
-            key, n = storage.data_ptr(), storage.nbytes()
-            if n == 0 or key in self.live or key in self.before:
-                continue
-            self.live[key] = weakref.ref(storage, self._freed(key, n))
-            self.now += n
-        self.peak = max(self.peak, self.now)
-        if self.in_head:
-            self.head_peak = max(self.head_peak, self.now)
-        return out
+from marlow.training.memory import LiveBytes
 
 
 def measure(model, chunk: Chunk, monkeypatch) -> LiveBytes:
     """One update pass over ``chunk`` (``score_chunk`` without entropies, the loss, its
     backward) under :class:`LiveBytes`, the LM head's forward and backward marked."""
-    counter = LiveBytes()
-    counter.before = {t.untyped_storage().data_ptr() for t in model.state_dict().values()}
+    counter = LiveBytes(model.state_dict().values())
     head = estimators._HeadLogprobs
 
     def marked(phase):
         def run(ctx, *args):
-            counter.in_head = True
+            counter.phase = "head"
             try:
                 return phase(ctx, *args)
             finally:
-                counter.in_head = False
+                counter.phase = None
 
         return staticmethod(run)
 
@@ -139,10 +100,10 @@ def test_plans_activations_are_what_an_update_pass_holds(
     head = tokens * (memory.kept + memory.head) + plan.head_chunk_bytes(memory.vocab, tokens)
     layer = tokens * (memory.kept + memory.layer)
     assert (head > layer) == (chunk_mib > 1)  # the phase each case is for
-    assert counted.head_peak == pytest.approx(head, rel=0.1)
+    assert counted.peaks["head"] == pytest.approx(head, rel=0.1)
     assert counted.peak == pytest.approx(memory.bytes(tokens), rel=0.1)
     if layer > head:  # the layers' phase, not the head's, makes the peak
-        assert counted.peak > counted.head_peak
+        assert counted.peak > counted.peaks["head"]
         assert counted.peak == pytest.approx(layer, rel=0.1)
 
 
@@ -159,8 +120,7 @@ def test_the_heads_chunks_are_what_its_passes_hold(dtype, temperature, monkeypat
     hidden = torch.randn(tokens, width, dtype=dtype, requires_grad=True)
     weight = torch.randn(vocab, width, dtype=dtype) / 8
     targets = torch.randint(0, vocab, (tokens,))
-    counter = LiveBytes()
-    counter.before = {t.untyped_storage().data_ptr() for t in (hidden, weight, targets)}
+    counter = LiveBytes([hidden, weight, targets])
     with counter:
         logp, _ = estimators.head_logprobs_and_entropy(
             hidden, weight, None, targets, temperature, entropy=False
@@ -184,3 +144,17 @@ def test_the_fitting_tokens_are_the_edge_of_the_model():
         most = memory.tokens_that_fit(room)
         assert memory.bytes(most) <= room < memory.bytes(most + 1)
     assert memory.tokens_that_fit(memory.bytes(1) - 1) == 0
+
+
+def test_live_bytes_counts_each_storage_once_while_it_lives():
+    weight = torch.ones(1000)  # made before: not counted, nor its views
+    with LiveBytes([weight]) as counter:
+        a = torch.zeros(2000)  # 8,000 bytes
+        view = a[:10].view(2, 5)  # the same storage: not counted again
+        counter.phase = "b"
+        b = a * 2  # 16,000 at once
+        del a, view, b
+        counter.phase = None
+        weight.t().sum()  # a view of the weight, then 4 bytes
+    assert counter.peak == 16000 and counter.peaks == {"b": 16000}
+    assert counter.now == 0 and counter.live == {}

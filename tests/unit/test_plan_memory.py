@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from marlow import plan
 from marlow.algo import estimators
@@ -18,6 +17,7 @@ from marlow.policy.adapters import LoraSpec, attach_adapters, use_adapter
 from marlow.training.batch import Chunk
 from marlow.training.logprobs import score_chunk
 from marlow.training.memory import LiveBytes
+from tests.conftest import build_tiny_qwen3
 
 
 def measure(model, chunk: Chunk, monkeypatch) -> LiveBytes:
@@ -46,26 +46,21 @@ def measure(model, chunk: Chunk, monkeypatch) -> LiveBytes:
 
 @pytest.fixture(scope="module")
 def small_qwen3():
-    config = Qwen3Config(
+    base = build_tiny_qwen3(
         vocab_size=8192,
         hidden_size=128,
         intermediate_size=384,
         num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         head_dim=32,
         max_position_embeddings=1024,
-        tie_word_embeddings=True,
     )
-    torch.manual_seed(0)
-    base = Qwen3ForCausalLM(config)
     for p in base.parameters():
         p.requires_grad_(False)
     fuse_norms(base)  # as load_base computes them
     model = attach_adapters(base, ["policy"], LoraSpec(rank=8), seed=0)
     model.train()
     rows, width, prompt = 4, 256, 64
-    ids = torch.randint(0, config.vocab_size, (rows, width))
+    ids = torch.randint(0, base.config.vocab_size, (rows, width))
     chunk = Chunk(
         list(range(rows)),
         ids,

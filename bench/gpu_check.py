@@ -1323,13 +1323,9 @@ def update_chunk(
 
     from marlow.training.batch import Chunk
 
-    rows, width, prompt = row["rows"], row["row_tokens"], row["prompt"]
-    ids = torch.randint(0, vocab, (rows, width), generator=draws, device=device)
-    completion = torch.ones(rows, width - prompt, dtype=torch.bool, device=device)
-    prompt_len = torch.full((rows,), prompt, device=device)
-    return Chunk(
-        list(range(rows)), ids, torch.ones_like(ids), prompt_len, ids[:, prompt:], completion
-    )
+    shape = (row["rows"], row["row_tokens"])
+    ids = torch.randint(0, vocab, shape, generator=draws, device=device)
+    return Chunk.full_rows(ids, row["prompt"])
 
 
 def time_passes(

@@ -72,9 +72,7 @@ def child(
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, base.config.vocab_size, (rows, row_tokens), generator=gen)
     prompt = row_tokens // 4
-    mask = torch.ones(rows, row_tokens - prompt, dtype=torch.bool)
-    chunk = Chunk(list(range(rows)), ids, torch.ones_like(ids), torch.full((rows,), prompt),
-                  ids[:, prompt:], mask)  # fmt: skip
+    chunk = Chunk.full_rows(ids, prompt)
     with torch.no_grad():  # every weight read once: a bfloat16 load leaves them unmapped
         for p in model.parameters():
             p.sum()

@@ -53,15 +53,7 @@ def main() -> None:
     rows, width = args.rows, args.row_tokens
     prompt = width // 4
     ids = torch.randint(0, len(tok), (rows, width), generator=torch.Generator().manual_seed(0))
-    completion = torch.ones(rows, width - prompt, dtype=torch.bool)
-    chunk = Chunk(
-        list(range(rows)),
-        ids,
-        torch.ones_like(ids),
-        torch.full((rows,), prompt),
-        ids[:, prompt:],
-        completion,
-    )
+    chunk = Chunk.full_rows(ids, prompt)
 
     def one_pass() -> None:
         scored = score_chunk(model, chunk, temperature=1.0, entropy=False)

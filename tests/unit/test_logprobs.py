@@ -8,7 +8,7 @@ import torch
 
 from marlow.algo.turn_advantages import CreditRows
 from marlow.config.schema import MICRO_TOKENS_OFF_CUDA
-from marlow.training.batch import build_batches
+from marlow.training.batch import Chunk, build_batches
 from marlow.training.logprobs import micro_batches, score_rows
 from marlow.types import Turn
 
@@ -101,3 +101,12 @@ def test_an_auto_budget_no_card_sized_cuts_at_8192_tokens():
         81,
         38,
     ]
+
+
+def test_a_chunk_of_full_rows_scores_every_token_after_the_prompt():
+    ids = torch.arange(12).view(2, 6)
+    chunk = Chunk.full_rows(ids, 2)
+    assert chunk.rows == [0, 1] and chunk.prompt_len.tolist() == [2, 2]
+    assert chunk.attention.tolist() == [[1] * 6] * 2
+    assert chunk.targets.tolist() == [[2, 3, 4, 5], [8, 9, 10, 11]]
+    assert chunk.mask.dtype == torch.bool and chunk.mask.all() and chunk.mask.shape == (2, 4)

@@ -61,15 +61,7 @@ def small_qwen3():
     model.train()
     rows, width, prompt = 4, 256, 64
     ids = torch.randint(0, base.config.vocab_size, (rows, width))
-    chunk = Chunk(
-        list(range(rows)),
-        ids,
-        torch.ones_like(ids),
-        torch.full((rows,), prompt),
-        ids[:, prompt:],
-        torch.ones(rows, width - prompt, dtype=torch.bool),
-    )
-    return model, chunk
+    return model, Chunk.full_rows(ids, prompt)
 
 
 @pytest.mark.parametrize("checkpointed", [True, False])

@@ -46,6 +46,16 @@ class Chunk:
     targets: Tensor  # (T, L')
     mask: Tensor  # (T, L') bool
 
+    @classmethod
+    def full_rows(cls, ids: Tensor, prompt: int) -> Chunk:
+        """Every row of ``ids`` (T, S), none padded: its first ``prompt`` tokens its prompt,
+        the rest its completion, every completion token scored (the micro-batch the benchmarks
+        time and count)."""
+        rows = ids.shape[0]
+        prompt_len = torch.full((rows,), prompt, dtype=torch.long, device=ids.device)
+        mask = torch.ones_like(ids[:, prompt:], dtype=torch.bool)
+        return cls(list(range(rows)), ids, torch.ones_like(ids), prompt_len, ids[:, prompt:], mask)
+
 
 @dataclass
 class AdapterBatch:

@@ -58,10 +58,10 @@ are then read off the model; memory figures follow from them and the config by t
   (N, V) tensors of ``token_logprobs_and_entropy``; no chunks.
 
   Attention is taken to be a memory-efficient SDPA kernel (no N x N score matrix: true for
-  flash/efficient attention on GPUs; PyTorch's math fallback on a CPU does keep one). RMSNorms are taken to be a loaded base's,
-  through torch's ``rms_norm`` (:func:`marlow.models.fuse_norms`): one fused kernel on CUDA,
-  which keeps the input and the rows' 1/rms (on a CPU a bfloat16 norm keeps a float32 copy of
-  its input too). A LoRA folded into one weight per layer (``grpo.fold_lora``, a CPU's float32
+  flash/efficient attention on GPUs; PyTorch's math fallback on a CPU does keep one). RMSNorms
+  are taken to be a loaded base's, through torch's ``rms_norm``
+  (:func:`marlow.models.fuse_norms`): one fused kernel on CUDA, which keeps the input and the
+  rows' 1/rms (on a CPU a bfloat16 norm keeps a float32 copy of its input too). A LoRA folded into one weight per layer (``grpo.fold_lora``, a CPU's float32
   default) keeps each layer's folded weight for its backward as well, which is not counted.
   Every token is counted as a completion token (an upper bound for the head's input). A run
   whose routing trains no adapter makes no backward: 0.

@@ -138,10 +138,10 @@ def head_logprobs_and_entropy(
             before it, the base's log-probs, the adapter-sync check's).
 
     Returns:
-        logp (N,) with gradient, entropy (N,) detached (or None); float32. Each chunk makes the operations
-        of :func:`token_logprobs_and_entropy` in its order (the head in its dtype, the upcast, the
-        temperature, the log-softmax), so the two agree to float round-off. Peak memory beyond
-        the inputs: a few (chunk, V) float32 tensors.
+        logp (N,) with gradient, entropy (N,) detached (or None); float32. Each chunk makes the
+        operations of :func:`token_logprobs_and_entropy` in its order (the head in its dtype,
+        the upcast, the temperature, the log-softmax), so the two agree to float round-off.
+        Peak memory beyond the inputs: two (chunk, V) float32 tensors.
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature}")

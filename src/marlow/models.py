@@ -540,6 +540,19 @@ def decoder_and_head(model) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
     return causal_lm.get_decoder(), head
 
 
+def padding_mask(attention: torch.Tensor) -> torch.Tensor | None:
+    """The attention mask to give a causal model for rows masked by ``attention`` (T, S): None
+    where it masks right padding only (each row's ones a prefix), else ``attention``. A causal
+    model's states at a row's real positions never attend to the padding after them, so those
+    states, the log-probs read from them and their gradients are the same without the mask, up
+    to float round-off; without it, transformers' SDPA attention takes its causal kernels
+    (flash attention on CUDA, the KV heads not repeated for grouped queries) instead of a masked
+    kernel over repeated heads. The padded positions' own states differ and are never read."""
+    if attention.shape[1] < 2 or bool((attention[:, 1:] <= attention[:, :-1]).all()):
+        return None
+    return attention
+
+
 def completion_logprobs(
     model,
     ids: torch.Tensor,
@@ -566,8 +579,11 @@ def completion_logprobs(
     ``share_prompts``: rows with the same prompt forward it once where that is estimated cheaper
     (:mod:`marlow.shared_prompts`; the chunked-head models only); the same results up to float
     round-off. ``entropy`` False: the entropies are not computed (None), for a pass that does
-    not read them."""
+    not read them.
+
+    A mask of right padding only is not passed to the model (:func:`padding_mask`)."""
     length = ids.shape[1]
+    attention = padding_mask(attention)
     steps = torch.arange(mask.shape[1], device=ids.device)
     # position of the logits that predict completion token j: P + j - 1, clamped on padding
     pos = (prompt_len[:, None] - 1 + steps[None, :]).clamp(max=length - 1)  # (T, L)

@@ -8,6 +8,7 @@ import torch
 
 from marlow.algo.turn_advantages import CreditRows
 from marlow.config.schema import MICRO_TOKENS_OFF_CUDA
+from marlow.models import padding_mask
 from marlow.training.batch import Chunk, build_batches
 from marlow.training.logprobs import micro_batches, score_rows
 from marlow.types import Turn
@@ -110,3 +111,50 @@ def test_a_chunk_of_full_rows_scores_every_token_after_the_prompt():
     assert chunk.attention.tolist() == [[1] * 6] * 2
     assert chunk.targets.tolist() == [[2, 3, 4, 5], [8, 9, 10, 11]]
     assert chunk.mask.dtype == torch.bool and chunk.mask.all() and chunk.mask.shape == (2, 4)
+
+
+def test_only_a_mask_of_right_padding_is_left_to_the_causal_one():
+    right = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]])
+    assert padding_mask(right) is None
+    assert padding_mask(torch.ones(3, 1, dtype=torch.long)) is None
+    left = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    hole = torch.tensor([[1, 0, 1, 0]])
+    assert padding_mask(left) is left and padding_mask(hole) is hole
+
+
+def test_padded_rows_learn_as_each_row_alone_and_the_model_sees_no_mask(make_model):
+    """A right-padded micro-batch's log-probs and gradients are those of each row scored alone,
+    and its decoder is called without a mask (the causal kernels)."""
+    model = make_model(seed=5)
+    turns = mixed_turns(seed=4)[:6]
+    batch = batch_of(turns)
+    lengths = [batch.seq_len[i] for i in range(len(turns))]
+    chunks = [batch.chunk(c) for c in micro_batches(lengths, 10**6)]
+    assert any(not bool(c.attention.all()) for c in chunks)  # some rows are padded
+    masks: list = []
+    model.model.register_forward_pre_hook(
+        lambda _m, _a, kw: masks.append(kw.get("attention_mask")), with_kwargs=True
+    )
+
+    def grads(rows, micro_tokens):
+        model.zero_grad()
+        total = 0.0
+        for _, s in score_rows(
+            model, batch, rows, temperature=0.7, micro_tokens=micro_tokens, share_prompts=False
+        ):
+            loss = s.logp.sum()
+            loss.backward()
+            total += float(loss)
+        return total, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    together, g_together = grads(range(len(turns)), 10**6)
+    assert len(masks) == len(chunks) and all(m is None for m in masks)
+    assert model.model.embed_tokens.weight.grad is not None
+    alone, g_alone = 0.0, None
+    for i in range(len(turns)):
+        value, g = grads([i], 10**6)
+        alone += value
+        g_alone = g if g_alone is None else {n: g_alone[n] + g[n] for n in g}
+    assert abs(together - alone) < 1e-3
+    for name, g in g_together.items():
+        torch.testing.assert_close(g, g_alone[name], atol=2e-5, rtol=1e-4, msg=name)

@@ -79,6 +79,7 @@ def test_pretrain_tiny_names_the_valid_tasks(tmp_path):
     assert done.returncode == 2 and "valid: math, code" in done.stderr
 
 
+@pytest.mark.slow
 def test_pretrain_tiny_reports_the_greedy_generator_of_its_world(tiny_cache, tmp_path):
     # the conftest's world: a cache hit, then the greedy report (measured by the CLI, not stored)
     done = run(["pretrain-tiny", "--steps", str(PRETRAIN_STEPS)], tiny_cache, tmp_path)

@@ -11,6 +11,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import PRETRAIN_STEPS, in_process
 from tests.e2e.test_run_folders import SOLVER_CRITIC
 
@@ -42,6 +44,7 @@ def marlow(args, cache, cwd) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_a_grid_with_overrides_a_failed_cell_and_a_workflow_file_read_elsewhere(
     tiny_cache, tmp_path
 ):

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import PRETRAIN_STEPS, in_process
 
 MARLOW = [sys.executable, "-m", "marlow.cli"]
@@ -54,6 +56,7 @@ def marlow(args: list[str], cache: str, cwd: Path) -> subprocess.CompletedProces
     )
 
 
+@pytest.mark.slow
 def test_a_run_with_a_relative_workflow_file_reads_from_any_folder(tiny_cache, tmp_path):
     project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
     project.mkdir()

@@ -68,6 +68,7 @@ def test_a_grid_runs_then_resumes_only_what_was_missing(tiny_cache, tmp_path):
     assert records(trained / "metrics.jsonl") == uninterrupted
 
 
+@pytest.mark.slow
 def test_the_same_grid_runs_on_a_local_ray_instance(tiny_cache, tmp_path):
     pytest.importorskip("ray", reason="the ray extra is not installed")
     # each cell asks Ray for one CPU (resources), which its task then holds

@@ -96,6 +96,7 @@ def test_compiled_layers_score_and_backprop_as_eager_ones(checkpointed, monkeypa
     assert not counters["stats"]["unique_graphs"]
 
 
+@pytest.mark.slow
 def test_compiled_bfloat16_layers_are_no_farther_from_float32_than_eager_ones(monkeypatch):
     """Checkpointed, as a run's over a Hugging Face model: a fused kernel rounds to bfloat16
     once where eager rounds after every operation. The recompute runs after

@@ -174,6 +174,7 @@ def test_a_killed_pretraining_leaves_nothing_and_the_next_run_starts_clean(tmp_p
     assert not stale.exists() and (final / "meta.json").exists()
 
 
+@pytest.mark.slow
 def test_the_same_world_on_avx2_kernels(tiny_cache, tmp_path):
     """The conftest world's training (20 steps) repeated in a child whose torch and oneDNN are
     held to AVX2, as on a CPU without native bf16: the same cache folder name and weights equal

@@ -19,6 +19,11 @@ from marlow.tiny.shipped import ROOT, shipped_worlds
 from marlow.types import BASE, GenRequest, SamplingParams
 
 ADAPTERS = ("gen", "agg", "crit")
+TEST_BLOCK = 16
+"""Columns a block of the compiled step's flex attention in these tests (``lean.KV_BLOCK``, 128
+in use): small, so that rows at other columns read other blocks. Not 8: on an AVX2 CPU, torch
+2.13's compiled flex attention gives wrong outputs for blocks of 8 columns (16 and up agree
+with scaled-dot-product attention)."""
 QUESTIONS = ("12+30", "7*8", "100-45", "3+4+5")
 
 
@@ -225,14 +230,14 @@ def test_waiting_rows_take_the_places_of_rows_that_stop(
     call in one batch (log-probs within round-off); the working batch never grows past
     ``max_batch`` (its bucket, compiled); the call takes fewer decode steps than batches of
     ``max_batch`` one after the other. Compiled: the CUDA path's replays on the CPU, spans and
-    attention blocks of 8 columns (each row reads the blocks up to its own column's)."""
+    attention blocks of 16 columns (each row reads the blocks up to its own column's)."""
     from marlow.rollout import lean
 
     if compile:
         monkeypatch.setattr(lean, "_GAVE_UP", set())
         monkeypatch.setattr(lean, "_graphs_on", lambda device: True)
         monkeypatch.setattr(lean, "SPAN_STEP", 8)
-        monkeypatch.setattr(lean, "KV_BLOCK", 8)  # rows at other columns read other blocks
+        monkeypatch.setattr(lean, "KV_BLOCK", TEST_BLOCK)  # rows at other columns read other blocks
     seen = {"rows": set(), "steps": 0, "admitted": []}
     call, admit = LeanQwen3.__call__, LeanQwen3.admit
 
@@ -465,7 +470,7 @@ def test_the_compiled_step_samples_what_the_eager_step_samples(
     """Decode steps at fixed shapes, their layers compiled: 21 rows padded to 24 with fillers,
     compactions into smaller batch sizes, stop flags read every 4 tokens; the CPU's (the cache's
     full length attended with a mask) or the CUDA path's replays run on the CPU (a graph's step
-    over its static buffers): each row's flex attention reading its blocks of 8 columns up to
+    over its static buffers): each row's flex attention reading its blocks of 16 columns up to
     its own, one graph a batch size over the call's whole cache; or (``attention_over_span``)
     attending over spans of 8 columns, a call moving through several, each a new capture. The
     eager loop's tokens, greedy and seeded, log-probs within round-off, nothing fallen back to
@@ -473,7 +478,9 @@ def test_the_compiled_step_samples_what_the_eager_step_samples(
     from marlow.rollout import lean
 
     monkeypatch.setattr(lean, "_GAVE_UP", set())
-    monkeypatch.setattr(lean, "KV_BLOCK", 8)  # a row's attention reads its blocks, not the span
+    monkeypatch.setattr(
+        lean, "KV_BLOCK", TEST_BLOCK
+    )  # a row's attention reads its blocks, not the span
     captured = []
     if graphs == "span":
         monkeypatch.setattr(lean, "_OVER_SPAN", True)
@@ -512,7 +519,7 @@ def test_the_compiled_step_samples_what_the_eager_step_samples(
 def test_the_compiled_parts_compile_once_per_adapter_mix(mixed_ranks, tokenizer, monkeypatch):
     """The CUDA path's replays on the CPU, across batches of 24, 16, 48 and 1 row and spans of 8
     columns up to 40: the projections and the rest of a layer are compiled once for the mixed
-    adapters and once for one adapter, the attention (blocks of 8 columns) once, never again for
+    adapters and once for one adapter, the attention (blocks of 16 columns) once, never again for
     a new batch, span or count of blocks (with torch.compile's limit of compilations at 2, a
     third one raises instead of running eager)."""
     from torch._dynamo.utils import counters
@@ -525,7 +532,7 @@ def test_the_compiled_parts_compile_once_per_adapter_mix(mixed_ranks, tokenizer,
     monkeypatch.setattr(lean, "_COMPILED", {})
     monkeypatch.setattr(lean, "_graphs_on", lambda device: True)
     monkeypatch.setattr(lean, "SPAN_STEP", 8)
-    monkeypatch.setattr(lean, "KV_BLOCK", 8)
+    monkeypatch.setattr(lean, "KV_BLOCK", TEST_BLOCK)
     never = [mixed_ranks.config.vocab_size]  # no row stops: the batches stay whole
     engine = HFEngine(mixed_ranks, tokenizer, stop_ids=never, compile=True, read_every=4)
     params = SamplingParams(1.0, 30, seed=0)
@@ -594,7 +601,7 @@ def test_a_compiled_step_reads_each_row_up_to_its_own_columns_block(monkeypatch)
     over each row's columns within float32 round-off, query heads grouped on their key heads."""
     from marlow.rollout import lean
 
-    block = 8  # as the graphed replays' tests have it (test_device.py runs 128's on CUDA)
+    block = TEST_BLOCK  # as the graphed replays' tests have it (test_device.py: 128 on CUDA)
     monkeypatch.setattr(lean, "KV_BLOCK", block)
     rows, heads, kv_heads, hd, span = 5, 4, 2, 16, 3 * block - 5
     gen = torch.Generator().manual_seed(0)
@@ -663,7 +670,7 @@ def test_within_attention_over_span_the_graphed_step_reads_the_whole_span(
     monkeypatch.setattr(lean, "_GAVE_UP", set())
     monkeypatch.setattr(lean, "_graphs_on", lambda device: True)
     monkeypatch.setattr(lean, "SPAN_STEP", 8)
-    monkeypatch.setattr(lean, "KV_BLOCK", 8)
+    monkeypatch.setattr(lean, "KV_BLOCK", TEST_BLOCK)
     calls = []
 
     def flex(*args):

@@ -264,7 +264,9 @@ SIZES = (
 DRY_SIZES = (
     # The 0.6B's vocabulary (which the stand-in's tokenizer needs) on 2 narrow layers; short
     # micro-batches keep its (tokens, 151,936) logits small on a CPU. One thread: on a 2-core
-    # CPU shared with other work an IP run took 46 s with two, 8 s with one.
+    # CPU shared with other work an IP run took 46 s with two, 8 s with one. The update's
+    # bound is a CPU's: on one without native bfloat16 (AVX2) the LM head's matmuls run at
+    # about 1.2 GFLOP/s, and the update child took 48 s of 60 at micro-batches of 64 and 256.
     Size(
         "qwen3-0.6b-shrunk",
         "qwen3-0.6b",
@@ -274,6 +276,7 @@ DRY_SIZES = (
         2,
         8,
         1,
+        update_s=150,
         micro_tokens=512,
         threads=1,
         shrink={
@@ -342,7 +345,7 @@ class Update:
 
 
 UPDATE = Update((8192, 32768), 1024, 256)
-DRY_UPDATE = Update((64, 256), 32, 8)
+DRY_UPDATE = Update((32, 128), 16, 8)
 UPDATE_ADAPTER = "policy"
 """The adapter's name ("update" is taken: PEFT keeps adapters in ``ModuleDict``s)."""
 MATMUL_N = {"cuda": 8192, "cpu": 256}

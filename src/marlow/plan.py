@@ -394,9 +394,9 @@ def suggest(
 def _attach(
     base: PreTrainedModel, cfg: RunConfig, roles: list[str]
 ) -> tuple[list[AdapterPlan], list[tuple[int, int]]]:
-    """Attach the run's adapters to ``base`` (on the meta device) as the trainer does: one per
-    adapter the routing of the workflow's ``roles`` makes. Returns their plans and (in features,
-    rank) of each LoRA layer of one of them (all adapters share one spec)."""
+    """The plans of the adapters the routing of the workflow's ``roles`` makes, and (in features,
+    rank) of each LoRA layer of one of them: the first attached to ``base`` (on the meta device)
+    as the trainer attaches it and counted; the others share its spec, so its count."""
     pol = cfg.policy
     routing = make_routing(pol.routing, roles, pol.role_map)
     names = routing.adapters
@@ -404,11 +404,10 @@ def _attach(
         return [], []
     spec = LoraSpec(pol.lora_rank, pol.lora_alpha, pol.lora_dropout, pol.target_modules)
     with torch.device("meta"):  # the LoRA tensors too: nothing is allocated
-        model = attach_adapters(base, names, spec, seed=cfg.seed)
-    plans = []
-    for name in names:
-        n = sum(p.numel() for p in adapter_parameters(model, name).values())
-        plans.append(AdapterPlan(name, routing.roles_of(name), n, OPTIMIZER_BYTES * n))
+        # one adapter is attached and counted: every other has its spec on the same layers
+        model = attach_adapters(base, names[:1], spec, seed=cfg.seed)
+    n = sum(p.numel() for p in adapter_parameters(model, names[0]).values())
+    plans = [AdapterPlan(a, routing.roles_of(a), n, OPTIMIZER_BYTES * n) for a in names]
     return plans, lora_shapes(model, names[0])
 
 

@@ -1,10 +1,10 @@
 """``marlow plan``: will a run fit? A dry run on PyTorch's meta device, from the config alone.
 
 The run's base model is built on ``torch.device("meta")`` from its architecture (shapes, no
-storage: no weights are loaded, nothing is downloaded, no file is written) and the run's LoRA
-adapters are attached to it exactly as the trainer attaches them (the routing the workflow's roles
-and ``policy.routing`` make; :func:`marlow.policy.adapters.attach_adapters`). Parameter counts
-are then read off the model; memory figures follow from them and the config by the formulas below
+storage: no weights are loaded, nothing is downloaded, no file is written) and the first of the
+run's LoRA adapters (the routing the workflow's roles and ``policy.routing`` make) is attached to
+it exactly as the trainer attaches it (:func:`marlow.policy.adapters.attach_adapters`); the
+others have its spec on the same layers, so its count. Parameter counts are read off the model; memory figures follow from them and the config by the formulas below
 (bytes; ``b`` is the run dtype's size: 4 float32, 2 bfloat16/float16).
 
 * **base weights** = P x b, with P the base's distinct parameters (tied embeddings once; buffers

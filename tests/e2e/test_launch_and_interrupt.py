@@ -5,7 +5,9 @@
 * SIGINT to ``marlow train`` mid-run: exit 130 and one line naming the step, the last checkpoint
   and the resume command; no child process left;
 * SIGINT to the ``marlow grid`` process alone (``kill -INT``): its cells' processes stop too, and
-  ``index.json`` marks the stopped cell pending, not running.
+  ``index.json`` marks the stopped cell pending, not running;
+* SIGKILL to the ``marlow grid`` process: no process it started outlives it (its cells run in
+  processes forked from its fork server, and die with it).
 """
 
 from __future__ import annotations
@@ -180,3 +182,25 @@ def test_sigint_to_the_grid_process_stops_its_cells_and_leaves_the_index_true(ti
     assert entry["state"] == "pending", entry
     assert re.fullmatch(r"interrupted at step \d+; the grid resumes it", entry["error"])
     assert not (cell / "DONE").exists()
+
+
+def test_a_grid_process_killed_outright_leaves_no_process_behind(tiny_cache, tmp_path):
+    (tmp_path / "grid.yaml").write_text(GRID % PRETRAIN_STEPS)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "marlow", "grid", "grid.yaml", "--out", "res", "--workers", "1"],
+        stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        env=env(tiny_cache),
+        cwd=tmp_path,
+    )
+    cell = tmp_path / "res" / "cells" / "Single-SA-tiny-s-Math"
+    try:
+        wait_for(lambda: logged_step(cell) >= 1 or proc.poll() is not None, "the cell's step 1")
+        children = descendants(proc.pid)
+        assert proc.poll() is None and children, "the cell runs in a process of its own"
+        os.kill(proc.pid, signal.SIGKILL)  # no handler runs: only the kernel and the pipes
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    wait_for(lambda: not any(alive(p) for p in children), "the grid's processes to end", 60)

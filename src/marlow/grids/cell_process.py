@@ -1,8 +1,9 @@
 """One grid cell, trained or evaluated in a process of its own: the body of every local or Ray
 task of :mod:`marlow.grids.runner`.
 
-A cell process dies with the grid process (Linux ``PR_SET_PDEATHSIG``), so a killed grid leaves
-no orphan writing into the results folder. The cell writes ``cell.json`` first, appends the
+A cell process dies with its parent (Linux ``PR_SET_PDEATHSIG``), and a local pool's worker also
+with the grid process (:class:`marlow.grids.pools.LocalPool`), so a killed grid leaves no orphan
+writing into the results folder. The cell writes ``cell.json`` first, appends the
 trainer's log to ``log.txt`` and writes ``DONE`` (JSON: its wall seconds) last: ``DONE`` is the
 only proof that a cell finished.
 """
@@ -87,7 +88,7 @@ def _train(
 
 
 def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent (the grid) dies."""
+    """Ask Linux to SIGKILL this process when its parent dies."""
     try:
         import ctypes
         import signal

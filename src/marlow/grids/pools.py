@@ -33,19 +33,37 @@ class Pool(Protocol):
     def close(self) -> None: ...
 
 
+PRELOAD = ["marlow.grids.cell_process", "marlow.training.trainer"]
+"""What the local pool's fork server imports once for every cell (torch, transformers, peft and
+the trainer: about 10 s of a cell's start on a 2-core CPU)."""
+
+
 class LocalPool:
-    """Worker processes (spawned: no forked torch state), one cell each at a time."""
+    """Worker processes, one cell each at a time, forked from a fork server that imported
+    :data:`PRELOAD` once (spawned where the platform has no fork server). The server is started
+    with one OpenMP thread, so that no torch thread team exists to be forked, and has run no
+    torch operation; each cell sets its own threads and takes the grid process's environment as
+    it was when the cell was submitted (the server's is the one it was started with). Every
+    worker ends as soon as the grid process does (:func:`_end_with`): a worker's parent is the
+    server, which outlives the grid while any worker runs."""
 
     def __init__(self, workers: int) -> None:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
         self.workers = workers
-        ctx = multiprocessing.get_context("spawn")
-        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+        if "forkserver" in multiprocessing.get_all_start_methods():
+            ctx = multiprocessing.get_context("forkserver")
+            ctx.set_forkserver_preload(PRELOAD)
+            _start_fork_server()
+        else:
+            ctx = multiprocessing.get_context("spawn")
+        self._pool = ProcessPoolExecutor(
+            max_workers=workers, mp_context=ctx, initializer=_end_with, initargs=(os.getpid(),)
+        )
 
     def submit(self, cell: Cell, args: tuple) -> Any:
-        return self._pool.submit(run_cell, *args)
+        return self._pool.submit(_run_in_environ, dict(os.environ), *args)
 
     def wait(self, handles: list[Any], timeout: float) -> list[Any]:
         from concurrent.futures import FIRST_COMPLETED
@@ -73,6 +91,49 @@ class LocalPool:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _start_fork_server() -> None:
+    """Start this process's fork server (if not running) with ``OMP_NUM_THREADS=1`` in its
+    environment only."""
+    from multiprocessing import forkserver
+
+    before = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        forkserver.ensure_running()
+    finally:
+        if before is None:
+            del os.environ["OMP_NUM_THREADS"]
+        else:
+            os.environ["OMP_NUM_THREADS"] = before
+
+
+def _end_with(pid: int) -> None:
+    """Pool initializer: a thread that kills this worker (and so its cell) when process ``pid``
+    ends, however it ends (a SIGKILL runs no handler), waiting on a pidfd (Linux 5.3+; where
+    there is none, a killed grid may leave its cells running)."""
+    import select
+    import signal
+    import threading
+
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return
+
+    def watch() -> None:
+        select.select([fd], [], [])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="marlow-grid-watch", daemon=True).start()
+
+
+def _run_in_environ(environ: dict[str, str], *args: Any) -> str:
+    """:func:`run_cell` in a forked worker, under the grid process's ``environ``."""
+    os.environ.clear()
+    os.environ.update(environ)
+    return run_cell(*args)
 
 
 class RayPool:

@@ -153,27 +153,35 @@ settings:
 """
 
 
-def test_sigint_to_the_grid_process_stops_its_cells_and_leaves_the_index_true(tiny_cache, tmp_path):
-    # `single` alone runs one cell: the SA-RL control, trained
+@contextlib.contextmanager
+def grid_at_step_1(cache: str, tmp_path: Path):
+    """``marlow grid`` of one cell (`single` alone: the SA-RL control, trained), yielded with its
+    cell's folder and every process below it once the cell has logged step 1; killed at the end
+    if it still runs."""
     (tmp_path / "grid.yaml").write_text(GRID % PRETRAIN_STEPS)
     proc = subprocess.Popen(
         [sys.executable, "-m", "marlow", "grid", "grid.yaml", "--out", "res", "--workers", "1"],
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
-        env=env(tiny_cache),
+        env=env(cache),
         cwd=tmp_path,
     )
     cell = tmp_path / "res" / "cells" / "Single-SA-tiny-s-Math"
     try:
         wait_for(lambda: logged_step(cell) >= 1 or proc.poll() is not None, "the cell's step 1")
         children = descendants(proc.pid)
-        assert children, "the cell runs in a process of its own"
-        os.kill(proc.pid, signal.SIGINT)  # the grid process alone, as `kill -INT PID` sends it
-        _, stderr = proc.communicate(timeout=300)
+        assert proc.poll() is None and children, "the cell runs in a process of its own"
+        yield proc, cell, children
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_sigint_to_the_grid_process_stops_its_cells_and_leaves_the_index_true(tiny_cache, tmp_path):
+    with grid_at_step_1(tiny_cache, tmp_path) as (proc, cell, children):
+        os.kill(proc.pid, signal.SIGINT)  # the grid process alone, as `kill -INT PID` sends it
+        _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 130, stderr[-3000:]
     assert "Traceback" not in stderr
     assert "run the same `marlow grid` again" in " ".join(stderr.split())
@@ -185,22 +193,7 @@ def test_sigint_to_the_grid_process_stops_its_cells_and_leaves_the_index_true(ti
 
 
 def test_a_grid_process_killed_outright_leaves_no_process_behind(tiny_cache, tmp_path):
-    (tmp_path / "grid.yaml").write_text(GRID % PRETRAIN_STEPS)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "marlow", "grid", "grid.yaml", "--out", "res", "--workers", "1"],
-        stderr=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        env=env(tiny_cache),
-        cwd=tmp_path,
-    )
-    cell = tmp_path / "res" / "cells" / "Single-SA-tiny-s-Math"
-    try:
-        wait_for(lambda: logged_step(cell) >= 1 or proc.poll() is not None, "the cell's step 1")
-        children = descendants(proc.pid)
-        assert proc.poll() is None and children, "the cell runs in a process of its own"
+    with grid_at_step_1(tiny_cache, tmp_path) as (proc, _, children):
         os.kill(proc.pid, signal.SIGKILL)  # no handler runs: only the kernel and the pipes
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        proc.communicate(timeout=60)
     wait_for(lambda: not any(alive(p) for p in children), "the grid's processes to end", 60)

@@ -119,18 +119,16 @@ def test_a_cell_runs_under_the_environment_its_grid_has_when_it_starts(
     """The local pool's fork server outlives a grid and keeps the environment it was started
     with; a cell takes its grid's: here the world cache it pre-trains a missing world into."""
     from marlow.grids import runner
+    from marlow.grids.pools import LocalPool
 
-    grid = {**GRID, "policies": []}  # the base cell alone
-    assert run_grid(parse_grid(grid), tmp_path / "first", workers=1) == {
-        "Voting-Base-tiny-s-Math": "done"
-    }  # the fork server runs from here on, with the session's cache in its environment
+    LocalPool(1).close()  # the fork server runs from here on, the session's cache in its environ
     fresh = tmp_path / "cache"
     monkeypatch.setenv("MARLOW_CACHE", str(fresh))
     monkeypatch.setattr(runner, "pretrain_worlds", lambda todo, log: None)  # the cell's job now
-    assert run_grid(parse_grid(grid), tmp_path / "second", workers=1) == {
-        "Voting-Base-tiny-s-Math": "done"
-    }
-    assert any(fresh.iterdir()), "the cell pre-trained into the cache of the server's environment"
+    grid = {**GRID, "policies": []}  # the base cell alone
+    states = run_grid(parse_grid(grid), tmp_path / "grid", workers=1)
+    assert states == {"Voting-Base-tiny-s-Math": "done"}
+    assert any(fresh.iterdir()), "the cell took the fork server's environment, not its grid's"
 
 
 def test_an_orch_workers_transfer_cell_equals_its_base_cell(tiny_cache, tmp_path):

@@ -117,18 +117,21 @@ def test_a_cell_runs_under_the_environment_its_grid_has_when_it_starts(
     tiny_cache, tmp_path, monkeypatch
 ):
     """The local pool's fork server outlives a grid and keeps the environment it was started
-    with; a cell takes its grid's: here the world cache it pre-trains a missing world into."""
+    with; a cell takes its grid's: here a world cache that is a file, where the cell cannot
+    pre-train its missing world (the server's cache holds it)."""
     from marlow.grids import runner
     from marlow.grids.pools import LocalPool
 
     LocalPool(1).close()  # the fork server runs from here on, the session's cache in its environ
-    fresh = tmp_path / "cache"
-    monkeypatch.setenv("MARLOW_CACHE", str(fresh))
+    not_a_folder = tmp_path / "not-a-folder"
+    not_a_folder.write_text("")
+    monkeypatch.setenv("MARLOW_CACHE", str(not_a_folder))
     monkeypatch.setattr(runner, "pretrain_worlds", lambda todo, log: None)  # the cell's job now
     grid = {**GRID, "policies": []}  # the base cell alone
     states = run_grid(parse_grid(grid), tmp_path / "grid", workers=1)
-    assert states == {"Voting-Base-tiny-s-Math": "done"}
-    assert any(fresh.iterdir()), "the cell took the fork server's environment, not its grid's"
+    assert states == {"Voting-Base-tiny-s-Math": "failed"}, "the cell took the server's environ"
+    error = tmp_path / "grid" / "cells" / "Voting-Base-tiny-s-Math" / "error.txt"
+    assert str(not_a_folder) in error.read_text().splitlines()[-1]
 
 
 def test_an_orch_workers_transfer_cell_equals_its_base_cell(tiny_cache, tmp_path):

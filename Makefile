@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install install-vllm browser quickstart test test-gpu-check test-vllm verify-worlds docs test-slow lint bench
+.PHONY: install install-vllm browser quickstart test test-gpu-check test-vllm test-torch verify-worlds docs test-slow lint bench
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -66,6 +66,24 @@ test-gpu-check: $(STAMP)
 # The vLLM backend's tests (tests/vllm, marker vllm), in the vLLM environment.
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/pytest -q -m vllm tests/vllm
+
+# The sampler's and the update's tests (compiled decode steps, flex attention, fused passes) under
+# another torch of pyproject.toml's range, in .venv-torch-VERSION: `make test-torch TORCH=2.8.0`.
+# pip takes that torch from PyPI (on Linux its CUDA build, a few GB, which runs on a CPU too) and
+# the rest at constraints.txt's pins but sympy's (torch 2.6 pins its own). The results for
+# each version measured: docs/installation.md.
+TORCH ?= 2.8.0
+TORCH_VENV := .venv-torch-$(TORCH)
+TORCH_TESTS := $(addprefix tests/unit/test_,compile_layers.py engine_score.py head_chunks.py \
+	layers.py logprobs.py lora_linear.py rollout_batching.py rollout_hf.py rollout_lean.py \
+	shared_prompts.py)
+
+test-torch:
+	[ -x $(TORCH_VENV)/bin/python ] || python3 -m venv $(TORCH_VENV)
+	$(TORCH_VENV)/bin/python -m pip install -q torch==$(TORCH)
+	grep -v '^sympy==' constraints.txt > $(TORCH_VENV)/constraints.txt
+	$(TORCH_VENV)/bin/python -m pip install -q -c $(TORCH_VENV)/constraints.txt -e '.[test]'
+	OMP_NUM_THREADS=1 $(TORCH_VENV)/bin/pytest -q -n $(TEST_WORKERS) -p no:cacheprovider $(TORCH_TESTS)
 
 # The quickstart's shipped world is what this code makes on this machine: rebuilt from its recipe
 # in a temporary folder and compared on 500 problems (2-3 min on 2 quiet cores; exit 1 if not).

@@ -110,6 +110,7 @@ GPU yet; the check times the span's SDPA beside it).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
@@ -651,6 +652,15 @@ KV_BLOCK = 128
 """A compiled decode step reads each row's keys and values in blocks of this many columns, up to
 the block of the row's own column (:func:`_attend_blocks`)."""
 
+_NO_Q_BLOCKS = (
+    {"compute_q_blocks": False}
+    if "compute_q_blocks" in inspect.signature(BlockMask.from_kv_blocks).parameters
+    else {}
+)
+"""Where torch's :meth:`BlockMask.from_kv_blocks` can skip it, a decode step's block mask is made
+without the index only a backward reads; torch 2.11 and 2.13 take ``compute_q_blocks``, 2.6 to
+2.8 do not (where passing it made the compiled flex attention fail and be given up)."""
+
 
 def _row_blocks(
     valid: torch.Tensor, columns: torch.Tensor, span: int
@@ -691,7 +701,7 @@ def _attend_blocks(
         BLOCK_SIZE=KV_BLOCK,
         mask_mod=keep,
         seq_lengths=(1, keys.shape[2]),
-        compute_q_blocks=False,  # the backward's index: a decode step has none
+        **_NO_Q_BLOCKS,
     )
     heads, kv_heads, hd = query.shape[1], keys.shape[1], query.shape[-1]
     return flex_attention(

@@ -265,8 +265,9 @@ DRY_SIZES = (
     # The 0.6B's vocabulary (which the stand-in's tokenizer needs) on 2 narrow layers; short
     # micro-batches keep its (tokens, 151,936) logits small on a CPU. One thread: on a 2-core
     # CPU shared with other work an IP run took 46 s with two, 8 s with one. The update's
-    # bound is a CPU's: on one without native bfloat16 (AVX2) the LM head's matmuls run at
-    # about 1.2 GFLOP/s, and the update child took 48 s of 60 at micro-batches of 64 and 256.
+    # bound is a CPU's: on one without native bfloat16 (AVX2) bfloat16 matmuls run at a fifth
+    # of float32's (bench/half_matmul.py), and the update child took 16 s of its 150 at
+    # micro-batches of 32 and 128 on a 2-core Zen 3.
     Size(
         "qwen3-0.6b-shrunk",
         "qwen3-0.6b",

@@ -6,6 +6,8 @@
 * `policy_loss`: the per-token policy loss, registered by name (``grpo.policy_loss``).
 * `estimators`: masked means and the per-token estimators behind the metrics (entropy, chi2, k3
   KL, perplexity, clip fractions).
+* `matmul`: the matrix products of the update's own backward passes, their operands laid out
+  the way the machine's GEMM computes fast (a CPU without native bfloat16).
 
 Each module's docstring writes out its formulas.
 """

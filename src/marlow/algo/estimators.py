@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from marlow.algo.matmul import mm
+
 if TYPE_CHECKING:
     from marlow.algo.losses import SurrogateOut
 
@@ -212,9 +214,9 @@ class _HeadLogprobs(torch.autograd.Function):
             dz = dz.to(weight.dtype)  # the upcast's backward: back to the head's dtype
             del p  # the float32 (c, V) freed before the products, as dz is before the next chunk
             if need_h:
-                grad_h[start:end] = dz @ weight
+                grad_h[start:end] = mm(dz, weight)
             if need_w:
-                grad_w += dz.T @ h
+                grad_w += mm(dz.T, h)
             if need_b:
                 grad_b += dz.sum(0)
             del dz

@@ -52,6 +52,7 @@ from peft.utils import get_peft_model_state_dict, load_peft_weights, set_peft_mo
 from torch import nn
 from transformers import PreTrainedModel
 
+from marlow.algo.matmul import addmm_, mm
 from marlow.config import ConfigError
 from marlow.types import BASE
 
@@ -416,14 +417,14 @@ class LoraLinear(torch.autograd.Function):
     def backward(ctx, grad):  # noqa: D102
         x, weight, a_low, b_low, low = ctx.saved_tensors
         g = grad.reshape(-1, grad.shape[-1])
-        g_low = g @ b_low
+        g_low = mm(g, b_low)
         gx = ga = gb = None
         if ctx.needs_input_grad[0]:
-            gx = (g @ weight).addmm_(g_low, a_low).view(x.shape)
+            gx = addmm_(mm(g, weight), g_low, a_low).view(x.shape)
         if ctx.needs_input_grad[3]:
-            ga = (g_low.t() @ x.reshape(-1, x.shape[-1])).to(ctx.a_dtype)
+            ga = mm(g_low.t(), x.reshape(-1, x.shape[-1])).to(ctx.a_dtype)
         if ctx.needs_input_grad[4]:
-            gb = g.t() @ low.reshape(-1, low.shape[-1])
+            gb = mm(g.t(), low.reshape(-1, low.shape[-1]))
             gb = (gb.to(torch.promote_types(gb.dtype, ctx.b_dtype)) * ctx.scaling).to(ctx.b_dtype)
         return gx, None, None, ga, gb, None
 

@@ -40,7 +40,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from marlow.algo.estimators import head_logprobs_and_entropy, token_logprobs_and_entropy
-from marlow.algo.matmul import native_half
+from marlow.algo.matmul import slow_half
 from marlow.config import DEVICE_FORM, DEVICES, ConfigError, ModelConfig, TaskConfig
 from marlow.logs import Phase
 from marlow.policy.adapters import lora_in_base_dtype, recompute_as_forward
@@ -317,12 +317,13 @@ def load_base(
 
 def half_precision_note(dtype: torch.dtype, device: torch.device) -> str | None:
     """The line a run says when its base computes in bfloat16 or float16 on a CPU without native
-    instructions for that dtype (:func:`marlow.algo.matmul.native_half`: x86 without AVX-512
+    instructions for that dtype (:func:`marlow.algo.matmul.slow_half`: x86 without AVX-512
     BF16 or AMX, such as AVX2 machines), else None. There torch's half-precision matrix
     products run at a fifth to an eighth of float32's (16-20 GFLOP/s against 80-120 on a 2-core
-    AMD EPYC, Zen 3, torch 2.13, in bfloat16 and float16 alike: ``bench/half_matmul.py``), and one update pass of a bfloat16
-    Qwen3-0.6B over 512 tokens took 158 s against 39 s in float32 (``bench/learn_memory.py``)."""
-    if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float16) or native_half(dtype):
+    AMD EPYC, Zen 3, torch 2.13, in bfloat16 and float16 alike: ``bench/half_matmul.py``), and
+    one update pass of a bfloat16 Qwen3-0.6B over 512 tokens took 158 s against 39 s in float32
+    (``bench/learn_memory.py``)."""
+    if not slow_half(dtype, device):
         return None
     name = str(dtype).removeprefix("torch.")
     units = "AVX-512 BF16 or AMX" if dtype == torch.bfloat16 else "AVX-512 FP16 or AMX-FP16"

@@ -109,12 +109,12 @@ def test_the_update_backward_makes_every_half_product_in_a_fast_layout(no_native
 
 
 def test_a_half_base_on_a_cpu_without_native_products_is_said_once(monkeypatch):
-    monkeypatch.setattr(models, "native_half", lambda dtype: False)
+    monkeypatch.setattr(matmul, "native_half", lambda dtype: False)
     cpu = torch.device("cpu")
     line = models.half_precision_note(torch.bfloat16, cpu)
     assert "dtype is bfloat16" in line and "dtype=float32" in line and "AVX-512 BF16" in line
     assert "FP16" in models.half_precision_note(torch.float16, cpu)
     assert models.half_precision_note(torch.float32, cpu) is None
     assert models.half_precision_note(torch.bfloat16, torch.device("cuda", 0)) is None
-    monkeypatch.setattr(models, "native_half", lambda dtype: True)
+    monkeypatch.setattr(matmul, "native_half", lambda dtype: True)
     assert models.half_precision_note(torch.bfloat16, cpu) is None

@@ -45,6 +45,12 @@ def native_half(dtype: torch.dtype) -> bool:
     return _NATIVE[dtype]
 
 
+def slow_half(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether ``dtype`` products on ``device`` run in torch's own reference GEMM: bfloat16 or
+    float16 on a CPU without native support for it (module docstring)."""
+    return device.type == "cpu" and dtype in _HALF and not native_half(dtype)
+
+
 def _row_major(t: Tensor) -> bool:
     return t.stride(-1) == 1
 
@@ -58,14 +64,9 @@ def operands(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     """``(a, b)`` for the product ``a @ b`` of two matrices, the smaller re-laid out where both
     share a layout in a half-precision product on a CPU without native support (module
     docstring); else as given."""
-    if (
-        a.device.type != "cpu"
-        or a.dtype not in _HALF
-        or a.dim() != 2
-        or b.dim() != 2
-        or _row_major(a) != _row_major(b)
-        or native_half(a.dtype)
-    ):
+    if a.dim() != 2 or b.dim() != 2 or _row_major(a) != _row_major(b):
+        return a, b
+    if not slow_half(a.dtype, a.device):
         return a, b
     if a.numel() <= b.numel():
         return _other_layout(a), b

@@ -173,11 +173,13 @@ have the same size.
 
 Failures are data: a run that fails (an out-of-memory error, a crash) is recorded with the steps
 it finished and the last line it printed; one that outlasts the time left is stopped and recorded
-likewise; a size whose minimum time is no longer left is recorded as skipped. A sampler
-configuration that raises (an out-of-memory error) is recorded as failed and the next one runs;
-one the sampler's child was running when it crashed or was stopped takes its status and last
-line, and those it never reached are recorded as skipped; the update's micro-batches likewise,
-and the size's runs go on. The exit status is 1 when anything failed, else 0; the JSON is
+likewise; one that printed its summary but has not exited :data:`EXIT_GRACE_S` later is stopped
+and recorded as "exit_timeout" with its steps; a stopped child writes its threads' stacks to the
+log first (Python's ``faulthandler``); a size whose minimum time is no longer left is recorded
+as skipped. A sampler configuration that raises (an out-of-memory error) is recorded as failed
+and the next one runs; one the sampler's child was running when it crashed or was stopped takes
+its status and last line, and those it never reached are recorded as skipped; the update's
+micro-batches likewise, and the size's runs go on. The exit status is 1 when anything failed, else 0; the JSON is
 written either way.
 """
 
@@ -233,6 +235,8 @@ MIN_TESTS_S = 30
 """The tests part runs only with this many seconds of the budget left."""
 MIN_RUN_S = 30
 """A run starts only with this many seconds of the budget left."""
+EXIT_GRACE_S = 15.0
+"""The seconds a run has to exit after its summary (:meth:`Check.child`'s ``final``)."""
 PHASES = ("rollout", "learn")
 KINDS = ("allocated", "reserved")
 
@@ -427,35 +431,80 @@ class Check:
         self.result["check"]["seconds"] = round(time.monotonic() - self.started, 1)
         write_json(self.path, self.result)
 
-    def child(self, command: list[str], timeout: float, env: dict | None = None) -> dict:
+    def child(
+        self,
+        command: list[str],
+        timeout: float,
+        env: dict | None = None,
+        final: str | None = None,
+    ) -> dict:
         """Run ``command`` from the repository root, its output appended to the log, stopped
         (its whole process group) after ``timeout`` seconds: status, seconds, and the last line
-        it printed when it failed."""
+        it printed when it failed.
+
+        ``final`` marks the child's last line of work (``marlow train``'s summary): once a line
+        holding it is printed, the child has :data:`EXIT_GRACE_S` more to exit, and one that
+        does not is stopped with the status "exit_timeout" (its work done, its exit hung)
+        rather than left to take the rest of the budget. A child stopped either way gets SIGABRT
+        first, so that Python's ``faulthandler`` (``PYTHONFAULTHANDLER``, set for every child)
+        writes each thread's stack to the log: where it was, or where its exit hung."""
         self.log.flush()
         start = self.log.tell()
         t0 = time.monotonic()
         proc = subprocess.Popen(
             command,
             cwd=ROOT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **(env or {})},
             stdout=self.log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        try:
-            rc = proc.wait(timeout=max(timeout, 1))
-            status = "ok" if rc == 0 else "failed"
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        deadline = t0 + max(timeout, 1)
+        status, rc, seen = "timeout", None, start
+        while (now := time.monotonic()) < deadline:
+            try:
+                rc = proc.wait(timeout=min(1.0, deadline - now))
+                status = "ok" if rc == 0 else "failed"
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if final is not None and seen >= 0:
+                seen = _find(self.log.name, seen, final)
+                if seen < 0:  # the final line is out: from now on, the grace
+                    deadline = min(deadline, time.monotonic() + EXIT_GRACE_S)
+                    status = "exit_timeout"
+        last = _last_line(self.log.name, start)  # before the stacks below follow it
+        if rc is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGABRT)  # faulthandler: the stacks, to the log
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=3)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             rc = proc.wait()
-            status = "timeout"
         out: dict[str, Any] = {"status": status, "seconds": round(time.monotonic() - t0, 1)}
         if status != "ok":
             out["rc"] = rc
-            out["error"] = _last_line(self.log.name, start) or f"exit status {rc}"
+            out["error"] = last or f"exit status {rc}"
             if status == "timeout":
                 out["error"] = f"stopped after {timeout:.0f} s (the budget); last: {out['error']}"
+            elif status == "exit_timeout":
+                out["error"] = (
+                    f"its work done, it did not exit within {EXIT_GRACE_S:.0f} s and was "
+                    "stopped (the threads' stacks are in the log)"
+                )
         return out
+
+
+def _find(path: str, offset: int, text: str) -> int:
+    """-1 when ``text`` is in the file at ``path`` after byte ``offset``; else the offset to
+    search from next time (a little before the end, so that a line split by a write is found)."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        chunk = f.read()
+    if text.encode() in chunk:
+        return -1
+    return max(offset, offset + len(chunk) - len(text.encode()))
 
 
 def _last_line(path: str, start: int) -> str:
@@ -1015,7 +1064,8 @@ def measure_run(
     run_dir = work / f"{size.name}-{routing}"
     config = write_text(work / f"{size.name}-{routing}.yaml", dump_config(cfg))
     command = [sys.executable, "-m", "marlow.cli", "train", str(config), "--out", str(run_dir)]
-    out: dict[str, Any] = {"routing": routing, **check.child(command, check.left())}
+    final = "next: marlow inspect"  # the summary's last line (marlow.cli)
+    out: dict[str, Any] = {"routing": routing, **check.child(command, check.left(), final=final)}
     metrics = run_dir / "metrics.jsonl"  # a killed run's half-written last line is left out
     records = list(read_jsonl(metrics)) if metrics.exists() else []
     out["steps"] = [step_row(r) for r in records if r["step"] > 0 and "time/learn_s" in r]

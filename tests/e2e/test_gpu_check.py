@@ -352,6 +352,29 @@ def test_a_failing_or_overrunning_child_is_recorded_and_the_check_goes_on(tmp_pa
     assert "OOM here" in (tmp_path / "gpu_check.log").read_text()
 
 
+def test_a_child_whose_exit_hangs_after_its_final_line_is_stopped_with_its_stacks(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(gpu_check, "EXIT_GRACE_S", 1.0)
+    check = gpu_check.Check(tmp_path, "cpu", dry_run=True, budget_s=60)
+    hangs = (  # a non-daemon thread holds the exit, as the interpreter waits for it
+        "import threading, time\n"
+        "def stuck_thread_body(): time.sleep(60)\n"
+        "threading.Thread(target=stuck_thread_body).start()\n"
+        "print('next: done here')\n"
+    )
+    got = check.child([sys.executable, "-c", hangs], 30, final="next: done")
+    assert got["status"] == "exit_timeout" and got["seconds"] < 15
+    assert "did not exit within 1 s" in got["error"]
+    assert "stuck_thread_body" in (tmp_path / "gpu_check.log").read_text()  # faulthandler's
+    # the marker seen in time, a child that exits is ok; one that never prints it runs on
+    quick = "import time; print('next: done'); time.sleep(0.3)"
+    fine = check.child([sys.executable, "-c", quick], 30, final="next: done")
+    assert fine["status"] == "ok"
+    slow = check.child([sys.executable, "-c", "import time; time.sleep(3)"], 30, final="next:")
+    assert slow["status"] == "ok" and slow["seconds"] >= 3
+
+
 def test_junit_counts_name_the_failures(tmp_path):
     xml = tmp_path / "t.xml"
     xml.write_text(

@@ -24,11 +24,12 @@ The parts, each recorded whatever became of the others:
    once with 1 adapter and once with 4 mixed (row i answered by adapter i mod 4): distinct short
    prompts (``Problem i: what is i + i?``, 25-31 bytes, one token a byte), temperature 1.0,
    ``new_tokens`` new tokens (the stop id is the vocabulary size, an id no row samples, so every
-   row runs to the limit); then the ``span_rows`` batches (64 and 256) with 4 adapters once
-   more, each decode step attending over its whole span by SDPA
-   (:func:`marlow.rollout.lean.attention_over_span`) instead of by flex attention over each
-   row's own blocks of columns (what the latter gives, side by side); last, the ``eager_rows``
-   batch once more with 4 adapters and the decode step eager (``compile=False``: what compiling gives, side by side), for
+   row runs to the limit), each decode step attending by SDPA over its span (the engine's
+   default); then the ``blocks_rows`` batches (64 and 256) with 4 adapters once more, each
+   decode step attending by flex attention over each row's own blocks of columns
+   (:func:`marlow.rollout.lean.attention_by_blocks`: what that gives, side by side); last, the
+   ``eager_rows`` batch once more with 4 adapters and the decode step eager
+   (``compile=False``: what compiling gives, side by side), for
    ``eager_tokens`` new tokens (on an H200 its 512 took the part's last 100 s and did not
    finish: a step of eager kernels is that slow); one untimed warm-up call
    (``warmup_s``: it compiles and captures CUDA graphs on first use), then the timed call (another seed): tokens/s = rows x new tokens / seconds (the
@@ -44,8 +45,8 @@ The parts, each recorded whatever became of the others:
    32nd of the vocabulary's ids stopping a row (so completions end at scattered lengths, a
    few at the limit), a seed per request; with ``rollout.refill`` off (batches of 64 one after
    the other, each until its longest row ends), on (waiting rows take stopped rows'
-   places), and on with each step's attention over its whole span (rows at scattered
-   columns: what reading each row's own blocks gives there): sampled tokens/s of each, the
+   places), and on with each step's attention flex attention over each row's own blocks (rows
+   at scattered columns: what reading only those gives there): sampled tokens/s of each, the
    mean and longest completion, and the share of rows that sampled the same tokens with
    refill off and on.
    Beside each, the bound
@@ -319,7 +320,7 @@ class Sampler:
     profile_rows: tuple[int, ...]  # the batches whose ``adapters``-mixed call is profiled
     profile_tokens: int  # the new tokens of the profiled call
     refill: Refill | None = None  # the call measured with rows refilled and without
-    span_rows: tuple[int, ...] = ()  # the batches sampled once more, attending over the span
+    blocks_rows: tuple[int, ...] = ()  # the batches sampled once more, flex attention by blocks
     adapters: int = 4
     rank: int = 64  # LoRA rank, alpha 32 (LoraSpec's defaults: the paper's)
     temperature: float = 1.0
@@ -613,20 +614,20 @@ def sampler_size(sizes: tuple[Size, ...]) -> Size:
 
 def configurations(sampler: Sampler) -> list[dict[str, Any]]:
     """Each configuration of ``sampler``, in the order they run: by rows, 1 adapter then all,
-    with the engine's own choice of a compiled step (``compile`` None, ``attention`` "rows":
-    on CUDA each row's own blocks of columns); each ``span_rows`` batch with all adapters once
-    more, its attention over the whole span (``attention`` "span":
-    :func:`marlow.rollout.lean.attention_over_span`, side by side); and last the ``eager_rows``
-    batch with all adapters eager (``compile`` False: the slowest per step)."""
+    with the engine's own choice of a compiled step (``compile`` None, ``attention`` "span":
+    SDPA over each step's span); each ``blocks_rows`` batch with all adapters once more, its
+    attention flex attention over each row's own blocks of columns (``attention`` "rows":
+    :func:`marlow.rollout.lean.attention_by_blocks`, side by side); and last the
+    ``eager_rows`` batch with all adapters eager (``compile`` False: the slowest per step)."""
     n = sampler.new_tokens
     out = [
-        {"rows": rows, "adapters": k, "new_tokens": n, "compile": None, "attention": "rows"}
+        {"rows": rows, "adapters": k, "new_tokens": n, "compile": None, "attention": "span"}
         for rows in sampler.rows
         for k in (1, sampler.adapters)
     ]
-    span = [
+    blocks = [
         {"rows": rows, "adapters": sampler.adapters, "new_tokens": n, "compile": None}
-        for rows in sampler.span_rows
+        for rows in sampler.blocks_rows
     ]
     eager = {
         "rows": sampler.eager_rows,
@@ -635,8 +636,8 @@ def configurations(sampler: Sampler) -> list[dict[str, Any]]:
     }
     return [
         *out,
-        *(c | {"attention": "span"} for c in span),
-        eager | {"compile": False, "attention": "rows"},
+        *(c | {"attention": "rows"} for c in blocks),
+        eager | {"compile": False, "attention": "span"},
     ]
 
 
@@ -689,7 +690,7 @@ def sample(out: str, folder: str, device: str, dry_run: bool, deadline: float) -
     from marlow.models import resolve_device
     from marlow.policy.adapters import adapter_names
     from marlow.rollout.hf import HFEngine
-    from marlow.rollout.lean import attention_over_span, given_up
+    from marlow.rollout.lean import attention_by_blocks, given_up
     from marlow.types import GenRequest, SamplingParams
 
     sampler, sizes = (DRY_SAMPLER, DRY_SIZES) if dry_run else (SAMPLER, SIZES)
@@ -728,8 +729,8 @@ def sample(out: str, folder: str, device: str, dry_run: bool, deadline: float) -
         requests = [GenRequest(prompts[i], names[i % k]) for i in range(row["rows"])]
         try:
             engine = engines[row["compile"]]
-            over_span = row["attention"] == "span"
-            with attention_over_span() if over_span else contextlib.nullcontext():
+            by_blocks = row["attention"] == "rows"
+            with attention_by_blocks() if by_blocks else contextlib.nullcontext():
                 timed = time_calls(engine, requests, sampler, n, dev)
             del timed["samples"]
             row.update(timed, compiled=engine.compiled, given_up=given_up(dev))
@@ -752,7 +753,7 @@ def sample(out: str, folder: str, device: str, dry_run: bool, deadline: float) -
             bound_tokens_per_s=bound,
             fraction_of_bound=row["tokens_per_s"] / bound,
         )
-        mixed = (k, row["compile"], row["attention"]) == (sampler.adapters, None, "rows")
+        mixed = (k, row["compile"], row["attention"]) == (sampler.adapters, None, "span")
         if mixed and row["rows"] in sampler.profile_rows:
             params = SamplingParams(sampler.temperature, sampler.profile_tokens, 2)
             row["profile"] = profiled(partial(engine.generate, requests, params), dev)
@@ -774,16 +775,16 @@ def measure_refill(
     after each way: ``refill.rows`` rows of the sampler's adapters mixed (a seed per request,
     so both ways sample the same tokens but for round-off), at most ``refill.max_batch`` at a
     time, stopped by a random ``refill.stop_share`` of the vocabulary's ids; batches one after
-    the other (``refill=False``), then refilled, then refilled with each step's attention over
-    its whole span (:func:`marlow.rollout.lean.attention_over_span`: what reading each row's
-    own blocks gives where rows sit at scattered columns). Each way starts only with its
-    estimate left:
+    the other (``refill=False``), then refilled, then refilled with each step's attention flex
+    attention over each row's own blocks (:func:`marlow.rollout.lean.attention_by_blocks`: what
+    reading each row's own blocks gives where rows sit at scattered columns). Each way starts
+    only with its estimate left:
     2 calls x the decode steps of batches one after the other x ``per_token``."""
     import torch
 
     from marlow.policy.adapters import adapter_names
     from marlow.rollout.hf import HFEngine
-    from marlow.rollout.lean import attention_over_span, given_up
+    from marlow.rollout.lean import attention_by_blocks, given_up
     from marlow.types import GenRequest
 
     r = sampler.refill
@@ -800,7 +801,7 @@ def measure_refill(
         for i in range(r.rows)
     ]
     samples = {}
-    for refill, attention in ((False, "rows"), (True, "rows"), (True, "span")):
+    for refill, attention in ((False, "span"), (True, "span"), (True, "rows")):
         row: dict[str, Any] = {
             "refill": refill,
             "attention": attention,
@@ -820,7 +821,7 @@ def measure_refill(
         )
         engine = HFEngine(model, tokenizer, stop_ids=stops, max_batch=r.max_batch, refill=refill)
         try:
-            with attention_over_span() if attention == "span" else contextlib.nullcontext():
+            with attention_by_blocks() if attention == "rows" else contextlib.nullcontext():
                 timed = time_calls(engine, requests, sampler, r.new_tokens, device)
         except Exception as err:
             row.update(status="failed", error=one_line(err))
@@ -840,7 +841,7 @@ def measure_refill(
         )
         write_json(out, result)
         print(f"sampler: {row['tokens_per_s']:.0f} tokens/s", flush=True)
-    off, on = samples.get((False, "rows")), samples.get((True, "rows"))
+    off, on = samples.get((False, "span")), samples.get((True, "span"))
     if off and on:  # the share of rows that sampled the same tokens both ways
         same = sum(a == b for a, b in zip(off, on, strict=True))
         result["refill"][1]["same_samples"] = same / r.rows

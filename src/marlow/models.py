@@ -31,6 +31,7 @@ one rounding instead of two in bfloat16.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from functools import partial
@@ -436,14 +437,20 @@ def compiles_layers(config) -> bool:
 
 
 COMPILE_LIMIT = 64
-"""How many compilations a compiled decoder layer may make in a process (torch.compile's
-default, 8, is for one function): one per adapter and base, per kind of pass (with gradients,
-where the first layer's input needs none and the others' do; without; in inference mode) and
-per batch of one row (the adapter-sync check's probe)."""
+"""How many compilations a compiled function may make in a process (torch.compile's default,
+8, is for one function): a compiled decoder layer makes one per adapter and base, per kind of
+pass (with gradients, where the first layer's input needs none and the others' do; without; in
+inference mode) and per batch of one row (the adapter-sync check's probe); the sampler's
+compiled flex attention one per batch size (``marlow.rollout.lean``)."""
 _LIMIT = (
     "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
 )
 """The setting's name (torch before 2.7 called it ``cache_size_limit``)."""
+
+
+def compile_limit() -> contextlib.AbstractContextManager:
+    """Within it, a compiled function may make :data:`COMPILE_LIMIT` compilations."""
+    return torch._dynamo.config.patch(**{_LIMIT: COMPILE_LIMIT})
 
 
 def compile_layers(model: torch.nn.Module, on: bool = True) -> int:
@@ -509,7 +516,7 @@ def _compiled_call(layer: torch.nn.Module, compiled: Callable, *args, **kwargs):
     if _GAVE_UP:  # since this call was bound: a checkpoint's recompute after a failure
         return layer._call_impl(*args, **kwargs)
     try:
-        with torch._dynamo.config.patch(**{_LIMIT: COMPILE_LIMIT}):
+        with compile_limit():
             return compiled(*args, **kwargs)
     except _COMPILER_ERRORS as err:  # not the checkpoint's own signal to stop a recompute
         _give_up_compiling(err)

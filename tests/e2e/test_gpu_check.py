@@ -137,23 +137,23 @@ def test_the_dry_run_times_the_sampler_beside_its_bandwidth_bound(dry_run):
     profiled = [c for c in part["configurations"] if "profile" in c]
     sampler = gpu_check.DRY_SAMPLER
     assert [(c["rows"], c["adapters"], c["compile"], c["attention"]) for c in profiled] == [
-        (rows, sampler.adapters, None, "rows") for rows in sampler.profile_rows
+        (rows, sampler.adapters, None, "span") for rows in sampler.profile_rows
     ]
-    # the span's batches once more, their steps attending over their whole span (side by side)
-    span = [c for c in part["configurations"] if c["attention"] == "span"]
-    assert [(c["rows"], c["adapters"], c["compile"]) for c in span] == [
-        (rows, sampler.adapters, None) for rows in sampler.span_rows
+    # some batches once more, their steps' flex attention reading each row's blocks (side by side)
+    blocks = [c for c in part["configurations"] if c["attention"] == "rows"]
+    assert [(c["rows"], c["adapters"], c["compile"]) for c in blocks] == [
+        (rows, sampler.adapters, None) for rows in sampler.blocks_rows
     ]
     assert_profile(profiled[0]["profile"])
     # the refill pair: the same rows both ways, their completions of scattered lengths; and the
-    # refilled call once more, attending over the whole span
-    off, on, over_span = part["refill"]
+    # refilled call once more, each row's flex attention reading its own blocks
+    off, on, by_blocks = part["refill"]
     assert [(c["refill"], c["attention"]) for c in part["refill"]] == [
-        (False, "rows"),
-        (True, "rows"),
+        (False, "span"),
         (True, "span"),
+        (True, "rows"),
     ]
-    for c in (off, on, over_span):
+    for c in (off, on, by_blocks):
         assert c["status"] == "ok" and c["tokens_per_s"] == pytest.approx(
             c["tokens"] / c["seconds"]
         )
@@ -498,6 +498,8 @@ def as_gpu_run(result: dict) -> dict:
     for c in gpu["sampler"]["configurations"]:
         c["peak_allocated_gib"] = 2.5
         c["compiled"] = c["compile"] is None  # CUDA's default: a compiled decode step
+    for c in gpu["sampler"]["refill"]:
+        c["compiled"] = True
     return gpu
 
 
@@ -522,7 +524,7 @@ def test_the_section_of_a_gpu_run_gives_the_date_the_card_and_each_figure(dry_ru
     assert bandwidth in text
     for c in part["configurations"]:
         step = "compiled" if c["compiled"] else "eager"
-        step += gpu_docs.OVER_SPAN if c["attention"] == "span" else ""
+        step += ", " + gpu_docs.ATTENTION[c["attention"]] if c["compiled"] else ""
         assert (
             f"| {c['rows']} | {c['adapters']} | {step} | {c['tokens_per_s']:,.0f} "
             f"| {c['bound_tokens_per_s']:,.0f} | {c['fraction_of_bound']:.3f} "
@@ -530,9 +532,7 @@ def test_the_section_of_a_gpu_run_gives_the_date_the_card_and_each_figure(dry_ru
         ) in text
     assert text.index("| batch |") < text.index("| model | routing | step |")
     for c in part["refill"]:
-        way = ("on" if c["refill"] else "off") + (
-            gpu_docs.OVER_SPAN if c["attention"] == "span" else ""
-        )
+        way = ("on" if c["refill"] else "off") + ", " + gpu_docs.ATTENTION[c["attention"]]
         assert (
             f"| {way} | {c['tokens']:,} | {c['mean_length']:.1f} / "
             f"{c['longest']} | {c['seconds']:,.2f} | {c['tokens_per_s']:,.0f} |"

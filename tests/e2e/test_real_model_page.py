@@ -105,12 +105,15 @@ def test_the_step_costs_the_page_states_are_the_committed_measurements():
         if line.startswith("| ")
         and len(cells := [c.strip() for c in line.strip("|").split("|")]) > 4
     }
-    gpu = json.loads((ROOT / "bench" / "results" / "gpu_check_graphs.json").read_text())
-    (step,) = gpu["sizes"]["qwen3-0.6b"]["runs"][0]["steps"]
-    assert row["one H100 80GB"][:4] == [
-        f"{step['rollout_s'] + step['learn_s']:.1f} s", f"{step['rollout_s']:.1f} s",
-        f"{step['learn_s']:.1f} s", f"{step['learn_peak_allocated_gib']:.2f} GiB",
-    ]  # fmt: skip
+    for card, name in (("one H100 80GB", "gpu_check_graphs"), ("one H200", "gpu_check")):
+        gpu = json.loads((ROOT / "bench" / "results" / f"{name}.json").read_text())
+        (step,) = gpu["sizes"]["qwen3-0.6b"]["runs"][0]["steps"]
+        assert gpu["environment"]["gpu"].startswith(f"NVIDIA {card.removeprefix('one ')}")
+        peak = max(step["rollout_peak_allocated_gib"], step["learn_peak_allocated_gib"])
+        assert row[card][:4] == [
+            f"{step['rollout_s'] + step['learn_s']:.1f} s", f"{step['rollout_s']:.1f} s",
+            f"{step['learn_s']:.1f} s", f"{peak:.2f} GiB",
+        ]  # fmt: skip
     smoke = (ROOT / "bench" / "qwen3_smoke.py").read_text()
     cpu = re.search(r"step 2: ([\d.]+) s \(rollout ([\d.]+) s, learn ([\d.]+) s", smoke)
     rss = re.search(r"peak RSS of the run: ([\d,]+) MiB", smoke).group(1)

@@ -220,19 +220,20 @@ def test_the_host_reading_stops_every_k_tokens_changes_no_sample(mixed_ranks, to
         HFEngine(mixed_ranks, tokenizer, read_every=0)
 
 
-@pytest.mark.parametrize("compile", [False, True], ids=["eager", "graphed"])
-def test_waiting_rows_take_the_places_of_rows_that_stop(
-    mixed_ranks, tokenizer, monkeypatch, compile
-):
+@pytest.mark.parametrize("mode", ["eager", "graphed", "blocks"])
+def test_waiting_rows_take_the_places_of_rows_that_stop(mixed_ranks, tokenizer, monkeypatch, mode):
     """A call of more rows than ``max_batch``: rows that stop are replaced by waiting ones,
     prefilled into their places and sampling at their own columns, rows of one adapter in
     places another's held. Greedy and seeded, every row samples what it samples with the whole
     call in one batch (log-probs within round-off); the working batch never grows past
     ``max_batch`` (its bucket, compiled); the call takes fewer decode steps than batches of
-    ``max_batch`` one after the other. Compiled: the CUDA path's replays on the CPU, spans and
-    attention blocks of 16 columns (each row reads the blocks up to its own column's)."""
+    ``max_batch`` one after the other. Compiled: the CUDA path's replays on the CPU, attending
+    over spans of 8 columns, or (``attention_by_blocks``) by blocks of 16 columns (each row
+    reads the blocks up to its own column's)."""
     from marlow.rollout import lean
 
+    compile = mode != "eager"
+    monkeypatch.setattr(lean, "_BY_BLOCKS", mode == "blocks")
     if compile:
         monkeypatch.setattr(lean, "_GAVE_UP", set())
         monkeypatch.setattr(lean, "_graphs_on", lambda device: True)
@@ -431,14 +432,12 @@ def test_admitted_rows_change_the_adapter_masks_in_place(mixed_ranks):
 
 
 def test_a_graphed_step_shrinks_its_span_only_when_it_would_halve(mixed_ranks, monkeypatch):
-    """Attending over the span (``attention_over_span``: flex attention's step spans the whole
-    cache), rows admitted at small columns can lower the largest column a step writes at: the
+    """Attending over the span (as graphed steps do but inside ``attention_by_blocks``), rows admitted at small columns can lower the largest column a step writes at: the
     graph keeps its span (the extra columns masked) until the span needed is half of it or
     less."""
     from marlow.rollout import lean
 
     monkeypatch.setattr(lean, "_GAVE_UP", set())
-    monkeypatch.setattr(lean, "_OVER_SPAN", True)
     monkeypatch.setattr(lean, "_graphs_on", lambda device: True)
     monkeypatch.setattr(lean, "SPAN_STEP", 8)
     spans = []
@@ -456,6 +455,38 @@ def test_a_graphed_step_shrinks_its_span_only_when_it_would_halve(mixed_ranks, m
     assert spans == [24, 24, 24, 8, 24]
 
 
+def test_a_graphed_forward_and_its_cache_go_when_the_call_drops_them(mixed_ranks, monkeypatch):
+    """A sampling call's forward and its graphed step refer to each other; were that a strong
+    cycle, the call's KV cache would outlive the call until Python's cyclic collector ran (on
+    a GPU, into the learn phase). With the collector off, dropping the forward frees both."""
+    import gc
+    import weakref
+
+    from marlow.rollout import lean
+
+    monkeypatch.setattr(lean, "_GAVE_UP", set())
+    monkeypatch.setattr(lean, "_graphs_on", lambda device: True)
+    monkeypatch.setattr(lean, "SPAN_STEP", 8)
+    with torch.inference_mode():
+        forward = LeanQwen3(mixed_ranks, 2, 16, compiled=True)
+        ids = torch.tensor([[5, 6, 7], [8, 9, 10]])
+        forward.admit(torch.arange(2), ids, torch.ones_like(ids), torch.arange(3).expand(2, 3),
+                      [0, 0], torch.arange(2))  # fmt: skip
+        mask = torch.ones(2, 16, dtype=torch.long)
+        out = forward(torch.tensor([[1], [2]]), mask, torch.tensor([[3], [3]]), 3,
+                      torch.tensor([3, 3]))  # fmt: skip
+        assert out.isfinite().all() and forward.graph is not None
+    gone = [weakref.ref(x) for x in (forward, forward.graph, forward.cache[0])]
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        del forward
+        assert [r() is None for r in gone] == [True, True, True]
+    finally:
+        if was:
+            gc.enable()
+
+
 def test_batch_sizes_of_the_compiled_step():
     sizes = sorted({_bucket(n) for n in range(1, 300)})
     assert sizes == [2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384]
@@ -463,16 +494,16 @@ def test_batch_sizes_of_the_compiled_step():
     assert all(_bucket(n) < 2 * n for n in range(2, 300)) and _bucket(1) == 2
 
 
-@pytest.mark.parametrize("graphs", [None, "rows", "span"], ids=["compiled", "graphed", "spans"])
+@pytest.mark.parametrize("graphs", [None, "blocks", "span"], ids=["compiled", "blocks", "spans"])
 def test_the_compiled_step_samples_what_the_eager_step_samples(
     mixed_ranks, tokenizer, monkeypatch, graphs
 ):
     """Decode steps at fixed shapes, their layers compiled: 21 rows padded to 24 with fillers,
     compactions into smaller batch sizes, stop flags read every 4 tokens; the CPU's (the cache's
     full length attended with a mask) or the CUDA path's replays run on the CPU (a graph's step
-    over its static buffers): each row's flex attention reading its blocks of 16 columns up to
-    its own, one graph a batch size over the call's whole cache; or (``attention_over_span``)
-    attending over spans of 8 columns, a call moving through several, each a new capture. The
+    over its static buffers): attending over spans of 8 columns, a call moving through several,
+    each a new capture; or (``attention_by_blocks``) each row's flex attention reading its
+    blocks of 16 columns up to its own, one graph a batch size over the call's whole cache. The
     eager loop's tokens, greedy and seeded, log-probs within round-off, nothing fallen back to
     the eager step; a second call of other lengths compiles nothing that fails."""
     from marlow.rollout import lean
@@ -482,8 +513,7 @@ def test_the_compiled_step_samples_what_the_eager_step_samples(
         lean, "KV_BLOCK", TEST_BLOCK
     )  # a row's attention reads its blocks, not the span
     captured = []
-    if graphs == "span":
-        monkeypatch.setattr(lean, "_OVER_SPAN", True)
+    monkeypatch.setattr(lean, "_BY_BLOCKS", graphs == "blocks")
     if graphs:
         monkeypatch.setattr(lean, "_graphs_on", lambda device: True)
         monkeypatch.setattr(lean, "SPAN_STEP", 8)
@@ -504,7 +534,15 @@ def test_the_compiled_step_samples_what_the_eager_step_samples(
         assert {c.finish_reason for c in out} == {"stop", "length"}
     shorter = [GenRequest(r.prompt_ids[:3], r.adapter, r.seed) for r in reqs[:9]]
     params = SamplingParams(0.0, 10, seed=0)
-    same(compiled.generate(shorter, params), eager.generate(shorter, params))
+    import gc
+
+    gc.collect()
+    gc.disable()  # no forward of a finished call is left for the cyclic collector to free
+    try:
+        same(compiled.generate(shorter, params), eager.generate(shorter, params))
+        assert not [x for x in gc.get_objects() if isinstance(x, (LeanQwen3, lean._Graph))]
+    finally:
+        gc.enable()
     assert not lean._GAVE_UP
     if graphs:
         spans = {span for _, _, span in captured}
@@ -516,12 +554,17 @@ def test_the_compiled_step_samples_what_the_eager_step_samples(
         assert 24 in batches and len(batches) > 1  # and smaller batches after compactions
 
 
-def test_the_compiled_parts_compile_once_per_adapter_mix(mixed_ranks, tokenizer, monkeypatch):
+@pytest.mark.parametrize("blocks", [False, True], ids=["span", "blocks"])
+def test_the_compiled_parts_compile_once_per_adapter_mix(
+    mixed_ranks, tokenizer, monkeypatch, blocks
+):
     """The CUDA path's replays on the CPU, across batches of 24, 16, 48 and 1 row and spans of 8
     columns up to 40: the projections and the rest of a layer are compiled once for the mixed
-    adapters and once for one adapter, the attention (blocks of 16 columns) once, never again for
-    a new batch, span or count of blocks (with torch.compile's limit of compilations at 2, a
-    third one raises instead of running eager)."""
+    adapters and once for one adapter, never again for a new batch or span (with
+    torch.compile's limit of compilations at 2, a third one raises instead of running eager);
+    the attention over the span is not compiled, and the flex attention (``attention_by_blocks``,
+    blocks of 16 columns) once per batch size, its rows static (what its decoding kernel
+    takes) and never again for a new span or count of blocks."""
     from torch._dynamo.utils import counters
 
     from marlow.rollout import lean
@@ -530,9 +573,18 @@ def test_the_compiled_parts_compile_once_per_adapter_mix(mixed_ranks, tokenizer,
     counters.clear()
     monkeypatch.setattr(lean, "_GAVE_UP", set())
     monkeypatch.setattr(lean, "_COMPILED", {})
+    monkeypatch.setattr(lean, "_BY_BLOCKS", blocks)
     monkeypatch.setattr(lean, "_graphs_on", lambda device: True)
     monkeypatch.setattr(lean, "SPAN_STEP", 8)
     monkeypatch.setattr(lean, "KV_BLOCK", TEST_BLOCK)
+    rows, call = set(), LeanQwen3.__call__
+
+    def counted(self, ids, *a, **kw):
+        if ids.shape[1] == 1:  # a decode step: the compiled parts
+            rows.add(ids.shape[0])
+        return call(self, ids, *a, **kw)
+
+    monkeypatch.setattr(LeanQwen3, "__call__", counted)
     never = [mixed_ranks.config.vocab_size]  # no row stops: the batches stay whole
     engine = HFEngine(mixed_ranks, tokenizer, stop_ids=never, compile=True, read_every=4)
     params = SamplingParams(1.0, 30, seed=0)
@@ -540,7 +592,8 @@ def test_the_compiled_parts_compile_once_per_adapter_mix(mixed_ranks, tokenizer,
         for n, adapters in ((21, (*ADAPTERS, BASE)), (9, ADAPTERS), (40, ADAPTERS), (1, ("gen",))):
             engine.generate(requests(adapters, n=n), params)
     assert not lean._GAVE_UP
-    assert counters["stats"]["unique_graphs"] == 5
+    assert rows == {24, 16, 48, 2}
+    assert counters["stats"]["unique_graphs"] == 4 + (len(rows) if blocks else 0)
 
 
 @pytest.fixture
@@ -631,6 +684,7 @@ def test_a_failing_flex_attention_leaves_the_compiled_layers(mixed_ranks, tokeni
 
     monkeypatch.setattr(lean, "_GAVE_UP", set())
     monkeypatch.setattr(lean, "_graphs_on", lambda device: True)
+    monkeypatch.setattr(lean, "_BY_BLOCKS", True)
     monkeypatch.setattr(lean, "SPAN_STEP", 8)
     calls = {"attention": 0, "projections": 0}
 
@@ -659,12 +713,12 @@ def test_a_failing_flex_attention_leaves_the_compiled_layers(mixed_ranks, tokeni
     assert calls["attention"] == 1
 
 
-def test_within_attention_over_span_the_graphed_step_reads_the_whole_span(
+def test_within_attention_by_blocks_the_graphed_step_reads_each_rows_blocks(
     mixed_ranks, tokenizer, monkeypatch
 ):
-    """``attention_over_span`` (the GPU check's side-by-side timing): inside it, new graphed steps
-    (the CUDA path's replays, on the CPU) attend by SDPA over their span, flex attention never
-    called, sampling the same tokens; outside it, flex attention again."""
+    """``attention_by_blocks`` (the GPU check's side-by-side timing): inside it, new graphed
+    steps (the CUDA path's replays, on the CPU) attend by flex attention over each row's blocks,
+    sampling the same tokens; outside it, by SDPA over the span, flex attention never called."""
     from marlow.rollout import lean
 
     monkeypatch.setattr(lean, "_GAVE_UP", set())
@@ -681,8 +735,9 @@ def test_within_attention_over_span_the_graphed_step_reads_the_whole_span(
     reqs = requests((*ADAPTERS, BASE), n=6)
     params = SamplingParams(0.0, 10, seed=0)
     engine = HFEngine(mixed_ranks, tokenizer, compile=True)
-    with lean.attention_over_span():
-        over_span = engine.generate(reqs, params)
-    assert not calls and not lean._OVER_SPAN
-    same(engine.generate(reqs, params), over_span)
+    over_span = engine.generate(reqs, params)
+    assert not calls
+    with lean.attention_by_blocks():
+        same(engine.generate(reqs, params), over_span)
+    assert not lean._BY_BLOCKS
     assert len(calls) >= 9 * mixed_ranks.config.num_hidden_layers  # each step after the first

@@ -496,8 +496,8 @@ class RolloutConfig(_Section):
         "auto",
         description="the sampler's decode step at fixed shapes (a static KV cache, batches "
         "padded to a few sizes), its layers through torch.compile and on CUDA the step replayed "
-        "from CUDA graphs, its attention by flex attention (each row reading only its own "
-        "columns), on Qwen3 bases (marlow.rollout.lean); auto: on for CUDA, off on the "
+        "from CUDA graphs, its attention by SDPA over the cache's columns (masked), on Qwen3 "
+        "bases (marlow.rollout.lean); auto: on for CUDA, off on the "
         "CPU (bench/lean_lora.py: there the compilation costs more than it saves in a run's "
         "calls)",
     )

@@ -68,16 +68,17 @@ attention, the rest after it (every layer has the same shapes and only the rows'
 varies, and the span's for the attention, so one compilation serves every layer and batch, and
 fuses each part's elementwise work into a few kernels). On CUDA the whole step is then
 captured as a CUDA graph (:class:`_Graph`: its inputs copied into static buffers, the step one
-launch), when the call first decodes and again when its rows change (a compaction). Its
-attention is flex attention over blocks of :data:`KV_BLOCK` columns (:func:`_attend_blocks`):
-each row reads the blocks up to its own column's and no further, so the step spans the whole
-cache, one graph serves every step of a batch size, and rows refilled at small columns beside
-long ones (and filler rows) read only their own. Where the compiled flex attention failed (or
-inside :func:`attention_over_span`) the step attends by SDPA over a span, every row reading all
-of it: the columns up to the next multiple of :data:`SPAN_STEP` past the largest column a row
-writes at, so early steps do not read the whole cache, a graph captured again when the span
-changes (a graph keeps its span until the span needed would halve: rows admitted later, at
-smaller columns, lower it). Off CUDA a step attends by SDPA over all ``length`` columns
+launch), when the call first decodes and again when its rows change (a compaction). It attends
+by SDPA over a span, every row reading all of it: the columns up to the next multiple of
+:data:`SPAN_STEP` past the largest column a row writes at, so early steps do not read the whole
+cache, a graph captured again when the span changes (a graph keeps its span until the span
+needed would halve: rows admitted later, at smaller columns, lower it). Inside
+:func:`attention_by_blocks` its attention is flex attention over blocks of :data:`KV_BLOCK`
+columns instead (:func:`_attend_blocks`): each row reads the blocks up to its own column's and
+no further, so the step spans the whole cache, one graph serves every step of a batch size, and
+rows refilled at small columns beside long ones (and filler rows) read only their own; slower
+on a GPU as measured so far (:func:`_compiled_parts`), it is what the GPU check times beside
+the default. Off CUDA a step attends by SDPA over all ``length`` columns
 (:func:`_compiled_parts` says why), so every step of a call has the same shapes. Both write each row's new key
 and value at its column given as a tensor (rows admitted at other steps write at other columns:
 :meth:`LeanQwen3.admit`), so no step reads the device.
@@ -96,15 +97,18 @@ parts, of which only the attention sees the span, and none the cache. With them,
 64-row call of 4 adapters mixed took 8.3 ms a step, and its profile showed half of the device's time in the
 float32 LoRA factors' GEMMs (no tensor cores: ``sgemm`` and split-K kernels), the bfloat16 base
 GEMMs an eighth: hence the factors in the base's dtype, with which the same call took 6.5 ms a
-step (``bench/results/gpu_check.json``), its profile about 1,310 kernels a step of 3 to 4
-microseconds each, 21 matrix products a layer among them: hence the grouped products (not
-measured on a GPU yet). In the same profile the attention (cuDNN's flash kernel, over the two
-query heads of each key head and the mask) took 23 microseconds a layer, about a seventh of the
-step's device time: the 64 rows' span of 128 columns (34 MB of keys and values a layer) at
-1.5 TB/s, a third of the card's measured copy bandwidth; at 256 rows and longer contexts the
-attention's reads are most of a step's bytes (the check's bound). Hence flex attention's
-decoding kernel, made for one query a row and reading each row's own blocks (not measured on a
-GPU yet; the check times the span's SDPA beside it).
+step (``bench/results/gpu_check_compiled_update.json``), its profile about 1,310 kernels a step
+of 3 to 4 microseconds each, 21 matrix products a layer among them: hence the grouped
+products, with which the same call took 4.5 ms a step (14,347 tokens/s) and one of 256 rows 9.0
+ms (28,520; ``bench/results/gpu_check.json``). In the earlier profile the attention (cuDNN's
+flash kernel, over the two query heads of each key head and the mask) took 23 microseconds a
+layer, about a seventh of the step's device time: the 64 rows' span of 128 columns (34 MB of
+keys and values a layer) at 1.5 TB/s, a third of the card's measured copy bandwidth; at 256
+rows and longer contexts the attention's reads are most of a step's bytes (the check's bound).
+Hence flex attention's decoding kernel, made for one query a row and reading each row's own
+blocks: compiled with the rows symbolic it ran the general kernel instead and was slower than
+SDPA (:func:`_compiled_parts`), and with them static (:func:`_fix_rows`) it is not measured on a
+GPU yet.
 """
 
 from __future__ import annotations
@@ -123,7 +127,7 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from torch.utils.weak import WeakIdKeyDictionary
 from transformers import Qwen3ForCausalLM
 
-from marlow.models import fused_norm, rms_norm
+from marlow.models import compile_limit, fused_norm, rms_norm
 from marlow.policy.adapters import (
     active_adapter,
     add_low_rank,
@@ -512,9 +516,9 @@ def _forward(
     mask = valid
     if parts is not None and parts.blocks:  # each row reads its own blocks of columns
         mask = _row_blocks(valid, columns, span)
-        _vary(mask[0], dims=(0, 1))  # the rows and the span
-        _vary(mask[1])
-        _vary(mask[2], dims=(0, 3))  # the rows and the span's blocks
+        _fix_rows(*mask)  # flex attention's decoding kernel takes a static batch
+        _vary(mask[0], dims=(1,))  # the span
+        _vary(mask[2], dims=(3,))  # the span's blocks
     elif valid is not None and ids.shape[1] == 1:
         # one token a row: the mask made additive once a step, as attention would make it in
         # every layer (the same -inf and 0, so the same bits; a kernel a layer fewer)
@@ -564,12 +568,24 @@ def _layer(
     kv_heads = cache.shape[1] // 2
     keys, values = cache[:, :kv_heads, :span], cache[:, kv_heads:, :span]
     if parts is not None and parts.blocks:  # the span is symbolic to the compiled attention
-        _vary(query)
-        _vary(keys, values, dims=(0, 2))
+        _fix_rows(query, keys, values)
+        _vary(keys, values, dims=(2,))
     out = attend(query, keys, values, mask)
     if parts is not None:
         _vary(out)
     return rest(x, out, layer, lora)
+
+
+def _fix_rows(*tensors: torch.Tensor) -> None:
+    """Tell ``torch.compile`` that the rows (the first size) of each of ``tensors`` are static:
+    the flex attention's inputs, compiled once per batch size (a step's other sizes symbolic).
+    Inductor lowers a flex attention of one query a row to its decoding kernel (split over the
+    columns) only where the batch is static; with the rows symbolic it took the general kernel,
+    which pads each row's one query to a block of queries: on an H200 that attention took 267
+    us a layer at 256 rows over about 60 columns, where reading their keys and values once
+    takes about 15 (``bench/gpu_check.py``'s profile)."""
+    for t in tensors:
+        torch._dynamo.mark_static(t, 0)
 
 
 def _vary(*tensors, dims: tuple[int, ...] = (0,)) -> None:
@@ -688,7 +704,7 @@ def _attend_blocks(
     The attention :func:`_attend` computes, within float round-off (another kernel, summing in
     another order), but a row's reads end at its own column's block, not at the span: rows
     refilled at small columns beside a long one, or padded to a bucket, no longer read the
-    long one's columns. Compiled, this is flex attention's decoding kernel (split over the
+    long one's columns. Compiled (the rows static: :func:`_fix_rows`), this is flex attention's decoding kernel (split over the
     columns, as for one query a row); eager, a slow reference, never used for sampling."""
     valid, count, indices = mask
 
@@ -733,21 +749,23 @@ _GAVE_UP: set[tuple[str, str]] = set()
 again."""
 
 
-_OVER_SPAN = False
-"""Whether new compiled decode steps attend over their whole span (:func:`attention_over_span`)."""
+_BY_BLOCKS = False
+"""Whether new graphed decode steps attend by flex attention over each row's own blocks
+(:func:`attention_by_blocks`) rather than by SDPA over their span."""
 
 
 @contextlib.contextmanager
-def attention_over_span():
-    """Within it, new compiled decode steps attend by SDPA over their whole span, every row
-    reading each of its columns, instead of by flex attention over each row's own blocks: what
-    flex attention gives, timed side by side (``bench/gpu_check.py``'s sampler part)."""
-    global _OVER_SPAN
-    before, _OVER_SPAN = _OVER_SPAN, True
+def attention_by_blocks():
+    """Within it, new graphed decode steps (CUDA) attend by flex attention over each row's own
+    blocks of columns (:func:`_attend_blocks`) instead of by SDPA over their span, every row
+    reading each of its columns: what flex attention gives, timed side by side
+    (``bench/gpu_check.py``'s sampler part)."""
+    global _BY_BLOCKS
+    before, _BY_BLOCKS = _BY_BLOCKS, True
     try:
         yield
     finally:
-        _OVER_SPAN = before
+        _BY_BLOCKS = before
 
 
 def given_up(device: torch.device) -> list[str]:
@@ -765,15 +783,19 @@ def _graphs_on(device: torch.device) -> bool:
 def _compiled_parts(device: torch.device) -> _Parts | None:
     """:func:`_projections`, :func:`_attend_blocks` and :func:`_rest` through ``torch.compile``,
     each compiled once per device type (:func:`_compile_once`), or None (the eager parts) where
-    compiling failed before. The attention is flex attention where the step is graphed (CUDA);
-    elsewhere, where the compiled flex attention failed before, or inside
-    :func:`attention_over_span`, it is :func:`_attend`, eager:
-    on the CPU, ``bench/lean_lora.py``'s mixed pass took 41.9 ms a position through the CUDA
-    path's step (flex attention) against 35.6 through the CPU's compiled step (SDPA).
+    compiling failed before. The attention is :func:`_attend`, eager (SDPA over the span),
+    unless the step is graphed (CUDA) inside :func:`attention_by_blocks`, where it is flex
+    attention (given up alone where it fails). By measurement: on an H200 the graphed step
+    sampled 14,347 tokens/s through SDPA over the span against 8,651 through flex attention at
+    64 rows of 4 adapters, 28,520 against 11,060 at 256 (``bench/results/gpu_check.json``; flex
+    attention then compiled with the rows symbolic, so not by its decoding kernel:
+    :func:`_fix_rows`); on the CPU, ``bench/lean_lora.py``'s mixed pass took 41.9 ms a position
+    through flex attention against 35.6 through SDPA.
 
     They are compiled with dynamic shapes: every layer of a model has the same shapes, and the
     rows are the only size that changes between steps and calls (and the span, for the
-    attention), so one compilation serves every layer and batch (a batch of one row apart), and
+    attention), so one compilation serves every layer and batch (a batch of one row apart; the
+    flex attention compiles once per batch size, :func:`_fix_rows`), and
     a call with other adapters (one, or several mixed) compiles the projections and the rest
     once more. Compiled with the shapes of their first call instead, they were compiled again
     for each new batch, and the whole layer (its cache and span inside) went on to hit
@@ -781,7 +803,7 @@ def _compiled_parts(device: torch.device) -> _Parts | None:
     eager without a word."""
     if (device.type, "compile") in _GAVE_UP:
         return None
-    blocks = _graphs_on(device) and not _OVER_SPAN and (device.type, "attention") not in _GAVE_UP
+    blocks = _graphs_on(device) and _BY_BLOCKS and (device.type, "attention") not in _GAVE_UP
     return _Parts(
         _compile_once(device, _projections, "compile"),
         _compile_once(device, _attend_blocks, "attention") if blocks else _attend,
@@ -809,8 +831,11 @@ def _compile_once(device: torch.device, part: Callable, what: str) -> Callable:
 
 
 def _tagged(compiled: Callable, what: str, *args) -> torch.Tensor:
+    # the flex attention compiles once per batch size (_fix_rows); the others once
+    limit = compile_limit() if what == "attention" else contextlib.nullcontext()
     try:
-        return compiled(*args)
+        with limit:
+            return compiled(*args)
     except torch.OutOfMemoryError:
         raise
     except Exception as err:
@@ -860,10 +885,15 @@ class _Graph:
     run eager from then on); on CUDA that run is on a side stream, and the step is then captured
     as a CUDA graph and replayed (the run wrote the step's key and value: the replay writes the
     same again); elsewhere the step runs over the same buffers (the CPU tests run this path). The
-    logits it returns are its own buffer, overwritten by the next replay."""
+    logits it returns are its own buffer, overwritten by the next replay.
+
+    It holds its forward by a weak reference: the forward holds it (``LeanQwen3.graph``), and a
+    cycle between them would keep the call's KV cache and the graph's memory until Python's
+    cyclic collector ran, past the sampling call and into the learn phase (on an H200, 2 to 3
+    GiB above plan's prediction of the learn phase's peak)."""
 
     def __init__(self, lean: LeanQwen3, rows: int, span: int, device: torch.device) -> None:
-        self.lean, self.span, self.device = lean, span, device
+        self.lean, self.span, self.device = weakref.proxy(lean), span, device
         self.ids = torch.zeros((rows, 1), dtype=torch.long, device=device)
         self.positions = torch.zeros((rows, 1), dtype=torch.long, device=device)
         self.columns = torch.zeros((rows, 1), dtype=torch.long, device=device)  # each row's

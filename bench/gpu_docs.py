@@ -183,7 +183,8 @@ def _profiles(result: dict[str, Any]) -> list[str]:
     tokens = sampler.get("settings", {}).get("profile_tokens")
     found = [
         (
-            f"sampling {c['rows']} rows of {c['adapters']} adapters for {tokens} new tokens",
+            f"sampling {c['rows']} rows of {c['adapters']} adapters for {tokens} new tokens"
+            + _attention(c),
             c["profile"],
         )
         for c in sampler.get("configurations", [])

@@ -136,8 +136,10 @@ def test_the_dry_run_times_the_sampler_beside_its_bandwidth_bound(dry_run):
         assert c["fraction_of_bound"] == pytest.approx(c["tokens_per_s"] / bound)
     profiled = [c for c in part["configurations"] if "profile" in c]
     sampler = gpu_check.DRY_SAMPLER
+    k = sampler.adapters
     assert [(c["rows"], c["adapters"], c["compile"], c["attention"]) for c in profiled] == [
-        (rows, sampler.adapters, None, "span") for rows in sampler.profile_rows
+        *((rows, k, None, "span") for rows in sampler.profile_rows),
+        *((rows, k, None, "rows") for rows in sampler.blocks_rows if rows in sampler.profile_rows),
     ]
     # some batches once more, their steps' flex attention reading each row's blocks (side by side)
     blocks = [c for c in part["configurations"] if c["attention"] == "rows"]
@@ -620,8 +622,12 @@ def test_the_section_shows_each_profile_and_leaves_out_runs_that_took_no_step(dr
     sampler, update = gpu_check.DRY_SAMPLER, entry["update"]["micro_batches"][0]
     configuration = next(c for c in result["sampler"]["configurations"] if "profile" in c)
     rows, k, new = sampler.profile_rows[0], sampler.adapters, sampler.profile_tokens
+    how = gpu_docs.ATTENTION[configuration["attention"]]
     for what, profile in (
-        (f"sampling {rows} rows of {k} adapters for {new} new tokens", configuration["profile"]),
+        (
+            f"sampling {rows} rows of {k} adapters for {new} new tokens, {how}",
+            configuration["profile"],
+        ),
         (f"the {name} update of {update['tokens']:,} tokens", update["profile"]),
     ):
         assert f"Profile of {what} (" in text

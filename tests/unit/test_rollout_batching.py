@@ -431,21 +431,28 @@ def test_admitted_rows_change_the_adapter_masks_in_place(mixed_ranks):
         assert not torch.equal(m[0], old[0]) and torch.equal(s[0], s[3])
 
 
-def test_a_graphed_step_shrinks_its_span_only_when_it_would_halve(mixed_ranks, monkeypatch):
-    """Attending over the span (as graphed steps do but inside ``attention_by_blocks``), rows admitted at small columns can lower the largest column a step writes at: the
-    graph keeps its span (the extra columns masked) until the span needed is half of it or
-    less."""
+def graphed_pair(model, length: int, monkeypatch) -> LeanQwen3:
+    """A compiled forward of ``length`` columns and two rows, their 3-token prompts admitted,
+    whose decode steps run the CUDA path's graphed step on the CPU (spans of 8 columns)."""
     from marlow.rollout import lean
 
     monkeypatch.setattr(lean, "_GAVE_UP", set())
     monkeypatch.setattr(lean, "_graphs_on", lambda device: True)
     monkeypatch.setattr(lean, "SPAN_STEP", 8)
+    forward = LeanQwen3(model, 2, length, compiled=True)
+    ids = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    forward.admit(torch.arange(2), ids, torch.ones_like(ids), torch.arange(3).expand(2, 3),
+                  [0, 0], torch.arange(2))  # fmt: skip
+    return forward
+
+
+def test_a_graphed_step_shrinks_its_span_only_when_it_would_halve(mixed_ranks, monkeypatch):
+    """Attending over the span (as graphed steps do but inside ``attention_by_blocks``), rows admitted at small columns can lower the largest column a step writes at: the
+    graph keeps its span (the extra columns masked) until the span needed is half of it or
+    less."""
     spans = []
     with torch.inference_mode():
-        forward = LeanQwen3(mixed_ranks, 2, 64, compiled=True)
-        ids = torch.tensor([[5, 6, 7], [8, 9, 10]])
-        forward.admit(torch.arange(2), ids, torch.ones_like(ids), torch.arange(3).expand(2, 3),
-                      [0, 0], torch.arange(2))  # fmt: skip
+        forward = graphed_pair(mixed_ranks, 64, monkeypatch)
         mask = torch.ones(2, 64, dtype=torch.long)
         for at in (17, 12, 9, 5, 20):  # spans needed: 24, 16, 16, 8, 24
             columns = torch.tensor([at, 3])
@@ -462,16 +469,8 @@ def test_a_graphed_forward_and_its_cache_go_when_the_call_drops_them(mixed_ranks
     import gc
     import weakref
 
-    from marlow.rollout import lean
-
-    monkeypatch.setattr(lean, "_GAVE_UP", set())
-    monkeypatch.setattr(lean, "_graphs_on", lambda device: True)
-    monkeypatch.setattr(lean, "SPAN_STEP", 8)
     with torch.inference_mode():
-        forward = LeanQwen3(mixed_ranks, 2, 16, compiled=True)
-        ids = torch.tensor([[5, 6, 7], [8, 9, 10]])
-        forward.admit(torch.arange(2), ids, torch.ones_like(ids), torch.arange(3).expand(2, 3),
-                      [0, 0], torch.arange(2))  # fmt: skip
+        forward = graphed_pair(mixed_ranks, 16, monkeypatch)
         mask = torch.ones(2, 16, dtype=torch.long)
         out = forward(torch.tensor([[1], [2]]), mask, torch.tensor([[3], [3]]), 3,
                       torch.tensor([3, 3]))  # fmt: skip

@@ -889,8 +889,8 @@ class _Graph:
 
     It holds its forward by a weak reference: the forward holds it (``LeanQwen3.graph``), and a
     cycle between them would keep the call's KV cache and the graph's memory until Python's
-    cyclic collector ran, past the sampling call and into the learn phase (on an H200, 2 to 3
-    GiB above plan's prediction of the learn phase's peak)."""
+    cyclic collector ran, past the sampling call and into the learn phase (on an H200 the learn
+    phases of runs peaked 2 to 3 GiB above plan's prediction, about that size)."""
 
     def __init__(self, lean: LeanQwen3, rows: int, span: int, device: torch.device) -> None:
         self.lean, self.span, self.device = weakref.proxy(lean), span, device

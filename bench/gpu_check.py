@@ -176,13 +176,14 @@ have the same size.
 Failures are data: a run that fails (an out-of-memory error, a crash) is recorded with the steps
 it finished and the last line it printed; one that outlasts the time left is stopped and recorded
 likewise; one that printed its summary but has not exited :data:`EXIT_GRACE_S` later is stopped
-and recorded as "exit_timeout" with its steps; a stopped child writes its threads' stacks to the
-log first (Python's ``faulthandler``); a size whose minimum time is no longer left is recorded
-as skipped. A sampler configuration that raises (an out-of-memory error) is recorded as failed
-and the next one runs; one the sampler's child was running when it crashed or was stopped takes
-its status and last line, and those it never reached are recorded as skipped; the update's
-micro-batches likewise, and the size's runs go on. The exit status is 1 when anything failed, else 0; the JSON is
-written either way.
+and recorded as "exit_timeout" with its steps (the sampler's and the update's children
+likewise, after their last line, :data:`CHILD_DONE`); a stopped child writes its threads' stacks
+to the log first (Python's ``faulthandler``); a size whose minimum time is no longer left is
+recorded as skipped. A sampler configuration that raises (an out-of-memory error) is recorded as
+failed and the next one runs; one the sampler's child was running when it crashed or was stopped
+takes its status and last line, and those it never reached are recorded as skipped; the
+update's micro-batches likewise, and the size's runs go on. The exit status is 1 when anything
+failed, else 0; the JSON is written either way.
 """
 
 from __future__ import annotations
@@ -603,11 +604,15 @@ def junit_counts(xml: Path) -> dict[str, Any]:
 SAMPLER_CHILD = """\
 import json, sys
 sys.path.insert(0, "bench")
-from gpu_check import sample
+from gpu_check import CHILD_DONE, sample
 sample(sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), float(sys.argv[5]))
+print(CHILD_DONE, flush=True)
 """
 """Run in a child process from the repository root: :func:`sample`, given the dry run as JSON and
-the deadline as a number."""
+the deadline as a number; last, :data:`CHILD_DONE`."""
+CHILD_DONE = "gpu_check child: done"
+"""The last line a part's child prints, its work done (:meth:`Check.child`'s ``final``): a child
+whose exit then hangs is stopped after :data:`EXIT_GRACE_S`, not at its part's time."""
 NOT_REACHED = "the part's child process ended before it"
 
 
@@ -661,7 +666,8 @@ def measure_sampler(check: Check, device: str, dry_run: bool, work: Path) -> dic
     path, folder = work / "sampler.json", work / "sampler"
     deadline = time.monotonic() + seconds  # CLOCK_MONOTONIC: the child's clock too
     args = [str(path), str(folder), device, json.dumps(dry_run), repr(deadline)]
-    out.update(check.child([sys.executable, "-c", SAMPLER_CHILD, *args], seconds))
+    child = [sys.executable, "-c", SAMPLER_CHILD, *args]
+    out.update(check.child(child, seconds, final=CHILD_DONE))
     shutil.rmtree(folder, ignore_errors=True)
     read_child(out, path, "configurations", configurations(sampler))
     for row in out.get("refill", []):  # the way it was sampling when the child ended
@@ -1159,11 +1165,12 @@ def ratios(steps: list[dict[str, Any]], plan: dict[str, Any]) -> dict[str, Any]:
 UPDATE_CHILD = """\
 import json, sys
 sys.path.insert(0, "bench")
-from gpu_check import time_update
+from gpu_check import CHILD_DONE, time_update
 time_update(*sys.argv[1:4], json.loads(sys.argv[4]), sys.argv[5], float(sys.argv[6]))
+print(CHILD_DONE, flush=True)
 """
 """Run in a child process from the repository root: :func:`time_update`, given the dry run as
-JSON and the deadline as a number."""
+JSON and the deadline as a number; last, :data:`CHILD_DONE`."""
 
 
 def update_rows(update: Update) -> list[dict[str, Any]]:
@@ -1194,7 +1201,8 @@ def measure_update(
     path = work / f"{size.name}-update.json"
     deadline = time.monotonic() + size.update_s  # CLOCK_MONOTONIC: the child's clock too
     args = [str(path), str(folder), device, json.dumps(dry_run), size.name, repr(deadline)]
-    out.update(check.child([sys.executable, "-c", UPDATE_CHILD, *args], size.update_s))
+    child = [sys.executable, "-c", UPDATE_CHILD, *args]
+    out.update(check.child(child, size.update_s, final=CHILD_DONE))
     read_child(out, path, "micro_batches", update_rows(update))
     statuses = [r["status"] for r in out["micro_batches"]]
     check.say(f"{size.name} update: {out['status']}, micro-batches {', '.join(statuses)}")

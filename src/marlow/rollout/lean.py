@@ -63,25 +63,25 @@ columns it has not written, and a weight of 0 times a NaN left in memory would b
 ``compiled`` runs the decode steps at fixed shapes: the cache allocated
 once for the call's ``length`` columns and zeroed, each step attending over a fixed span of
 columns with the mask (columns not yet written are masked), each layer in three parts through
-``torch.compile`` (:func:`_compiled_parts`): the projections before the cache write, the
-attention, the rest after it (every layer has the same shapes and only the rows' dimension
-varies, and the span's for the attention, so one compilation serves every layer and batch, and
-fuses each part's elementwise work into a few kernels). On CUDA the whole step is then
-captured as a CUDA graph (:class:`_Graph`: its inputs copied into static buffers, the step one
-launch), when the call first decodes and again when its rows change (a compaction). It attends
+``torch.compile`` (:func:`_compiled_parts`): the projections before the cache write, the attention,
+the rest after it (every layer has the same shapes and only the rows' dimension varies, and the
+span's for the attention, so one compilation serves every layer and batch, the flex attention's one
+per batch size, and fuses each part's elementwise work into a few kernels). On CUDA the whole step
+is then captured as a CUDA graph (:class:`_Graph`: its inputs copied into static buffers, the step
+one launch), when the call first decodes and again when its rows change (a compaction). It attends
 by SDPA over a span, every row reading all of it: the columns up to the next multiple of
 :data:`SPAN_STEP` past the largest column a row writes at, so early steps do not read the whole
-cache, a graph captured again when the span changes (a graph keeps its span until the span
-needed would halve: rows admitted later, at smaller columns, lower it). Inside
-:func:`attention_by_blocks` its attention is flex attention over blocks of :data:`KV_BLOCK`
-columns instead (:func:`_attend_blocks`): each row reads the blocks up to its own column's and
-no further, so the step spans the whole cache, one graph serves every step of a batch size, and
-rows refilled at small columns beside long ones (and filler rows) read only their own; slower
-on a GPU as measured so far (:func:`_compiled_parts`), it is what the GPU check times beside
-the default. Off CUDA a step attends by SDPA over all ``length`` columns
-(:func:`_compiled_parts` says why), so every step of a call has the same shapes. Both write each row's new key
-and value at its column given as a tensor (rows admitted at other steps write at other columns:
-:meth:`LeanQwen3.admit`), so no step reads the device.
+cache, a graph captured again when the span changes (a graph keeps its span until the span needed
+would halve: rows admitted later, at smaller columns, lower it). Inside :func:`attention_by_blocks`
+its attention is flex attention over blocks of :data:`KV_BLOCK` columns instead
+(:func:`_attend_blocks`): each row reads the blocks up to its own column's and no further, so the
+step spans the whole cache, one graph serves every step of a batch size, and rows refilled at small
+columns beside long ones (and filler rows) read only their own; slower on a GPU as measured so far
+(:func:`_compiled_parts`), it is what the GPU check times beside the default. Off CUDA a step
+attends by SDPA over all ``length`` columns (:func:`_compiled_parts` says why), so every step of a
+call has the same shapes. Both write each row's new key and value at its column given as a tensor
+(rows admitted at other steps write at other columns: :meth:`LeanQwen3.admit`), so no step reads
+the device.
 
 Why this shape on CUDA, from the GPU check on one H100 (``bench/gpu_check.py``: the Qwen3-0.6B
 stand-in, 16 rows, 512 new tokens): the whole step through ``torch.compile`` under
@@ -704,8 +704,9 @@ def _attend_blocks(
     The attention :func:`_attend` computes, within float round-off (another kernel, summing in
     another order), but a row's reads end at its own column's block, not at the span: rows
     refilled at small columns beside a long one, or padded to a bucket, no longer read the
-    long one's columns. Compiled (the rows static: :func:`_fix_rows`), this is flex attention's decoding kernel (split over the
-    columns, as for one query a row); eager, a slow reference, never used for sampling."""
+    long one's columns. Compiled (the rows static: :func:`_fix_rows`), this is flex attention's
+    decoding kernel (split over the columns, as for one query a row); eager, a slow reference,
+    never used for sampling."""
     valid, count, indices = mask
 
     def keep(b, h, q, kv):
@@ -757,8 +758,8 @@ _BY_BLOCKS = False
 @contextlib.contextmanager
 def attention_by_blocks():
     """Within it, new graphed decode steps (CUDA) attend by flex attention over each row's own
-    blocks of columns (:func:`_attend_blocks`) instead of by SDPA over their span, every row
-    reading each of its columns: what flex attention gives, timed side by side
+    blocks of columns (:func:`_attend_blocks`) instead of by SDPA over their span (in which
+    every row reads each of its columns): what flex attention gives, timed side by side
     (``bench/gpu_check.py``'s sampler part)."""
     global _BY_BLOCKS
     before, _BY_BLOCKS = _BY_BLOCKS, True

@@ -115,7 +115,7 @@ The parts, each recorded whatever became of the others:
    out: the LM head's matmuls (the completion tokens' forward, and the backward's recomputation
    and gradient), the adapter's weight gradients, and the attention backward's work beyond one
    forward; so the fraction is a lower bound of the card's use. The decoder layers are
-   checkpointed as a run's are (``grpo.activation_checkpointing``, on for a Hugging Face model:
+   checkpointed first (``grpo.activation_checkpointing=on``,
    :func:`marlow.models.checkpoint_layers`), so the backward runs each layer's forward again:
    FLOPs the formula leaves out too (it counts the work the update needs, not the recompute,
    about one forward more). The card's bf16 matmul
@@ -1082,7 +1082,7 @@ def measure_run(
     records = list(read_jsonl(metrics)) if metrics.exists() else []
     out["steps"] = [step_row(r) for r in records if r["step"] > 0 and "time/learn_s" in r]
     longest = longest_prompt(run_dir / "samples.jsonl", model)
-    out["plan"] = plan_row(cfg, longest)
+    out["plan"] = plan_row(cfg, longest, check.result["environment"].get("gpu_memory_gib"))
     out.update(ratios(out["steps"], out["plan"]))
     return out
 
@@ -1118,16 +1118,18 @@ def longest_prompt(samples: Path, model: Path) -> int | None:
     return max((len(chat_prompt_ids(tokenizer, p)) for p in prompts), default=None)
 
 
-def plan_row(cfg: RunConfig, prompt_tokens: int | None) -> dict[str, Any]:
+def plan_row(cfg: RunConfig, prompt_tokens: int | None, card_gib: float | None) -> dict[str, Any]:
     """``marlow plan``'s figures for the run, in GiB, at its longest prompt (plan's default when
-    the run sampled nothing)."""
+    the run sampled nothing), on the card of ``card_gib`` GiB (None off CUDA), whose memory
+    resolves ``grpo.activation_checkpointing`` auto as the run's trainer does."""
     from marlow.plan import PROMPT_TOKENS, plan_run
 
-    plan = plan_run(cfg, prompt_tokens=prompt_tokens or PROMPT_TOKENS)
+    plan = plan_run(cfg, prompt_tokens=prompt_tokens or PROMPT_TOKENS, gpu_mem_gib=card_gib)
     return {
         "prompt_tokens": plan.prompt_tokens,
         "prompt_tokens_measured": prompt_tokens is not None,
         "forward_tokens": plan.forward_tokens,
+        "checkpointed": plan.checkpointed,
         "max_batch": plan.max_batch,
         "base_gib": plan.base_bytes / GIB,
         "adapters_gib": plan.adapter_bytes / GIB,
@@ -1236,7 +1238,7 @@ def time_update(
         "non_embedding_parameters": non_embedding_parameters(base),
     }
     model = attach_adapters(base, [UPDATE_ADAPTER], LoraSpec(rank=update.rank), seed=0)
-    checkpoint_layers(model)  # as a run's update of a Hugging Face model (auto)
+    checkpoint_layers(model)  # first checkpointed, then each micro-batch not (time_unchecked)
     result["compiled"] = False  # eager, as a run's layers are by default (grpo.compile auto)
     params = list(adapter_parameters(model, UPDATE_ADAPTER).values())
     result["adapter_parameters"] = sum(p.numel() for p in params)

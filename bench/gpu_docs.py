@@ -155,8 +155,8 @@ def _runs(sizes: dict[str, Any]) -> list[str]:
         "measured / predicted):",
         "",
         "| model | routing | prompt tokens | rollout: measured / plan (ratio) "
-        "| learn: measured / plan (ratio) | peak: measured / plan (ratio) |",
-        "|---|---|---|---|---|---|",
+        "| learn: measured / plan (ratio) | update's layers | peak: measured / plan (ratio) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, run in runs:
         if "plan" not in run:
@@ -167,9 +167,15 @@ def _runs(sizes: dict[str, Any]) -> list[str]:
             f"| {name} | {run['routing']} | {plan['prompt_tokens']:,} "
             f"| {_vs(run['rollout_peak_allocated_gib'], fixed + plan['kv_cache_gib'])} "
             f"| {_vs(run['learn_peak_allocated_gib'], fixed + plan['activations_gib'])} "
-            f"| {_vs(run['peak_allocated_gib'], plan['peak_gib'])} |"
+            f"| {_layers(plan)} | {_vs(run['peak_allocated_gib'], plan['peak_gib'])} |"
         )
     return [*lines, "", *troubles] if troubles else lines
+
+
+def _layers(plan: dict[str, Any]) -> str:
+    """Whether the run's update checkpointed its layers, as plan resolved it on the card (checks
+    before plan recorded it checkpointed every run: auto was on for a Hugging Face model)."""
+    return "checkpointed" if plan.get("checkpointed", True) else "not checkpointed"
 
 
 PROFILE_ROWS = 8
@@ -328,7 +334,7 @@ def _update(sizes: dict[str, Any]) -> list[str]:
         f"on one micro-batch of rows of {s['row']:,} tokens ({s['prompt']:,} of them prompt) of "
         f"random ids, a stand-in in bfloat16 with one LoRA adapter of rank {s['rank']} on every "
         "linear; one untimed warm-up pass and an AdamW step, then the timed pass; its layers as "
-        "the check ran them (layers: eager or compiled, checkpointed as a run's are by default), "
+        "the check ran them (layers: eager or compiled; checkpointed), "
         "and each micro-batch timed once more, where the time and the card's memory allowed "
         "(in the checks up to 2026-11-30, the first alone), with them not checkpointed "
         "(`grpo.activation_checkpointing=off`; in checks before that, the other way, compiled "

@@ -390,8 +390,10 @@ class _FusedNorm:
 
 
 def checkpoints_layers(config) -> bool:
-    """Whether a run checkpoints its decoder layers' activations in the update
-    (``grpo.activation_checkpointing``; auto: on for a Hugging Face model, off for a tiny scale)."""
+    """Whether a run's ``grpo.activation_checkpointing`` asks to checkpoint its decoder layers'
+    activations in the update, before a card is considered (auto: on for a Hugging Face model,
+    off for a tiny scale); on a CUDA card auto may then keep them after all
+    (:func:`marlow.plan.update_settings`)."""
     setting = config.grpo.activation_checkpointing
     return not is_tiny(config.model.name) if setting == "auto" else setting == "on"
 

@@ -39,7 +39,8 @@ others have its spec on the same layers, so its count. Parameter counts are read
              3bI + 2bh (not)            about two or three (N, I) tensors and the residual's
       kept = L x b x h (checkpointed)   each layer's input, the layers running again in the
              L x (own + lora) (not)     backward (``grpo.activation_checkpointing``; auto: on for
-                                        a Hugging Face model), or every layer's own
+                                        a Hugging Face model unless a card holds every layer's:
+                                        :func:`update_settings`), or every layer's own
       layer = own + lora + grad         one layer's recompute and backward (checkpointed)
               grad (not)
       head = 3bh + 4                    the final norm's input and its 1/rms, the head's input
@@ -84,9 +85,11 @@ already in the local Hugging Face cache.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from peft.tuners.lora import LoraLayer
@@ -199,30 +202,71 @@ memory model leaves out (the CUDA context, the allocator's fragmentation, the op
 transient buffers, compiled kernels' workspaces)."""
 
 
-def auto_micro_tokens(
-    shape: Shape,
-    b: int,
-    lora: list[tuple[int, int]],
-    chunked_head: bool,
-    checkpointed: bool,
-    beside: int,
-    memory: int | None,
-    dropout: bool = False,
-) -> int:
+def auto_micro_tokens(model: Activations | None, beside: int, memory: int | None) -> int:
     """``grpo.micro_tokens=auto``: :data:`MICRO_TOKENS_OFF_CUDA` where ``memory`` is None (not
-    a CUDA device) or no adapter trains (``lora`` empty); else the most tokens of one forward
-    whose activations (:func:`activations`) fit in :data:`ACTIVATION_SHARE` of the card's
-    ``memory`` bytes left beside ``beside`` bytes (the base weights and the adapters), rounded
-    down to a multiple of :data:`MICRO_TOKENS_STEP`, at most :data:`MICRO_TOKENS_MAX` and at
-    least one step (a card too small for that does not fit the run: ``marlow plan`` says so)."""
-    if memory is None or not lora:
+    a CUDA device) or no adapter trains (``model`` None); else the most tokens of one forward
+    whose activations (``model``, :func:`activations`) fit in :data:`ACTIVATION_SHARE` of the
+    card's ``memory`` bytes left beside ``beside`` bytes (the base weights and the adapters),
+    rounded down to a multiple of :data:`MICRO_TOKENS_STEP`, at most :data:`MICRO_TOKENS_MAX` and
+    at least one step (a card too small for that does not fit the run: ``marlow plan`` says
+    so)."""
+    if memory is None or model is None:
         return MICRO_TOKENS_OFF_CUDA
     room = ACTIVATION_SHARE * (memory - beside)
-    model = activations(shape, b, lora, chunked_head, checkpointed, dropout)
     fits = model.tokens_that_fit(room) if room > 0 else 0
     return max(
         MICRO_TOKENS_STEP, min(MICRO_TOKENS_MAX, fits // MICRO_TOKENS_STEP * MICRO_TOKENS_STEP)
     )
+
+
+def update_settings(
+    model: Callable[[bool], Activations] | None,
+    micro_tokens: int | Literal["auto"],
+    checkpointed: bool,
+    auto: bool,
+    turn: int,
+    beside: int,
+    memory: int | None,
+) -> tuple[int, bool]:
+    """``grpo.micro_tokens`` and whether the update checkpoints its decoder layers, ``auto``
+    resolved, as a trainer resolves them and ``marlow plan`` predicts them.
+
+    Args:
+        model: the update's memory model, checkpointed or not (:func:`activations` of the run);
+            None where no adapter trains.
+        micro_tokens: ``grpo.micro_tokens``.
+        checkpointed: what ``grpo.activation_checkpointing`` asks before a card is considered
+            (:func:`marlow.models.checkpoints_layers`), for a model with layers to checkpoint.
+        auto: ``grpo.activation_checkpointing`` is auto.
+        turn: the longest turn the config allows (:func:`longest_turn`), scored in one forward
+            whatever ``micro_tokens`` says.
+        beside: the bytes of the base weights and the adapters; memory: the card's (None: not
+            CUDA).
+
+    ``micro_tokens=auto`` is sized (:func:`auto_micro_tokens`) with the layers as asked. Then,
+    on a CUDA card, checkpointing auto is turned off where the largest forward,
+    max(micro-batch, ``turn``), with every layer's activations kept fits in the same
+    :data:`ACTIVATION_SHARE` of the card that sizes the micro-batch: the micro-batch stays the
+    same and its backward runs no layer twice. Not checkpointed, an update pass of the same
+    micro-batch was faster at every size measured (one H200, 8,192 tokens: 1.58x at Qwen3-0.6B,
+    1.07x at 1.7B, 1.39x at 4B; ``bench/gpu_check.py``'s update part), and plan's peak for it
+    was within 1% of the measured one. Where that forward does not fit, and off CUDA (a CPU's
+    memory is the machine's, and its attention keeps score matrices plan leaves out), the layers
+    stay checkpointed."""
+    micro = micro_tokens
+    if micro == "auto":
+        micro = auto_micro_tokens(model(checkpointed) if model else None, beside, memory)
+    if model and checkpointed and auto and memory is not None:
+        room = ACTIVATION_SHARE * (memory - beside)
+        checkpointed = model(False).bytes(max(micro, turn)) > room
+    return micro, checkpointed
+
+
+def longest_turn(cfg: RunConfig) -> int:
+    """The most tokens of one turn's forward a run's config allows, for
+    :func:`update_settings`: ``rollout.max_prompt_tokens`` (else :data:`PROMPT_TOKENS`) +
+    ``rollout.max_new_tokens``."""
+    return (cfg.rollout.max_prompt_tokens or PROMPT_TOKENS) + cfg.rollout.max_new_tokens
 
 
 def kv_cache_bytes(shape: Shape, b: int, sequences: int, tokens: int) -> int:
@@ -254,6 +298,7 @@ class Plan:
     forward_tokens: int  # tokens of the largest forward: max(grpo.micro_tokens, one turn)
     activation_bytes: int
     checkpointed: bool  # the decoder layers' activations are checkpointed in the update
+    auto_unchecked: bool  # activation_checkpointing auto turned off on the card (update_settings)
     max_batch: int
     prompt_tokens: int
     max_new_tokens: int
@@ -292,16 +337,21 @@ def plan_run(
     adapters, lora = _attach(base, cfg, workflow.roles)
     turn = prompt_tokens + cfg.rollout.max_new_tokens
     chunked = decoder_and_head(base) is not None
-    ckpt = checkpoints_layers(cfg) and bool(checkpointable_layers(base))
     dropout = cfg.policy.lora_dropout > 0
-    model = activations(shape, b, lora, chunked, ckpt, dropout) if adapters else None
     base_bytes = parameters * b
     adapter_bytes = sum(a.bytes for a in adapters)
-    micro = cfg.grpo.micro_tokens
-    if micro == "auto":
-        card = None if gpu_mem_gib is None else int(gpu_mem_gib * GIB)
-        beside = base_bytes + adapter_bytes
-        micro = auto_micro_tokens(shape, b, lora, chunked, ckpt, beside, card, dropout)
+    card = None if gpu_mem_gib is None else int(gpu_mem_gib * GIB)
+    asked = checkpoints_layers(cfg) and bool(checkpointable_layers(base))
+    micro, ckpt = update_settings(
+        partial(activations, shape, b, lora, chunked, dropout=dropout) if adapters else None,
+        cfg.grpo.micro_tokens,
+        asked,
+        cfg.grpo.activation_checkpointing == "auto",
+        longest_turn(cfg),
+        base_bytes + adapter_bytes,
+        card,
+    )
+    model = activations(shape, b, lora, chunked, ckpt, dropout) if adapters else None
     tokens = max(micro, turn)
     held = model.bytes(tokens) if model else 0
     kv = kv_cache_bytes(shape, b, cfg.rollout.max_batch, turn)
@@ -332,6 +382,7 @@ def plan_run(
         forward_tokens=tokens,
         activation_bytes=held,
         checkpointed=ckpt,
+        auto_unchecked=asked and not ckpt,
         max_batch=cfg.rollout.max_batch,
         prompt_tokens=prompt_tokens,
         max_new_tokens=cfg.rollout.max_new_tokens,
@@ -495,6 +546,13 @@ def render(plan: Plan) -> list:
         "adapters: LoRA weights, gradients and AdamW state, float32; activations: one "
         f"micro-batch of {plan.forward_tokens:,} tokens{auto}"
         + (", its layers checkpointed (grpo.activation_checkpointing)" if plan.checkpointed else "")
+        + (
+            ", its layers not checkpointed (grpo.activation_checkpointing auto: every layer's "
+            f"activations fit in {ACTIVATION_SHARE:.0%} of the card beside the weights and "
+            "adapters)"
+            if plan.auto_unchecked
+            else ""
+        )
         if plan.adapters
         else "adapters: none (the routing trains nothing, so no backward and no activations)",
         f"KV cache: one rollout batch of {plan.max_batch} sequences x ({plan.prompt_tokens:,} "

@@ -104,3 +104,32 @@ def test_a_checkpointed_forward_keeps_a_hidden_state_per_layer():
     assert kept < plain / 4  # the check can fail: without, every layer's activations stay
     logits = 2 * 48 * 64 * 4
     assert kept <= (4 + 2) * hidden + logits  # 4 layers' inputs, the final norm's, the logits
+
+
+def test_on_a_card_auto_keeps_every_layers_activations_where_plan_says_they_fit(
+    small_config, tmp_path, monkeypatch
+):
+    """A Hugging Face model (the tiny world's folder) on a card: the trainer resolves
+    checkpointing auto as ``marlow plan --gpu-mem`` predicts it, on either side of the edge
+    where every layer's activations of the largest forward fill half the room beside the
+    weights and adapters; it says which in the log."""
+    import marlow.training.trainer as trainer_module
+    from marlow.plan import GIB, plan_run
+    from marlow.tiny.pretrain import pretrain_tiny
+    from tests.conftest import PRETRAIN_STEPS
+
+    folder = pretrain_tiny("tiny-s", steps=PRETRAIN_STEPS)  # the session's cached world
+    cfg = small_config(model={"name": str(folder)}, grpo={"micro_tokens": 512})
+    unchecked = plan_run(cfg, gpu_mem_gib=1e6)
+    assert not unchecked.checkpointed and unchecked.auto_unchecked
+    edge = unchecked.base_bytes + unchecked.adapter_bytes + 2 * unchecked.activation_bytes
+    for card, checkpointed in ((edge + 2**20, False), (edge - 2**20, True)):
+        assert plan_run(cfg, gpu_mem_gib=card / GIB).checkpointed == checkpointed
+        monkeypatch.setattr(trainer_module, "card_memory", lambda _device, card=card: card)
+        said: list[str] = []
+        with Trainer(cfg, tmp_path / str(card), log=said.append) as t:
+            layers = checkpointable_layers(t.model)
+        calls = [getattr(layer, "_marlow_call", {}).get("checkpointed", False) for layer in layers]
+        assert calls == [checkpointed] * len(layers)
+        state = "on" if checkpointed else "off"
+        assert any(line.startswith(f"grpo.activation_checkpointing auto: {state} ") for line in said)

@@ -285,6 +285,57 @@ def test_auto_micro_tokens_is_8192_without_a_card_and_sized_to_one_with_it():
     assert activations(n) <= room < activations(n + 1024)  # the most that fits, in steps of 1024
 
 
+def test_checkpointing_auto_turns_off_where_every_layers_activations_fit_the_card():
+    """On a card, auto keeps every layer's activations where the largest forward's, so kept,
+    fit in half the memory left beside the weights and adapters (the share that sizes
+    micro_tokens), and checkpoints them where they do not; no card (a CPU) and ``on`` keep
+    them checkpointed, ``off`` and a tiny scale never do."""
+    paper = ("preset=paper", "model.name=qwen3-1.7b")  # 6,144 tokens: micro and turn alike
+    unchecked = plan(*paper, "grpo.activation_checkpointing=off")
+    checked = plan(*paper)
+    assert checked.checkpointed and not checked.auto_unchecked  # no card: as on the CPU
+    assert unchecked.activation_bytes > 5 * checked.activation_bytes
+    fixed = checked.base_bytes + checked.adapter_bytes
+    edge = (fixed + 2 * unchecked.activation_bytes) / GIB  # room = activations exactly
+    above, below = plan(*paper, gpu_mem_gib=edge + 0.01), plan(*paper, gpu_mem_gib=edge - 0.01)
+    assert not above.checkpointed and above.auto_unchecked
+    assert above.activation_bytes == unchecked.activation_bytes
+    assert below.checkpointed and not below.auto_unchecked
+    assert below.activation_bytes == checked.activation_bytes
+    assert above.micro_tokens == below.micro_tokens == 6144  # the micro-batch is unchanged
+    on = plan(*paper, "grpo.activation_checkpointing=on", gpu_mem_gib=10 * edge)
+    assert on.checkpointed and not on.auto_unchecked
+    tiny = plan("model.name=tiny-s", gpu_mem_gib=80)
+    assert not tiny.checkpointed and not tiny.auto_unchecked
+
+
+def test_checkpointing_auto_weighs_the_longest_turn_the_config_allows():
+    """A turn is scored in one forward whatever micro_tokens says: the decision weighs
+    ``rollout.max_prompt_tokens`` (else plan's 1,024-token prompt) + ``max_new_tokens``."""
+    small = ("preset=paper", "model.name=qwen3-1.7b", "grpo.micro_tokens=1024")
+    turn = plan(*small, "grpo.activation_checkpointing=off")  # forward: 1,024 + 5,120 tokens
+    fixed = turn.base_bytes + turn.adapter_bytes
+    enough = (fixed + 2 * turn.activation_bytes) / GIB + 0.01
+    assert not plan(*small, gpu_mem_gib=enough).checkpointed
+    capped = plan(*small, "rollout.max_prompt_tokens=4096", gpu_mem_gib=enough)
+    assert capped.checkpointed  # 4,096 + 5,120 tokens with every layer's activations: too many
+
+
+def test_checkpointing_auto_keeps_the_micro_tokens_it_sized():
+    """micro_tokens=auto is sized with the layers checkpointed; auto then turns checkpointing
+    off only where that micro-batch, with every layer's activations kept, fits too."""
+    paper = ("preset=paper", "model.name=qwen3-0.6b", "grpo.micro_tokens=auto")
+    h100, h200 = plan(*paper, gpu_mem_gib=79.2), plan(*paper, gpu_mem_gib=139.8)
+    assert h100.micro_tokens == h200.micro_tokens == 32768  # the most auto takes
+    assert h100.checkpointed and not h200.checkpointed
+    room = 0.5 * (139.8 * GIB - h200.base_bytes - h200.adapter_bytes)
+    assert h200.activation_bytes <= room
+    kept = plan(*paper, "grpo.micro_tokens=32768", "grpo.activation_checkpointing=off")
+    assert h200.activation_bytes == kept.activation_bytes > 0.5 * (
+        79.2 * GIB - h100.base_bytes - h100.adapter_bytes
+    )
+
+
 @pytest.mark.parametrize("value", [0, -5, "big", 1.5, True])
 def test_micro_tokens_takes_auto_or_a_positive_whole_number(value):
     with pytest.raises(ConfigError, match=r"^config field 'grpo.micro_tokens': must be auto or"):

@@ -37,9 +37,9 @@ PER_TASK = "per_task"  # the key of a preset's per-task overlays (not a config f
 # 5,120 new tokens and plan's 1,024-token prompt, Qwen3-0.6B peaks at 33.8 GiB of 48 (its
 # rollout's KV cache), 1.7B at 36.8 GiB and 4B at 51.9 GiB of 80 (tests/e2e/test_cli_plan.py).
 # Table 7 does not give them; the default 256 sequences fit none of the three (a KV cache of
-# 168-216 GiB). A 4B turn of 6,144 tokens is scored whole whatever micro_tokens says; plan says
-# 8,192 tokens would fit every card too (the 4B's activations 2.7 GiB, 36.4 with its layers not
-# checkpointed, under its rollout's KV cache), not yet measured on one.
+# 168-216 GiB). A 4B turn of 6,144 tokens is scored whole whatever micro_tokens says. On these
+# cards grpo.activation_checkpointing auto keeps every layer's activations of those 6,144 tokens
+# (0.6B 8.9 GiB, 1.7B 14.2, 4B 27.4: under each rollout's KV cache, so the peak is unchanged).
 _STUDY_CARDS = {"rollout": {"max_batch": 48}, "grpo": {"micro_tokens": 6144}}
 _PAPER_MODEL = {"dtype": "bfloat16", "model": {"name": "Qwen/Qwen3-1.7B"}, **_STUDY_CARDS}
 

@@ -618,8 +618,11 @@ class GRPOConfig(_Section):
         "again there (PyTorch's non-reentrant activation checkpointing): one more forward of "
         "compute, and a micro-batch's activations shrink to a hidden state per layer plus one "
         "layer's own (marlow plan counts both); the same loss and gradients; auto: on for a "
-        "Hugging Face model, whose activations dominate the learn phase's memory, off for a "
-        "tiny scale, whose activations are small and whose step is compute-bound",
+        "Hugging Face model, whose activations dominate the learn phase's memory, except on a "
+        "CUDA card where the largest forward's, every layer's kept, fit in half the memory "
+        "beside the weights and adapters (the share that sizes grpo.micro_tokens; the "
+        "micro-batch unchanged, the backward runs no layer twice; marlow.plan.update_settings), "
+        "and off for a tiny scale, whose activations are small and whose step is compute-bound",
     )
     compile: Switch = Field(
         "auto",

@@ -29,6 +29,14 @@ from torch.utils._pytree import tree_flatten
 GIB = 2**30
 
 
+def card_memory(device: torch.device) -> int | None:
+    """The bytes of ``device``'s memory where marlow sizes settings to it (``grpo.micro_tokens``
+    and ``grpo.activation_checkpointing`` auto): a CUDA card's total, None on other devices."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(device).total_memory
+
+
 def start_phase(device: torch.device) -> None:
     """Reset ``device``'s peak memory statistics (CUDA only)."""
     if device.type == "cuda":

@@ -48,6 +48,7 @@ from marlow.fileio import write_json, write_text
 from marlow.logs import Phase
 from marlow.models import (
     checkpoint_layers,
+    checkpointable_layers,
     checkpoints_layers,
     compile_layers,
     compiles_layers,
@@ -59,8 +60,10 @@ from marlow.plan import (
     ACTIVATION_SHARE,
     MICRO_TOKENS_MAX,
     OPTIMIZER_BYTES,
-    auto_micro_tokens,
+    activations,
+    longest_turn,
     lora_shapes,
+    update_settings,
 )
 from marlow.policy.adapters import (
     adapter_parameters,
@@ -92,7 +95,7 @@ from marlow.training.grpo import (
     score_old,
     update_adapter,
 )
-from marlow.training.memory import phase_peaks, start_phase
+from marlow.training.memory import card_memory, phase_peaks, start_phase
 from marlow.training.nonfinite import NonFiniteGuard
 from marlow.training.optim import AdapterOptimizers
 from marlow.training.seeds import SHUFFLE, step_seed, validation_seed
@@ -168,16 +171,18 @@ class Trainer:
         compiled = compiles_layers(config)  # grpo.compile
         self.fold = self._fold_adapters(config, cpu_float32 and not compiled)
         checkpointed = checkpoints_layers(config)  # grpo.activation_checkpointing
+        if checkpointed and not checkpointable_layers(self.model):
+            checkpointed = False  # auto: a model without such layers keeps its activations
+            if config.grpo.activation_checkpointing == "on":
+                raise ConfigError(
+                    f"config field 'grpo.activation_checkpointing' is on, but "
+                    f"{type(self.model).__name__} has no layers that can be checkpointed; "
+                    "valid: auto, off"
+                )
+        # grpo.micro_tokens and activation_checkpointing auto, resolved; config.yaml keeps auto
+        micro, checkpointed = self._update_settings(config, checkpointed)
         if checkpointed:
-            try:
-                checkpoint_layers(self.model)
-            except ValueError as err:  # auto: a model without such layers keeps its activations
-                checkpointed = False
-                if config.grpo.activation_checkpointing == "on":
-                    raise ConfigError(
-                        f"config field 'grpo.activation_checkpointing' is on, but {err}; "
-                        "valid: auto, off"
-                    ) from None
+            checkpoint_layers(self.model)
         if compiled:
             try:
                 compile_layers(self.model)
@@ -185,10 +190,7 @@ class Trainer:
                 raise ConfigError(
                     f"config field 'grpo.compile' is on, but {err}; valid: auto, off"
                 ) from None
-        # grpo.micro_tokens=auto, resolved; the run's config.yaml keeps auto
-        self.grpo = config.grpo.model_copy(
-            update={"micro_tokens": self._micro_tokens(config, checkpointed)}
-        )
+        self.grpo = config.grpo.model_copy(update={"micro_tokens": micro})
         self.pad_id = self.tokenizer.pad_token_id
         self.optim = AdapterOptimizers(
             {a: list(adapter_parameters(self.model, a).values()) for a in self.adapters},
@@ -249,15 +251,11 @@ class Trainer:
             first_group=first_group,
         )
 
-    def _micro_tokens(self, config: RunConfig, checkpointed: bool) -> int:
-        """``grpo.micro_tokens``, ``auto`` resolved (:func:`marlow.plan.auto_micro_tokens`) from
-        this model, its adapters and, on CUDA, the card's memory; said in the log on CUDA."""
-        micro = config.grpo.micro_tokens
-        if micro != "auto":
-            return micro
-        card = None
-        if self.device.type == "cuda":
-            card = torch.cuda.get_device_properties(self.device).total_memory
+    def _update_settings(self, config: RunConfig, checkpointed: bool) -> tuple[int, bool]:
+        """``grpo.micro_tokens`` and whether the update checkpoints its layers, ``auto`` resolved
+        (:func:`marlow.plan.update_settings`) from this model, its adapters and, on CUDA, the
+        card's memory; said in the log on CUDA. ``checkpointed``: what the setting asks."""
+        card = card_memory(self.device)
         model = self.model
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         b = getattr(torch, config.dtype).itemsize
@@ -270,15 +268,31 @@ class Trainer:
         chunked = decoder_and_head(self.model) is not None
         dropout = config.policy.lora_dropout > 0
         shape = Shape.of(base.config)
-        n = auto_micro_tokens(shape, b, lora, chunked, checkpointed, beside, card, dropout)
-        if card is not None:
+        auto = config.grpo.activation_checkpointing == "auto"
+        micro, resolved = update_settings(
+            partial(activations, shape, b, lora, chunked, dropout=dropout) if lora else None,
+            config.grpo.micro_tokens,
+            checkpointed,
+            auto,
+            longest_turn(config),
+            beside,
+            card,
+        )
+        if card is not None and config.grpo.micro_tokens == "auto":
             self.log(
-                f"grpo.micro_tokens auto: {n:,} tokens a forward (their activations in marlow "
+                f"grpo.micro_tokens auto: {micro:,} tokens a forward (their activations in marlow "
                 f"plan's memory model take at most {ACTIVATION_SHARE:.0%} of the card's "
                 f"{card / 2**30:.1f} GiB beside the weights and adapters; at most "
                 f"{MICRO_TOKENS_MAX:,})"
             )
-        return n
+        if card is not None and auto and checkpointed:
+            state, verb = ("on", "would pass") if resolved else ("off", "fits in")
+            self.log(
+                f"grpo.activation_checkpointing auto: {state} (the largest forward, every "
+                f"layer's activations kept, {verb} {ACTIVATION_SHARE:.0%} of the card beside the "
+                "weights and adapters)"
+            )
+        return micro, resolved
 
     def _fold_adapters(self, config: RunConfig, auto_on: bool) -> dict[str, bool]:
         """Per adapter: whether its update and logp_old pass fold the LoRA into one weight per

@@ -132,4 +132,6 @@ def test_on_a_card_auto_keeps_every_layers_activations_where_plan_says_they_fit(
         calls = [getattr(layer, "_marlow_call", {}).get("checkpointed", False) for layer in layers]
         assert calls == [checkpointed] * len(layers)
         state = "on" if checkpointed else "off"
-        assert any(line.startswith(f"grpo.activation_checkpointing auto: {state} ") for line in said)
+        assert any(
+            line.startswith(f"grpo.activation_checkpointing auto: {state} ") for line in said
+        )

@@ -331,8 +331,10 @@ def test_checkpointing_auto_keeps_the_micro_tokens_it_sized():
     room = 0.5 * (139.8 * GIB - h200.base_bytes - h200.adapter_bytes)
     assert h200.activation_bytes <= room
     kept = plan(*paper, "grpo.micro_tokens=32768", "grpo.activation_checkpointing=off")
-    assert h200.activation_bytes == kept.activation_bytes > 0.5 * (
-        79.2 * GIB - h100.base_bytes - h100.adapter_bytes
+    assert (
+        h200.activation_bytes
+        == kept.activation_bytes
+        > 0.5 * (79.2 * GIB - h100.base_bytes - h100.adapter_bytes)
     )
 
 

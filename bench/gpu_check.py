@@ -79,12 +79,15 @@ The parts, each recorded whatever became of the others:
    its update measured alone (below), then trained by ``marlow train`` in a child process, once
    per routing: Voting, the paper preset
    (LoRA rank 64 on every linear, ``rollout.max_batch`` 48, ``grpo.micro_tokens`` 6,144), the HF
-   rollout loop. Per step: rollout and learn seconds, sampled tokens per second, and the peak
-   device memory of each phase (the trainer's ``memory/*`` metrics; none off CUDA). Beside them,
-   ``marlow plan``'s prediction for the same config (:func:`marlow.plan.plan_run`) at the run's
-   own longest prompt, and the ratios measured / predicted of the peak allocated memory: the
-   step's (both phases) against plan's peak, the rollout's against base + adapters + KV cache,
-   the learn phase's against base + adapters + activations.
+   rollout loop. Per step: rollout and learn seconds (the learn phase's parts:
+   :data:`LEARN_PARTS`), sampled tokens per second, and the peak device memory of each phase
+   (the trainer's ``memory/*`` metrics; none off CUDA). Beside them, ``marlow plan``'s
+   prediction for the same config (:func:`marlow.plan.plan_run`) at the run's own longest
+   prompt and on the card (``--gpu-mem`` of its memory: the update's layers checkpointed or
+   not as the run's trainer resolves ``grpo.activation_checkpointing``), and the ratios
+   measured / predicted of the peak allocated memory: the step's (both phases) against plan's
+   peak, the rollout's against base + adapters + KV cache, the learn phase's against base +
+   adapters + activations.
 
    **The update alone**, in one child process per size, right after its stand-in is drawn and
    before its runs: the stand-in loaded as a run loads its base (:func:`marlow.models.load_base`,
@@ -1087,12 +1090,20 @@ def measure_run(
     return out
 
 
+LEARN_PARTS = ("scoring", "update", "stats", "kl_to_base")
+"""The learn phase's parts a step's record times (``time/<part>_s``, ``marlow.training.trainer``):
+logp_old and the base's log-probs; the adapters' updates; the statistics after them (the
+adapter-sync probe among them) less the KL to the base, timed on its own."""
+
+
 def step_row(record: dict[str, Any]) -> dict[str, Any]:
-    """A step's seconds, sampled tokens per second and peak memory per phase (None off CUDA)."""
+    """A step's seconds (the learn phase's parts too), sampled tokens per second and peak memory
+    per phase (None off CUDA)."""
     row = {
         "step": record["step"],
         "rollout_s": record["time/rollout_s"],
         "learn_s": record["time/learn_s"],
+        **{f"{part}_s": record.get(f"time/{part}_s") for part in LEARN_PARTS},
         "rollout_tokens_per_s": record["time/rollout_tokens_per_s"],
     }
     for phase in PHASES:

@@ -136,15 +136,17 @@ def _runs(sizes: dict[str, Any]) -> list[str]:
         "Each step of each run (seconds from the trainer's `time/*` metrics; sampled tokens per "
         "second of the rollout; peak GPU memory of each phase from its `memory/*` metrics):",
         "",
-        "| model | routing | step | rollout s | learn s | sampled tokens/s "
-        "| peak allocated GiB, rollout / learn | peak reserved GiB, rollout / learn |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | routing | step | rollout s | learn s | learn's scoring / update / stats s "
+        "| sampled tokens/s | peak allocated GiB, rollout / learn "
+        "| peak reserved GiB, rollout / learn |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, run in runs:
         for s in run.get("steps", []):
             lines.append(
                 f"| {name} | {run['routing']} | {s['step']} | {_num(s['rollout_s'], 1)} "
-                f"| {_num(s['learn_s'], 1)} | {_num(s['rollout_tokens_per_s'], 0)} "
+                f"| {_num(s['learn_s'], 1)} | {_learn_parts(s)} "
+                f"| {_num(s['rollout_tokens_per_s'], 0)} "
                 f"| {_pair(s, 'allocated')} | {_pair(s, 'reserved')} |"
             )
     lines += [
@@ -170,6 +172,15 @@ def _runs(sizes: dict[str, Any]) -> list[str]:
             f"| {_layers(plan)} | {_vs(run['peak_allocated_gib'], plan['peak_gib'])} |"
         )
     return [*lines, "", *troubles] if troubles else lines
+
+
+def _learn_parts(step: dict[str, Any]) -> str:
+    """The learn phase's scoring, update and statistics seconds (the KL to the base counted with
+    the statistics); "-" for checks that did not record them."""
+    if step.get("scoring_s") is None:
+        return "-"
+    stats = step["stats_s"] + (step["kl_to_base_s"] or 0.0)
+    return f"{step['scoring_s']:.1f} / {step['update_s']:.1f} / {stats:.1f}"
 
 
 def _layers(plan: dict[str, Any]) -> str:

@@ -86,6 +86,8 @@ def test_the_dry_run_records_every_part_and_plan_beside_each_step(dry_run):
             assert [s["step"] for s in run["steps"]] == list(range(1, size.steps + 1))
             for step in run["steps"]:
                 assert step["rollout_s"] > 0 and step["learn_s"] > 0
+                parts = [step[f"{part}_s"] for part in gpu_check.LEARN_PARTS]
+                assert all(p >= 0 for p in parts) and sum(parts) == pytest.approx(step["learn_s"])
                 assert step["rollout_tokens_per_s"] > 0
                 for phase in ("rollout", "learn"):  # the columns exist; the CPU has no figures
                     for kind in ("allocated", "reserved"):

@@ -206,10 +206,10 @@ def auto_micro_tokens(model: Activations | None, beside: int, memory: int | None
     """``grpo.micro_tokens=auto``: :data:`MICRO_TOKENS_OFF_CUDA` where ``memory`` is None (not
     a CUDA device) or no adapter trains (``model`` None); else the most tokens of one forward
     whose activations (``model``, :func:`activations`) fit in :data:`ACTIVATION_SHARE` of the
-    card's ``memory`` bytes left beside ``beside`` bytes (the base weights and the adapters),
-    rounded down to a multiple of :data:`MICRO_TOKENS_STEP`, at most :data:`MICRO_TOKENS_MAX` and
-    at least one step (a card too small for that does not fit the run: ``marlow plan`` says
-    so)."""
+    card's ``memory`` bytes left beside ``beside`` bytes (the base weights, the adapters and a
+    rollout engine's own: :func:`engine_bytes`), rounded down to a multiple of
+    :data:`MICRO_TOKENS_STEP`, at most :data:`MICRO_TOKENS_MAX` and at least one step (a card
+    too small for that does not fit the run: ``marlow plan`` says so)."""
     if memory is None or model is None:
         return MICRO_TOKENS_OFF_CUDA
     room = ACTIVATION_SHARE * (memory - beside)
@@ -240,8 +240,8 @@ def update_settings(
         auto: ``grpo.activation_checkpointing`` is auto.
         turn: the longest turn the config allows (:func:`longest_turn`), scored in one forward
             whatever ``micro_tokens`` says.
-        beside: the bytes of the base weights and the adapters; memory: the card's (None: not
-            CUDA).
+        beside: the bytes of the base weights, the adapters and a rollout engine's own
+            (:func:`engine_bytes`); memory: the card's (None: not CUDA).
 
     ``micro_tokens=auto`` is sized (:func:`auto_micro_tokens`) with the layers as asked. Then,
     on a CUDA card, checkpointing auto is turned off where the largest forward,
@@ -260,6 +260,19 @@ def update_settings(
         room = ACTIVATION_SHARE * (memory - beside)
         checkpointed = model(False).bytes(max(micro, turn)) > room
     return micro, checkpointed
+
+
+def engine_bytes(cfg: RunConfig, base_bytes: int) -> int:
+    """What a rollout engine in processes of its own holds on the trainer's card for the whole
+    run, left beside the update by the auto settings (:func:`update_settings`): vLLM's
+    (``rollout.backend=vllm``) KV cache, ``rollout.vllm.kv_cache_gib`` (on each of its
+    ``tensor_parallel_size`` cards), and its own copy of the base weights (``base_bytes``, split
+    across them); 0 for the HF engine, which samples with the trainer's model and frees its KV
+    cache before the update, and for a registered backend, whose memory marlow cannot know."""
+    if cfg.rollout.backend != "vllm":
+        return 0
+    engine = cfg.rollout.vllm
+    return int(engine.kv_cache_gib * GIB) + base_bytes // engine.tensor_parallel_size
 
 
 def longest_turn(cfg: RunConfig) -> int:
@@ -348,7 +361,7 @@ def plan_run(
         asked,
         cfg.grpo.activation_checkpointing == "auto",
         longest_turn(cfg),
-        base_bytes + adapter_bytes,
+        base_bytes + adapter_bytes + engine_bytes(cfg, base_bytes),
         card,
     )
     model = activations(shape, b, lora, chunked, ckpt, dropout) if adapters else None

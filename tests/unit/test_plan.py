@@ -338,6 +338,23 @@ def test_checkpointing_auto_keeps_the_micro_tokens_it_sized():
     )
 
 
+def test_the_auto_settings_leave_a_vllm_engines_memory_beside_the_update():
+    """vLLM runs in processes of its own on the trainer's card for the whole run: its KV cache
+    (``rollout.vllm.kv_cache_gib``) and its copy of the base weights are left out of the room
+    the auto settings fill, as if the card were that much smaller."""
+    args = ("preset=paper", "model.name=qwen3-4b", "grpo.micro_tokens=auto")
+    vllm = ("rollout.backend=vllm", "rollout.vllm.kv_cache_gib=10")
+    hf = plan(*args, gpu_mem_gib=40)
+    served = plan(*args, *vllm, gpu_mem_gib=40)
+    smaller = plan(*args, gpu_mem_gib=40 - 10 - hf.base_bytes / GIB)
+    assert served.micro_tokens == smaller.micro_tokens < hf.micro_tokens
+    small = ("preset=paper", "model.name=qwen3-0.6b")  # 6,144 tokens, every layer's: 8.9 GiB
+    assert not plan(*small, gpu_mem_gib=48).checkpointed
+    assert plan(
+        *small, "rollout.backend=vllm", "rollout.vllm.kv_cache_gib=30", gpu_mem_gib=48
+    ).checkpointed
+
+
 @pytest.mark.parametrize("value", [0, -5, "big", 1.5, True])
 def test_micro_tokens_takes_auto_or_a_positive_whole_number(value):
     with pytest.raises(ConfigError, match=r"^config field 'grpo.micro_tokens': must be auto or"):

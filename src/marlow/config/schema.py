@@ -640,7 +640,8 @@ class GRPOConfig(_Section):
         description="max padded tokens per forward (memory and speed, not math); auto: 8192 "
         "off CUDA (the step's buffers stay small: bench/micro_tokens.py), and on CUDA the most "
         "tokens (a multiple of 1024) whose activations (marlow plan's memory model) fit in "
-        "half the card's memory beside the base weights and the adapters, at most 32768 "
+        "half the card's memory beside the base weights and the adapters (and a vLLM engine's "
+        "KV cache and weights: marlow.plan.engine_bytes), at most 32768 "
         "(marlow.plan.auto_micro_tokens)",
     )
 

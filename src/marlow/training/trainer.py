@@ -61,6 +61,7 @@ from marlow.plan import (
     MICRO_TOKENS_MAX,
     OPTIMIZER_BYTES,
     activations,
+    engine_bytes,
     longest_turn,
     lora_shapes,
     update_settings,
@@ -259,7 +260,8 @@ class Trainer:
         model = self.model
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         b = getattr(torch, config.dtype).itemsize
-        beside = sum(p.numel() for p in base.parameters() if not p.requires_grad) * b
+        frozen = sum(p.numel() for p in base.parameters() if not p.requires_grad) * b
+        beside = frozen + engine_bytes(config, frozen)  # a vLLM engine's share of the card
         beside += sum(
             OPTIMIZER_BYTES * sum(p.numel() for p in adapter_parameters(self.model, a).values())
             for a in self.adapters

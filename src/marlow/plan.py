@@ -267,8 +267,10 @@ def engine_bytes(cfg: RunConfig, base_bytes: int) -> int:
     run, left beside the update by the auto settings (:func:`update_settings`): vLLM's
     (``rollout.backend=vllm``) KV cache, ``rollout.vllm.kv_cache_gib`` (on each of its
     ``tensor_parallel_size`` cards), and its own copy of the base weights (``base_bytes``, split
-    across them); 0 for the HF engine, which samples with the trainer's model and frees its KV
-    cache before the update, and for a registered backend, whose memory marlow cannot know."""
+    across them); its activations, LoRA slots and CUDA graphs are left to the half of the card
+    the auto settings keep free. 0 for the HF engine, which samples with the trainer's model and
+    frees its KV cache before the update, and for a registered backend, whose memory marlow
+    cannot know."""
     if cfg.rollout.backend != "vllm":
         return 0
     engine = cfg.rollout.vllm

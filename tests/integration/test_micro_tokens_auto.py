@@ -32,7 +32,7 @@ def test_auto_is_8192_on_the_cpu_and_plans_figure_on_a_card(small_config, tmp_pa
         monkeypatch.setattr(
             torch.cuda, "get_device_properties", lambda _d: SimpleNamespace(total_memory=int(card))
         )
-        assert trainer._micro_tokens(cfg, checkpointed=False) == expect
+        assert trainer._update_settings(cfg, checkpointed=False) == (expect, False)
         assert logged and f"grpo.micro_tokens auto: {expect:,} tokens" in logged[0]
     finally:
         trainer.close()

@@ -73,7 +73,10 @@ others have its spec on the same layers, so its count. Parameter counts are read
   carries earlier turns (up to N x max_new_tokens): give those lengths (the paper capped prompts
   at 20480 for Voting/Orch-Workers math, Table 7) to size the worst batch.
 * **peak** = base weights + every adapter + max(activations, KV cache): a step's rollout and its
-  update do not overlap (the generation cache is freed before scoring). It leaves out the CUDA
+  update do not overlap (the generation cache is freed before scoring). With
+  ``rollout.backend=vllm`` the engine's memory (:func:`engine_bytes`: its KV cache,
+  ``rollout.vllm.kv_cache_gib``, and its copy of the weights) takes the rollout batch's place
+  and stays beside the update: peak = base weights + every adapter + engine + activations. It leaves out the CUDA
   context, allocator fragmentation and the optimizer's transient buffers: keep a margin.
 
 Model names: a shipped architecture (:mod:`marlow.archs`: ``qwen3-0.6b`` or its hub id
@@ -317,7 +320,8 @@ class Plan:
     max_batch: int
     prompt_tokens: int
     max_new_tokens: int
-    kv_cache_bytes: int
+    kv_cache_bytes: int  # the HF engine's rollout batch; 0 with a vLLM engine (its own: below)
+    engine_bytes: int  # a vLLM engine's KV cache and weights on the card (engine_bytes)
     peak_bytes: int
     gpu_mem_gib: float | None
     fits: bool | None  # None without gpu_mem_gib
@@ -369,18 +373,21 @@ def plan_run(
     model = activations(shape, b, lora, chunked, ckpt, dropout) if adapters else None
     tokens = max(micro, turn)
     held = model.bytes(tokens) if model else 0
-    kv = kv_cache_bytes(shape, b, cfg.rollout.max_batch, turn)
-    peak = base_bytes + adapter_bytes + max(held, kv)
+    engine = engine_bytes(cfg, base_bytes)  # held beside the trainer for the whole run
+    kv = 0 if engine else kv_cache_bytes(shape, b, cfg.rollout.max_batch, turn)
+    peak = base_bytes + adapter_bytes + engine + max(held, kv)
     fits = max_micro = None
     suggestions: dict[str, Any] = {}
     if gpu_mem_gib is not None:
         budget = gpu_mem_gib * GIB
         fits = peak <= budget
-        room = budget - base_bytes - adapter_bytes
+        room = budget - base_bytes - adapter_bytes - engine
         most = model.tokens_that_fit(room) if model else 0
         if model and room >= kv and most >= turn:
             max_micro = most
-        if not fits:
+        if not fits and engine:
+            suggestions = suggest_vllm(cfg, micro, model, room, turn)
+        elif not fits:
             suggestions = suggest(cfg, micro, shape, b, model, room, prompt_tokens)
     return Plan(
         model=cfg.model.name,
@@ -402,6 +409,7 @@ def plan_run(
         prompt_tokens=prompt_tokens,
         max_new_tokens=cfg.rollout.max_new_tokens,
         kv_cache_bytes=kv,
+        engine_bytes=engine,
         peak_bytes=peak,
         gpu_mem_gib=gpu_mem_gib,
         fits=fits,
@@ -455,6 +463,28 @@ def suggest(
     if model and max(micro_tokens, turn) > forward:
         out["grpo.micro_tokens"] = forward
     return out
+
+
+def suggest_vllm(
+    cfg: RunConfig, micro_tokens: int, model: Activations | None, room: float, turn: int
+) -> dict[str, Any]:
+    """:func:`suggest` for a run sampled by vLLM, whose KV cache (``rollout.vllm.kv_cache_gib``)
+    and copy of the weights are on the card beside the update for the whole run: ``room`` is the
+    memory left beside the base weights, the adapters and the engine (:func:`engine_bytes`), for
+    one micro-batch's activations. ``grpo.micro_tokens`` (the most tokens that fit) where one
+    turn's forward fits; else ``rollout.vllm.kv_cache_gib`` (in steps of 0.01 GiB, the largest
+    that leaves room for one turn's forward; vLLM refuses one too small for a sequence of its
+    ``max_model_len``); ``dtype`` / ``model.name`` when not even that leaves 0.01 GiB."""
+    kv = int(cfg.rollout.vllm.kv_cache_gib * GIB)
+    free = room + kv  # what the engine's KV cache and the activations share
+    one_turn = model.bytes(turn) if model else 0
+    if free - one_turn < GIB / 100:  # the weights and one turn's forward alone pass the card
+        out: dict[str, Any] = {"model.name": "a smaller model"}
+        return {"dtype": "bfloat16", **out} if cfg.dtype == "float32" else out
+    if one_turn > room:
+        return {"rollout.vllm.kv_cache_gib": math.floor((free - one_turn) / GIB * 100) / 100}
+    forward = model.tokens_that_fit(room) if model else math.inf
+    return {"grpo.micro_tokens": forward} if model and max(micro_tokens, turn) > forward else {}
 
 
 def _attach(
@@ -545,7 +575,10 @@ def render(plan: Plan) -> list:
         label = f"adapter {a.name}" + ("" if a.roles == [a.name] else f" ({', '.join(a.roles)})")
         table.add_row(label, f"{a.trainable:,}", f"{a.trainable:,}", _gib(a.bytes))
     table.add_row("activations", "", "", _gib(plan.activation_bytes))
-    table.add_row("KV cache", "", "", _gib(plan.kv_cache_bytes))
+    if plan.engine_bytes:
+        table.add_row("vLLM engine", "", "", _gib(plan.engine_bytes))
+    else:
+        table.add_row("KV cache", "", "", _gib(plan.kv_cache_bytes))
     trainable = sum(a.trainable for a in plan.adapters)
     total = f"{plan.parameters + trainable:,}"
     table.add_row("peak", total, f"{trainable:,}", _gib(plan.peak_bytes), style="bold")
@@ -570,10 +603,23 @@ def render(plan: Plan) -> list:
         )
         if plan.adapters
         else "adapters: none (the routing trains nothing, so no backward and no activations)",
-        f"KV cache: one rollout batch of {plan.max_batch} sequences x ({plan.prompt_tokens:,} "
-        f"prompt (--prompt-tokens) + {plan.max_new_tokens:,} new) tokens",
-        "peak: base + adapters + max(activations, KV cache), per GPU: each data-parallel "
-        "process (torchrun, marlow train --nproc) holds all of it",
+        *(
+            [
+                "vLLM engine: its KV cache (rollout.vllm.kv_cache_gib) and its copy of the base "
+                "weights, on the card for the whole run (its activations and CUDA graphs not "
+                "counted)",
+                "peak: base + adapters + vLLM engine + activations, per GPU: each data-parallel "
+                "process (torchrun, marlow train --nproc) holds all of it",
+            ]
+            if plan.engine_bytes
+            else [
+                f"KV cache: one rollout batch of {plan.max_batch} sequences x "
+                f"({plan.prompt_tokens:,} prompt (--prompt-tokens) + {plan.max_new_tokens:,} "
+                "new) tokens",
+                "peak: base + adapters + max(activations, KV cache), per GPU: each data-parallel "
+                "process (torchrun, marlow train --nproc) holds all of it",
+            ]
+        ),
     ]
     if plan.tools:
         notes.append(

@@ -17,7 +17,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from marlow.archs import HUB_IDS, arch_config, arch_names
 from marlow.config import ConfigError, load_config
-from marlow.plan import GIB, plan_run
+from marlow.plan import GIB, plan_run, render
 from marlow.tiny.model import build_model, n_parameters
 from marlow.tiny.tokenizer import build_tokenizer
 
@@ -353,6 +353,33 @@ def test_the_auto_settings_leave_a_vllm_engines_memory_beside_the_update():
     assert plan(
         *small, "rollout.backend=vllm", "rollout.vllm.kv_cache_gib=30", gpu_mem_gib=48
     ).checkpointed
+
+
+def test_a_vllm_runs_peak_holds_the_engine_beside_the_update():
+    """vLLM keeps its KV cache and its copy of the weights on the card while the trainer
+    updates: plan's peak adds them to the activations (no HF rollout batch then), and what it
+    suggests for a run that does not fit makes it fit, each figure the largest that does."""
+    args = ("preset=paper", "model.name=qwen3-4b", "rollout.backend=vllm")
+    tp2 = plan(*args, "rollout.vllm.kv_cache_gib=20", "rollout.vllm.tensor_parallel_size=2")
+    p = plan(*args, "rollout.vllm.kv_cache_gib=20")
+    assert p.kv_cache_bytes == 0 and p.engine_bytes == 20 * GIB + p.base_bytes
+    assert tp2.engine_bytes == 20 * GIB + p.base_bytes // 2  # the weights split across cards
+    assert p.peak_bytes == p.base_bytes + p.adapter_bytes + p.engine_bytes + p.activation_bytes
+    shown = "\n".join(str(r) for r in render(p)[1:2])
+    assert "vLLM engine" in shown and "rollout.vllm.kv_cache_gib" in shown
+    card = p.peak_bytes / GIB
+    assert plan(*args, "rollout.vllm.kv_cache_gib=20", gpu_mem_gib=card).fits
+    for kv, micro, key in (
+        (70, 6144, "rollout.vllm.kv_cache_gib"),
+        (55, 32768, "grpo.micro_tokens"),
+    ):
+        over = (*args, f"rollout.vllm.kv_cache_gib={kv}", f"grpo.micro_tokens={micro}")
+        refused = plan(*over, gpu_mem_gib=80)
+        assert not refused.fits and list(refused.suggestions) == [key]
+        value = refused.suggestions[key]
+        assert plan(*over, f"{key}={value}", gpu_mem_gib=80).fits
+        step = 0.01 if key.endswith("gib") else 1
+        assert not plan(*over, f"{key}={value + step:g}", gpu_mem_gib=80).fits
 
 
 @pytest.mark.parametrize("value", [0, -5, "big", 1.5, True])

@@ -317,6 +317,7 @@ class Plan:
     activation_bytes: int
     checkpointed: bool  # the decoder layers' activations are checkpointed in the update
     auto_unchecked: bool  # activation_checkpointing auto turned off on the card (update_settings)
+    checkpointing: str  # grpo.activation_checkpointing as set: auto, on or off
     max_batch: int
     prompt_tokens: int
     max_new_tokens: int
@@ -405,6 +406,7 @@ def plan_run(
         activation_bytes=held,
         checkpointed=ckpt,
         auto_unchecked=asked and not ckpt,
+        checkpointing=cfg.grpo.activation_checkpointing,
         max_batch=cfg.rollout.max_batch,
         prompt_tokens=prompt_tokens,
         max_new_tokens=cfg.rollout.max_new_tokens,
@@ -594,6 +596,11 @@ def render(plan: Plan) -> list:
         "adapters: LoRA weights, gradients and AdamW state, float32; activations: one "
         f"micro-batch of {plan.forward_tokens:,} tokens{auto}"
         + (", its layers checkpointed (grpo.activation_checkpointing)" if plan.checkpointed else "")
+        + (
+            "; auto: a card that holds every layer's activations keeps them (--gpu-mem)"
+            if plan.checkpointed and plan.checkpointing == "auto" and plan.gpu_mem_gib is None
+            else ""
+        )
         + (
             ", its layers not checkpointed (grpo.activation_checkpointing auto: every layer's "
             f"activations fit in {ACTIVATION_SHARE:.0%} of the card beside the weights and "

@@ -308,6 +308,14 @@ def test_checkpointing_auto_turns_off_where_every_layers_activations_fit_the_car
     tiny = plan("model.name=tiny-s", gpu_mem_gib=80)
     assert not tiny.checkpointed and not tiny.auto_unchecked
 
+    def notes(p) -> str:
+        return str(render(p)[1])
+
+    hint = "a card that holds every layer's activations keeps them (--gpu-mem)"
+    assert hint in notes(checked)  # auto, no card: what a card may do
+    assert hint not in notes(below) and hint not in notes(on)
+    assert "its layers not checkpointed (grpo.activation_checkpointing auto" in notes(above)
+
 
 def test_checkpointing_auto_weighs_the_longest_turn_the_config_allows():
     """A turn is scored in one forward whatever micro_tokens says: the decision weighs

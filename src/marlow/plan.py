@@ -76,8 +76,9 @@ others have its spec on the same layers, so its count. Parameter counts are read
   update do not overlap (the generation cache is freed before scoring). With
   ``rollout.backend=vllm`` the engine's memory (:func:`engine_bytes`: its KV cache,
   ``rollout.vllm.kv_cache_gib``, and its copy of the weights) takes the rollout batch's place
-  and stays beside the update: peak = base weights + every adapter + engine + activations. It leaves out the CUDA
-  context, allocator fragmentation and the optimizer's transient buffers: keep a margin.
+  and stays beside the update: peak = base weights + every adapter + engine + activations.
+  It leaves out the CUDA context, allocator fragmentation and the optimizer's transient
+  buffers: keep a margin.
 
 Model names: a shipped architecture (:mod:`marlow.archs`: ``qwen3-0.6b`` or its hub id
 ``Qwen/Qwen3-0.6B``, likewise 1.7B and 4B), a tiny scale (its config from the tiny world's
@@ -361,20 +362,21 @@ def plan_run(
     base_bytes = parameters * b
     adapter_bytes = sum(a.bytes for a in adapters)
     card = None if gpu_mem_gib is None else int(gpu_mem_gib * GIB)
+    engine = engine_bytes(cfg, base_bytes)  # held beside the trainer for the whole run
     asked = checkpoints_layers(cfg) and bool(checkpointable_layers(base))
+    models = partial(activations, shape, b, lora, chunked, dropout=dropout) if adapters else None
     micro, ckpt = update_settings(
-        partial(activations, shape, b, lora, chunked, dropout=dropout) if adapters else None,
+        models,
         cfg.grpo.micro_tokens,
         asked,
         cfg.grpo.activation_checkpointing == "auto",
         longest_turn(cfg),
-        base_bytes + adapter_bytes + engine_bytes(cfg, base_bytes),
+        base_bytes + adapter_bytes + engine,
         card,
     )
-    model = activations(shape, b, lora, chunked, ckpt, dropout) if adapters else None
+    model = models(ckpt) if models else None
     tokens = max(micro, turn)
     held = model.bytes(tokens) if model else 0
-    engine = engine_bytes(cfg, base_bytes)  # held beside the trainer for the whole run
     kv = 0 if engine else kv_cache_bytes(shape, b, cfg.rollout.max_batch, turn)
     peak = base_bytes + adapter_bytes + engine + max(held, kv)
     fits = max_micro = None

@@ -142,6 +142,9 @@ The parts, each recorded whatever became of the others:
    factor become 6) and saves in memory, where the time left passes the estimate (2 x the
    checkpointed pass's seconds; always in the dry run, so that CI runs that path) and plan's
    peak fits the card (:func:`time_unchecked`; the 4B's 32,768 tokens would not fit an H200).
+   Then the first micro-batch once more, checkpointed, through transformers' own rotary
+   embedding (``transformers_rotary``: :func:`time_transformers_rotary`), beside the row's,
+   which runs marlow's (:func:`marlow.models.fuse_rotary`, as a run's loaded base does).
 
    Time: the child takes at most the size's ``update_s`` (60 s for the 0.6B, 75 for the
    1.7B, 90 for the 4B: the child's start, the load, the matmuls and the passes count; the
@@ -1302,10 +1305,13 @@ def time_update(
             )
             write_json(out, result)
             print(f"update: {row['tokens_per_s']:.0f} tokens/s", flush=True)
+        args = (model, optimizer, update.temperature, dev, dry_run, deadline)
         for ran in done:  # each once more, its layers not checkpointed
             plan = update_plan(model, b, result, ran[0]["tokens"], checkpointed=False)
-            args = (model, optimizer, update.temperature, dev, dry_run, deadline)
             time_unchecked(ran, plan, *args)
+            write_json(out, result)
+        if done:  # the first once more through transformers' own rotary embedding
+            time_transformers_rotary(done[0], *args)
             write_json(out, result)
 
 
@@ -1356,6 +1362,38 @@ def time_unchecked(
     optimizer.zero_grad()
     if dev.type == "cuda":
         torch.cuda.empty_cache()  # the un-checkpointed activations' blocks
+
+
+def time_transformers_rotary(
+    ran: tuple[dict[str, Any], Chunk],
+    model: PeftModel,
+    optimizer: torch.optim.Optimizer,
+    temperature: float,
+    dev: torch.device,
+    dry_run: bool,
+    deadline: float,
+) -> None:
+    """A micro-batch's passes (``ran``: its row and chunk) timed once more with transformers' own
+    rotary embedding (:func:`marlow.models.transformers_rotary`) in place of marlow's, which a
+    loaded base computes through (:func:`marlow.models.fuse_rotary`: the same values in fewer
+    kernels), into its row's ``transformers_rotary``, side by side: what marlow's saves; its
+    layers checkpointed as the row's. Where the time left passes 2 x the row's pass's seconds
+    (always in the dry run, so that CI runs that path)."""
+    from marlow.models import transformers_rotary
+
+    row, chunk = ran
+    left, estimate = deadline - time.monotonic(), 2 * row["seconds"]
+    if not dry_run and left < estimate:
+        row["transformers_rotary"] = {"status": "skipped", "error": f"{left:.0f} s left"}
+        return
+    print("update: transformers' own rotary embedding", flush=True)
+    try:
+        with transformers_rotary():
+            timed = time_passes(model, chunk, optimizer, temperature, dev)
+        row["transformers_rotary"] = {"status": "ok", **timed}
+    except Exception as err:
+        row["transformers_rotary"] = {"status": "failed", "error": one_line(err)}
+        optimizer.zero_grad()
 
 
 def not_yet(before: dict[str, Any] | None, row: dict[str, Any], left: float) -> str | None:

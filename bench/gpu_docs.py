@@ -389,6 +389,15 @@ def _update(sizes: dict[str, Any]) -> list[str]:
     ]
     if unchecked:
         lines += ["", f"Not checkpointed, peak allocated GiB: {'; '.join(unchecked)}."]
+    rotary = [
+        f"{name} {m['tokens']:,} tokens: {_num(r['tokens_per_s'], 0)} tokens/s against "
+        f"{_num(m['tokens_per_s'], 0)} through marlow's"
+        for name, part in parts.items()
+        for m in part.get("micro_batches", [])
+        if (r := m.get("transformers_rotary", {})).get("status") == "ok"
+    ]
+    if rotary:
+        lines += ["", f"Through transformers' own rotary embedding: {'; '.join(rotary)}."]
     if troubles:
         lines += ["", "Update micro-batches that did not complete:", "", *troubles]
     return [*lines, ""]

@@ -4,7 +4,8 @@ bounds it: the Python-bound stand-in of the 0.6B (``bench/lean_lora.py``'s: 28 l
 LoRA adapter on every linear, of rank 4 (a sixteenth of the width, as 64 is of the 0.6B's
 1,024, so that its low-rank outputs are not counted over every token), in training mode, its
 decoder layers checkpointed as a run's are by default (``grpo.activation_checkpointing``) and
-not.
+not, each with the rotary embedding a loaded base computes (``marlow.models.fuse_rotary``) and
+with transformers' own.
 
     .venv/bin/python bench/update_ops.py [--rows 4] [--row-tokens 128] [--repeats 5]
 
@@ -24,13 +25,15 @@ the arithmetic is negligible, so they measure the cost of the operations themsel
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
+from contextlib import nullcontext
 
 import torch
 
 from lean_lora import GEMMS, operations, proxy  # bench/ is the script's folder: on sys.path
-from marlow.models import checkpoint_layers, fuse_norms
+from marlow.models import checkpoint_layers, fuse_norms, fuse_rotary, transformers_rotary
 from marlow.policy.adapters import LoraSpec, attach_adapters, use_adapter
 from marlow.tiny.tokenizer import build_tokenizer
 from marlow.training.batch import Chunk
@@ -47,7 +50,8 @@ def main() -> None:
     torch.manual_seed(0)
     tok = build_tokenizer()
     base = proxy(len(tok)).to(torch.bfloat16)
-    fuse_norms(base)  # as a run's loaded base computes them
+    fuse_norms(base)  # as a run's loaded base computes them, and its rotary embedding
+    fuse_rotary()
     model = attach_adapters(base, ["policy"], LoraSpec(rank=4), seed=0)
     model.train()
     rows, width = args.rows, args.row_tokens
@@ -62,9 +66,9 @@ def main() -> None:
     layers = model.config.num_hidden_layers
     every = ids.numel() * model.config.hidden_size
     print(f"one micro-batch of {rows} x {width} tokens, {layers} layers")
-    for checkpointed in (True, False):
+    for checkpointed, own in itertools.product((True, False), (False, True)):
         checkpoint_layers(model, on=checkpointed)
-        with use_adapter(model, "policy"):
+        with use_adapter(model, "policy"), transformers_rotary() if own else nullcontext():
             one_pass()
             names, large = operations(one_pass, every)
             seconds = []
@@ -75,8 +79,10 @@ def main() -> None:
         total, products = sum(names.values()), sum(names[n] for n in GEMMS)
         over = sum(large.values())
         elementwise = over - sum(n for (name, _), n in large.items() if name in GEMMS)
+        rotary = "transformers'" if own else "marlow's"
         print(
-            f"{'checkpointed' if checkpointed else 'not checkpointed'}: {total:,} operations "
+            f"{'checkpointed' if checkpointed else 'not checkpointed'}, "
+            f"{rotary} rotary embedding: {total:,} operations "
             f"({total / layers:.0f} a layer), {products:,} matrix products; over every token: "
             f"{over:,} ({over / layers:.0f} a layer), {elementwise:,} of them not matrix "
             f"products ({elementwise / layers:.0f} a layer); "

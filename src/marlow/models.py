@@ -27,13 +27,20 @@ RMSNorm: the loaded model's RMSNorms compute through torch's ``rms_norm`` (:func
 one fused kernel each way on CUDA where transformers' eager arithmetic runs eight kernels
 forward (float32 copies of every token's activations among them); the same values in float32,
 one rounding instead of two in bfloat16.
+
+Rotary embedding: transformers' ``apply_rotary_pos_emb`` of the Qwen3, Qwen2, Llama and Mistral
+modules computes through :func:`rotate` and its own backward once a base is loaded
+(:func:`fuse_rotary`): transformers' values and gradients bit for bit, in four kernels each way
+where its arithmetic runs five forward and nine backward.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
@@ -311,6 +318,7 @@ def load_base(
         p.requires_grad_(False)
     model.eval()  # dropout off in the base; LoRA dropout is set by the adapter config
     fuse_norms(model)
+    fuse_rotary()
     if log is not None and (note := half_precision_note(torch_dtype, torch.device(device))):
         log(note)
     return model, tokenizer
@@ -387,6 +395,118 @@ class _FusedNorm:
         if x.dtype != module.weight.dtype:
             return type(module).forward(module, x)
         return rms_norm(x, module.weight, module.variance_epsilon)
+
+
+ROTARY_MODULES = ("qwen3", "qwen2", "llama", "mistral")
+"""transformers' modeling modules (``transformers.models.<name>.modeling_<name>``) whose
+``apply_rotary_pos_emb`` is ``q * cos + rotate_half(q) * sin`` (and the same for ``k``; the same
+code in each): the ones :func:`fuse_rotary` computes through :func:`rotate`."""
+
+
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """``sin`` with the first half of its last dimension negated: the table :func:`rotate` takes."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """The rotary embedding of ``x`` (last dimension even): ``x * cos + rotate_half(x) * sin``,
+    with ``sin_signed = signed_sin(sin)``. ``rotate_half(x) = cat(-x2, x1)`` times ``sin`` is
+    ``cat(x2, x1)``, the halves swapped by one ``roll``, times ``sin_signed`` (a sign moved from one
+    factor to the other is exact), so the value is transformers' bit for bit in every dtype, in
+    four kernels where transformers' runs five (a negation and a concatenation of halves in
+    place of the ``roll``)."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin_signed
+
+
+class _Rotary(torch.autograd.Function):
+    """:func:`rotate` with its own backward: ``g * cos + roll(g * sin_signed)`` (the adjoint of
+    the swap is the swap), four kernels and bit for bit the gradient autograd takes of
+    transformers' arithmetic, where that runs nine (its negation, and for each half a filled
+    zero tensor and a copy into it, then their sum). It keeps only the angles' tables, which
+    take no gradient."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin_signed):  # noqa: D102
+        ctx.save_for_backward(cos, sin_signed)
+        return rotate(x, cos, sin_signed)
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102
+        cos, sin_signed = ctx.saved_tensors
+        return grad * cos + (grad * sin_signed).roll(grad.shape[-1] // 2, -1), None, None
+
+
+class _FusedRotary:
+    """``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` through :class:`_Rotary`; the
+    module's own (``original``) where the head dimension is odd or is not the angles', or where
+    the angles take a gradient. The signed table of the last ``sin`` it was given is kept (by a
+    weak reference to it, and its version) for the next call: every layer of a forward, and a
+    checkpoint's recompute, get the same ``sin``, so they share one table as they share
+    transformers' own (a compiled layer makes its own: no state for its guards; and a forward
+    in inference mode, whose tensors keep no version)."""
+
+    def __init__(self, original: Callable) -> None:
+        self.original = original
+        self.last: tuple | None = None  # (weakref to sin, its version, unsqueeze_dim, table)
+
+    def __call__(self, q, k, cos, sin, unsqueeze_dim: int = 1):
+        if (
+            q.shape[-1] % 2
+            or not q.shape[-1] == k.shape[-1] == cos.shape[-1] == sin.shape[-1]
+            or cos.requires_grad
+            or sin.requires_grad
+        ):
+            return self.original(q, k, cos, sin, unsqueeze_dim)
+        last = self.last
+        keep = not (torch.compiler.is_compiling() or sin.is_inference())
+        if keep and last and last[0]() is sin and last[1:3] == (sin._version, unsqueeze_dim):
+            sin_signed = last[3]
+        else:
+            sin_signed = signed_sin(sin.unsqueeze(unsqueeze_dim))
+            if keep:
+                self.last = (weakref.ref(sin), sin._version, unsqueeze_dim, sin_signed)
+        cos = cos.unsqueeze(unsqueeze_dim)
+        return _Rotary.apply(q, cos, sin_signed), _Rotary.apply(k, cos, sin_signed)
+
+
+def fuse_rotary() -> int:
+    """Make the ``apply_rotary_pos_emb`` of each modeling module of :data:`ROTARY_MODULES` compute
+    through :class:`_FusedRotary` (in the whole process: transformers' attention looks the
+    function up in its module; the values and gradients are transformers' bit for bit, so every
+    model of those architectures computes exactly as before, in fewer kernels); returns how many
+    it replaced (none the second time, and none that is not transformers' own: another library's
+    replacement is left as it is)."""
+    count = 0
+    for module in _rotary_modules():
+        original = getattr(module, "apply_rotary_pos_emb", None)
+        if getattr(original, "__module__", None) == module.__name__:
+            module.apply_rotary_pos_emb = _FusedRotary(original)
+            count += 1
+    return count
+
+
+@contextlib.contextmanager
+def transformers_rotary() -> Iterator[None]:
+    """transformers' own ``apply_rotary_pos_emb`` again for a ``with`` block, where
+    :func:`fuse_rotary` replaced it (so that the two can be timed side by side:
+    ``bench/gpu_check.py``)."""
+    fused = [(m, m.apply_rotary_pos_emb) for m in _rotary_modules()]
+    fused = [(m, f) for m, f in fused if isinstance(f, _FusedRotary)]
+    for module, f in fused:
+        module.apply_rotary_pos_emb = f.original
+    try:
+        yield
+    finally:
+        for module, f in fused:
+            module.apply_rotary_pos_emb = f
+
+
+def _rotary_modules() -> list:
+    return [
+        importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+        for name in ROTARY_MODULES
+    ]
 
 
 def checkpoints_layers(config) -> bool:

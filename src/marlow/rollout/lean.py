@@ -127,7 +127,7 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from torch.utils.weak import WeakIdKeyDictionary
 from transformers import Qwen3ForCausalLM
 
-from marlow.models import compile_limit, fused_norm, rms_norm
+from marlow.models import compile_limit, fused_norm, rms_norm, rotate, signed_sin
 from marlow.policy.adapters import (
     active_adapter,
     add_low_rank,
@@ -488,11 +488,6 @@ def _linears(
     ]
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
-
-
 def _forward(
     w: _Weights,
     cache: list[torch.Tensor],
@@ -512,7 +507,7 @@ def _forward(
     in float32. Each layer is :func:`_layer`, its parts ``parts`` (default eager; the compiled
     step passes its ``torch.compile``'d ones: every layer has the same shapes, so one
     compilation serves all)."""
-    cos, sin = rope[0][positions][:, None], rope[1][positions][:, None]  # (b, 1, q, hd)
+    cos, sin_signed = rope[0][positions][:, None], rope[1][positions][:, None]  # (b, 1, q, hd)
     mask = valid
     if parts is not None and parts.blocks:  # each row reads its own blocks of columns
         mask = _row_blocks(valid, columns, span)
@@ -528,9 +523,9 @@ def _forward(
         columns = columns[:, None, :, None].expand(-1, 2 * w.kv_heads, -1, w.head_dim)
     x = F.embedding(ids, w.embed)
     if parts is not None:  # compiled: the rows' dimension is the only symbolic size
-        _vary(x, cos, sin, *(t for pair in lora for t in pair))
+        _vary(x, cos, sin_signed, *(t for pair in lora for t in pair))
     for i, layer in enumerate(w.layers):
-        x = _layer(x, layer, cache[i], lora, cos, sin, columns, mask, span, parts)
+        x = _layer(x, layer, cache[i], lora, cos, sin_signed, columns, mask, span, parts)
     # as transformers: the norm over every position, then the head on the last one kept
     # (b, 1, hidden): the same kernels, so the same bits
     return _linear(_rms(x, w.norm)[:, -1:], w.head, lora)[:, -1].float()
@@ -542,7 +537,7 @@ def _layer(
     cache: torch.Tensor,
     lora: Sequence[tuple],
     cos: torch.Tensor,
-    sin: torch.Tensor,
+    sin_signed: torch.Tensor,
     columns: torch.Tensor,
     mask: torch.Tensor | tuple | None,
     span: int,
@@ -560,7 +555,7 @@ def _layer(
         projections, attend, rest = _projections, _attend, _rest
     else:
         projections, attend, rest = parts.projections, parts.attend, parts.rest
-    query, new = projections(x, layer, lora, cos, sin)
+    query, new = projections(x, layer, lora, cos, sin_signed)
     if columns.dim() == 1:  # every row's tokens at the same columns
         cache.index_copy_(2, columns, new)
     else:  # one token a row, each at its own column: (b, 2 x kv heads, 1, hd), from _forward
@@ -602,7 +597,7 @@ def _vary(*tensors, dims: tuple[int, ...] = (0,)) -> None:
 
 
 def _projections(
-    x: torch.Tensor, layer: dict, lora: Sequence[tuple], cos: torch.Tensor, sin: torch.Tensor
+    x: torch.Tensor, layer: dict, lora: Sequence[tuple], cos: torch.Tensor, sin_signed: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A layer's query (b, heads, q, hd) and its keys and values one after the other (b, 2 x kv
     heads, q, hd: one write into the cache) of ``x`` (b, q, hidden): the input norm, the three
@@ -615,7 +610,7 @@ def _projections(
     query = _rms(query.view(b, q, -1, hd), layer["qn"]).transpose(1, 2)
     key = _rms(key.view(b, q, -1, hd), layer["kn"]).transpose(1, 2)
     value = value.view(b, q, -1, hd).transpose(1, 2)
-    return _rotate(query, cos, sin), torch.cat((_rotate(key, cos, sin), value), dim=1)
+    return rotate(query, cos, sin_signed), torch.cat((rotate(key, cos, sin_signed), value), dim=1)
 
 
 def _rest(x: torch.Tensor, out: torch.Tensor, layer: dict, lora: Sequence[tuple]) -> torch.Tensor:
@@ -1028,7 +1023,8 @@ class LeanQwen3:
         self.padded: bool | None = None
         angles = torch.arange(length, device=device).float()[:, None] * inv_freq
         angles = torch.cat((angles, angles), dim=-1)  # (length, head_dim)
-        self.rope = (angles.cos().to(dtype), angles.sin().to(dtype))
+        # the tables marlow.models.rotate takes (as the trainer's fused rotary: the same values)
+        self.rope = (angles.cos().to(dtype), signed_sin(angles.sin().to(dtype)))
         self.graph: _Graph | None = None  # the graphed step at the current rows and span
 
     @staticmethod

@@ -1413,14 +1413,16 @@ def update_plan(
     """``marlow plan``'s figures in GiB for one micro-batch of ``tokens`` tokens of ``model``
     (``b`` bytes a base weight): base (``figures``' weight bytes), the adapter
     (:data:`marlow.plan.OPTIMIZER_BYTES` x its parameters) and activations
-    (:func:`marlow.plan.activation_bytes`, its layers ``checkpointed`` or not), and their sum."""
+    (:func:`marlow.plan.activation_bytes`, its layers ``checkpointed`` or not, with the factors
+    it holds: :func:`marlow.plan.held_bytes`), and their sum."""
     from marlow.archs import Shape
     from marlow.models import decoder_and_head
-    from marlow.plan import OPTIMIZER_BYTES, activation_bytes, lora_shapes
+    from marlow.plan import OPTIMIZER_BYTES, activation_bytes, held_bytes, lora_shapes
 
     shape, lora = Shape.of(model.config), lora_shapes(model, UPDATE_ADAPTER)
     chunked = decoder_and_head(model) is not None
-    activations = activation_bytes(shape, b, lora, tokens, chunked, checkpointed)
+    held = held_bytes(b, figures["adapter_parameters"], False)
+    activations = activation_bytes(shape, b, lora, tokens, chunked, checkpointed, False, held)
     out = {
         "base_gib": figures["weight_bytes"] / GIB,
         "adapters_gib": OPTIMIZER_BYTES * figures["adapter_parameters"] / GIB,
@@ -1489,11 +1491,15 @@ def time_passes(
 def update_pass(model: PeftModel, chunk: Chunk, temperature: float) -> None:
     """One pass of the update over ``chunk``: :func:`marlow.training.logprobs.score_chunk`
     (without the entropies, which an update whose logp_old was scored before it does not
-    compute), the loss ``-(logp x mask).sum() / mask.sum()`` and its ``backward()``."""
+    compute), the loss ``-(logp x mask).sum() / mask.sum()`` and its ``backward()``, its LoRA
+    factors cast once for the forward and the recompute, as a mini-batch of one micro-batch
+    holds them (:func:`marlow.policy.adapters.held_factors`)."""
+    from marlow.policy.adapters import held_factors
     from marlow.training.logprobs import score_chunk
 
-    scored = score_chunk(model, chunk, temperature=temperature, entropy=False)
-    (-(scored.logp * scored.mask).sum() / scored.mask.sum()).backward()
+    with held_factors():
+        scored = score_chunk(model, chunk, temperature=temperature, entropy=False)
+        (-(scored.logp * scored.mask).sum() / scored.mask.sum()).backward()
 
 
 def profiled(work: Callable[[], object], device: torch.device) -> dict[str, Any]:

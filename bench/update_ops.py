@@ -9,8 +9,9 @@ with transformers' own.
 
     .venv/bin/python bench/update_ops.py [--rows 4] [--row-tokens 128] [--repeats 5]
 
-One pass is what the trainer's update makes of a micro-batch: ``score_chunk`` over ``rows`` x
-``row-tokens`` random ids (the last 3/4 of each row its completion; no entropies, as an update
+One pass is what the trainer's update makes of a micro-batch (its LoRA factors cast once for
+the forward and the recompute: ``marlow.policy.adapters.held_factors``): ``score_chunk`` over
+``rows`` x ``row-tokens`` random ids (the last 3/4 of each row its completion; no entropies, as an update
 whose logp_old was scored before it), the loss
 ``-(logp x mask).sum() / mask.sum()`` and its ``backward()``, after an untimed one. Printed for
 each: the ATen operations it runs (views left out), the matrix products among them, and the
@@ -34,7 +35,7 @@ import torch
 
 from lean_lora import GEMMS, operations, proxy  # bench/ is the script's folder: on sys.path
 from marlow.models import checkpoint_layers, fuse_norms, fuse_rotary, transformers_rotary
-from marlow.policy.adapters import LoraSpec, attach_adapters, use_adapter
+from marlow.policy.adapters import LoraSpec, attach_adapters, held_factors, use_adapter
 from marlow.tiny.tokenizer import build_tokenizer
 from marlow.training.batch import Chunk
 from marlow.training.logprobs import score_chunk
@@ -60,8 +61,9 @@ def main() -> None:
     chunk = Chunk.full_rows(ids, prompt)
 
     def one_pass() -> None:
-        scored = score_chunk(model, chunk, temperature=1.0, entropy=False)
-        (-(scored.logp * scored.mask).sum() / scored.mask.sum()).backward()
+        with held_factors():  # as the trainer's mini-batch: the LoRA factors cast once
+            scored = score_chunk(model, chunk, temperature=1.0, entropy=False)
+            (-(scored.logp * scored.mask).sum() / scored.mask.sum()).backward()
 
     layers = model.config.num_hidden_layers
     every = ids.numel() * model.config.hidden_size

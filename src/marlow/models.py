@@ -440,15 +440,17 @@ class _Rotary(torch.autograd.Function):
 class _FusedRotary:
     """``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` through :class:`_Rotary`; the
     module's own (``original``) where the head dimension is odd or is not the angles', or where
-    the angles take a gradient. The signed table of the last ``sin`` it was given is kept (by a
-    weak reference to it, and its version) for the next call: every layer of a forward, and a
-    checkpoint's recompute, get the same ``sin``, so they share one table as they share
-    transformers' own (a compiled layer makes its own: no state for its guards; and a forward
-    in inference mode, whose tensors keep no version)."""
+    the angles take a gradient. The signed table of the last ``sin`` it was given is found
+    again by the next call while something else keeps it (the layers' saved tensors): every
+    layer of a forward, and a checkpoint's recompute, get the same ``sin``, so where the table
+    is kept for the backward they share one, as they share transformers' own, and it never
+    outlives what keeps it (weak references to ``sin`` and to the table, and ``sin``'s
+    version; a compiled layer makes its own: no state for its guards; and so does a forward in
+    inference mode, whose tensors keep no version)."""
 
     def __init__(self, original: Callable) -> None:
         self.original = original
-        self.last: tuple | None = None  # (weakref to sin, its version, unsqueeze_dim, table)
+        self.last: tuple | None = None  # weakrefs: (sin, its version, unsqueeze_dim, table)
 
     def __call__(self, q, k, cos, sin, unsqueeze_dim: int = 1):
         if (
@@ -458,14 +460,15 @@ class _FusedRotary:
             or sin.requires_grad
         ):
             return self.original(q, k, cos, sin, unsqueeze_dim)
-        last = self.last
+        last, sin_signed = self.last, None
         keep = not (torch.compiler.is_compiling() or sin.is_inference())
         if keep and last and last[0]() is sin and last[1:3] == (sin._version, unsqueeze_dim):
-            sin_signed = last[3]
-        else:
+            sin_signed = last[3]()
+        if sin_signed is None:
             sin_signed = signed_sin(sin.unsqueeze(unsqueeze_dim))
             if keep:
-                self.last = (weakref.ref(sin), sin._version, unsqueeze_dim, sin_signed)
+                table = weakref.ref(sin_signed)
+                self.last = (weakref.ref(sin), sin._version, unsqueeze_dim, table)
         cos = cos.unsqueeze(unsqueeze_dim)
         return _Rotary.apply(q, cos, sin_signed), _Rotary.apply(k, cos, sin_signed)
 

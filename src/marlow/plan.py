@@ -46,7 +46,10 @@ others have its spec on the same layers, so its count. Parameter counts are read
       head = 3bh + 4                    the final norm's input and its 1/rms, the head's input
                                         at the completion positions and its gradient
   and the head's chunks: 2 x HEAD_CHUNK_BYTES (fewer when N tokens do not fill one), a chunk's
-  float32 logits and their log-softmax, which live together in the forward and the backward.
+  float32 logits and their log-softmax, which live together in the forward and the backward;
+  and, whatever N, the adapter's factors in the base's dtype (b x its LoRA parameters) over a
+  bfloat16 or float16 base without LoRA dropout, cast once and held for a mini-batch's passes
+  (:func:`held_bytes`).
 
   These are what autograd keeps on any device; the backward's ``grad`` was measured by counting
   the live tensors of passes on the CPU (``tests/unit/test_plan_memory.py`` holds the model to
@@ -128,11 +131,12 @@ class Activations:
     layer: int
     head: int
     vocab: int
+    held: int = 0  # bytes whatever the tokens (held_bytes)
 
     def bytes(self, tokens: int) -> int:
         """The most bytes a pass over ``tokens`` tokens holds at once."""
         head = tokens * self.head + head_chunk_bytes(self.vocab, tokens)
-        return tokens * self.kept + max(tokens * self.layer, head)
+        return self.held + tokens * self.kept + max(tokens * self.layer, head)
 
     def tokens_that_fit(self, room: float) -> int:
         """The most tokens of one pass that hold at most ``room`` bytes (0 if not one does):
@@ -155,13 +159,15 @@ def activations(
     chunked_head: bool = True,
     checkpointed: bool = False,
     dropout: bool = False,
+    held: int = 0,
 ) -> Activations:
     """The memory model of one update pass (module docstring) of a run of ``b`` bytes a base
     weight; ``lora`` holds (in features, rank) of every LoRA layer of one adapter;
     ``chunked_head``: the logits go through the head chunk by chunk
     (:func:`marlow.models.decoder_and_head`); ``checkpointed``: the decoder layers are
     checkpointed (``grpo.activation_checkpointing``); ``dropout``: the LoRA layers draw dropout
-    (``policy.lora_dropout`` > 0)."""
+    (``policy.lora_dropout`` > 0); ``held``: bytes the pass holds whatever its tokens
+    (:func:`held_bytes`)."""
     s = shape
     own = b * (4 * s.h + 3 * s.a * s.d + 3 * s.g * s.d + 4 * s.I) + 4 * (2 + 2 * s.a + s.g)
     adapters = b * sum(r for _, r in lora)  # every layer's A outputs
@@ -171,8 +177,16 @@ def activations(
     vocab = s.V if chunked_head else 0
     if checkpointed:
         layer = own + adapters // s.L + 2 * b * s.I + b * s.h
-        return Activations(s.L * b * s.h, layer, head, vocab)
-    return Activations(s.L * own + adapters, 3 * b * s.I + 2 * b * s.h, head, vocab)
+        return Activations(s.L * b * s.h, layer, head, vocab, held)
+    return Activations(s.L * own + adapters, 3 * b * s.I + 2 * b * s.h, head, vocab, held)
+
+
+def held_bytes(b: int, parameters: int, dropout: bool) -> int:
+    """The adapter's factors in the base's dtype that an update holds for a mini-batch's passes
+    (:func:`marlow.policy.adapters.held_factors`): ``b`` bytes each of its ``parameters`` LoRA
+    parameters over a bfloat16 or float16 base (``b`` < 4) whose LoRA draws no dropout (where
+    its linears compute through :class:`marlow.policy.adapters.LoraLinear`); else 0."""
+    return b * parameters if b < 4 and not dropout else 0
 
 
 def head_chunk_bytes(vocab: int, tokens: int) -> int:
@@ -190,10 +204,11 @@ def activation_bytes(
     chunked_head: bool = True,
     checkpointed: bool = False,
     dropout: bool = False,
+    held: int = 0,
 ) -> int:
     """The activations of one pass over ``tokens`` tokens (module docstring): the
     :func:`activations` model's bytes at ``tokens``."""
-    return activations(shape, b, lora, chunked_head, checkpointed, dropout).bytes(tokens)
+    return activations(shape, b, lora, chunked_head, checkpointed, dropout, held).bytes(tokens)
 
 
 MICRO_TOKENS_MAX = 32768
@@ -364,9 +379,10 @@ def plan_run(
     card = None if gpu_mem_gib is None else int(gpu_mem_gib * GIB)
     engine = engine_bytes(cfg, base_bytes)  # held beside the trainer for the whole run
     asked = checkpoints_layers(cfg) and bool(checkpointable_layers(base))
-    models = partial(activations, shape, b, lora, chunked, dropout=dropout) if adapters else None
+    held = held_bytes(b, adapters[0].trainable, dropout) if adapters else 0
+    models = partial(activations, shape, b, lora, chunked, dropout=dropout, held=held)
     micro, ckpt = update_settings(
-        models,
+        models if adapters else None,
         cfg.grpo.micro_tokens,
         asked,
         cfg.grpo.activation_checkpointing == "auto",
@@ -374,11 +390,11 @@ def plan_run(
         base_bytes + adapter_bytes + engine,
         card,
     )
-    model = models(ckpt) if models else None
+    model = models(ckpt) if adapters else None
     tokens = max(micro, turn)
-    held = model.bytes(tokens) if model else 0
+    pass_bytes = model.bytes(tokens) if model else 0
     kv = 0 if engine else kv_cache_bytes(shape, b, cfg.rollout.max_batch, turn)
-    peak = base_bytes + adapter_bytes + engine + max(held, kv)
+    peak = base_bytes + adapter_bytes + engine + max(pass_bytes, kv)
     fits = max_micro = None
     suggestions: dict[str, Any] = {}
     if gpu_mem_gib is not None:
@@ -405,7 +421,7 @@ def plan_run(
         base_bytes=base_bytes,
         adapter_bytes=adapter_bytes,
         forward_tokens=tokens,
-        activation_bytes=held,
+        activation_bytes=pass_bytes,
         checkpointed=ckpt,
         auto_unchecked=asked and not ckpt,
         checkpointing=cfg.grpo.activation_checkpointing,

@@ -245,7 +245,7 @@ def test_the_dry_run_times_the_update_alone_beside_plans_prediction(dry_run):
             assert unchecked["tokens_per_s"] == pytest.approx(m["tokens"] / unchecked["seconds"])
             assert unchecked["warmup_s"] > 0 and unchecked["peak_allocated_gib"] is None
             shape = Shape.of(config)
-            activations = activation_bytes(shape, 2, lora, m["tokens"], True, False)
+            activations = activation_bytes(shape, 2, lora, m["tokens"], True, False, False, 2 * n)
             assert unchecked["plan"]["activations_gib"] == pytest.approx(activations / 2**30)
             checked = m["plan"]["activations_gib"]
             assert unchecked["plan"]["activations_gib"] > checked  # every layer's own, kept
@@ -259,7 +259,9 @@ def test_the_dry_run_times_the_update_alone_beside_plans_prediction(dry_run):
             assert m["status"] == "ok" and m["rows"] * update.row == m["tokens"], m
             assert m["tokens_per_s"] == pytest.approx(m["tokens"] / m["seconds"])
             assert m["tokens_per_s"] > 0 and m["warmup_s"] > 0
-            activations = activation_bytes(Shape.of(config), 2, lora, m["tokens"], True, True)
+            # the factors in bfloat16, held for the pass: 2 bytes a LoRA parameter
+            shape = Shape.of(config)
+            activations = activation_bytes(shape, 2, lora, m["tokens"], True, True, False, 2 * n)
             plan = [base_bytes, OPTIMIZER_BYTES * n, activations]
             expect = dict(zip(("base_gib", "adapters_gib", "activations_gib"), plan, strict=True))
             expect = {k: v / 2**30 for k, v in expect.items()} | {"peak_gib": sum(plan) / 2**30}

@@ -176,14 +176,20 @@ def test_a_lora_update_pass_is_bit_for_bit_transformers(checkpointed):
 def test_the_signed_table_is_shared_only_by_calls_with_the_same_angles():
     fused, original = _original("qwen3")
     g = torch.Generator().manual_seed(4)
-    q, k = torch.randn(1, 2, 6, 8, generator=g), torch.randn(1, 1, 6, 8, generator=g)
+    q = torch.randn(1, 2, 6, 8, generator=g, requires_grad=True)
+    k = torch.randn(1, 1, 6, 8, generator=g)
     cos, sin = _angles(1, 6, 8, torch.float32)
-    got, expected = fused(q, k, cos, sin), original(q, k, cos, sin)
-    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
-    table = fused.last[3]
-    fused(q, k, cos, sin)
-    assert fused.last[3] is table  # the next layer's call: the same table
-    sin.mul_(-0.5)  # the same tensor, changed in place: a table anew
+    first = fused(q, k, cos, sin)  # its graph keeps the table, as a layer's saved tensors do
+    table = fused.last[3]()
+    assert table is not None
+    second = fused(q, k, cos, sin)
+    assert fused.last[3]() is table  # the next layer's call: the same table
+    sin.mul_(-0.5)  # the same tensor changed in place, its table still kept: a table anew
+    third = fused(q, k, cos, sin)
+    assert fused.last[3]() is not table
+    assert all(torch.equal(a, b) for a, b in zip(third, original(q, k, cos, sin), strict=True))
+    del first, second, third, table
+    assert fused.last[3]() is None  # never kept by the reference alone
     cos2, sin2 = _angles(1, 6, 8, torch.float32)
     for angles in ((cos, sin), (cos2, sin2 * 2)):
         got, expected = fused(q, k, *angles), original(q, k, *angles)

@@ -4,6 +4,7 @@ scores a bfloat16 base (``lora_in_base_dtype``), and PEFT's own forward everywhe
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -16,7 +17,9 @@ from marlow.policy.adapters import (
     LoraLinear,
     LoraSpec,
     attach_adapters,
+    held_factors,
     lora_in_base_dtype,
+    low_factors,
     use_adapter,
 )
 from tests.conftest import build_tiny_qwen3
@@ -45,7 +48,9 @@ def test_the_fused_lora_linear_has_peft_s_values_and_gradients(dtype, scaling, b
     want.backward(grad)
     wanted = [t.grad for t in (x, a, b)]
     x.grad = a.grad = b.grad = None
-    got = LoraLinear.apply(x, base.weight, base.bias, a, b, scaling)
+    got = LoraLinear.apply(
+        x, base.weight, base.bias, a, b, scaling, *low_factors(a, b, scaling, dtype)
+    )
     got.backward(grad)
     assert got.shape == want.shape and got.dtype == dtype
     assert a.grad.dtype == b.grad.dtype == torch.float32
@@ -70,9 +75,10 @@ def bf16_adapted(rank=4, alpha=8, dropout=0.0):
     return model
 
 
-def score(model):
+def score(model, keep_grads=False):
     """Training-mode log-probs of a padded batch of completions, and each LoRA factor's gradient
-    of their sum."""
+    of their sum (``keep_grads``: added to the gradients already there, as a mini-batch's next
+    micro-batch's)."""
     torch.manual_seed(1)
     ids = torch.randint(4, 64, (3, 12))
     attention = torch.ones_like(ids)
@@ -82,7 +88,8 @@ def score(model):
     mask[0, -3:] = False
     targets = ids[:, 4:12]
     model.train()
-    model.zero_grad()
+    if not keep_grads:
+        model.zero_grad()
     with use_adapter(model, "policy"):
         logp, _ = completion_logprobs(model, ids, attention, prompt, targets, mask, 1.0)
         logp.sum().backward()
@@ -170,3 +177,65 @@ def test_other_lora_layers_compute_through_peft(monkeypatch):
     with use_adapter(float32, "policy"), lora_in_base_dtype(float32):
         float32.model.model.layers[0].self_attn.q_proj(torch.randn(2, 5, 64))
     assert len(calls) == 1
+
+
+def test_held_factors_are_cast_once_a_block_and_anew_when_changed():
+    """Inside held_factors each factor pair's low-precision copies are made once and shared
+    (a checkpointed pass's forward and recompute, the micro-batches of a mini-batch), with the
+    same values as each forward's own cast; a factor changed in place is cast anew; outside a
+    block, every call casts."""
+    a = torch.randn(4, 6, requires_grad=True)
+    b = torch.randn(5, 4, requires_grad=True)
+    fresh = low_factors(a, b, 0.3, torch.bfloat16)
+    assert fresh[0] is not low_factors(a, b, 0.3, torch.bfloat16)[0]  # no block: anew
+    assert torch.equal(fresh[0], a.detach().bfloat16())
+    assert torch.equal(fresh[1], b.detach().bfloat16() * 0.3)
+    assert not fresh[0].requires_grad and fresh[1].dtype == torch.bfloat16
+    with held_factors():
+        first = low_factors(a, b, 0.3, torch.bfloat16)
+        assert all(torch.equal(x, y) for x, y in zip(first, fresh, strict=True))
+        again = low_factors(a, b, 0.3, torch.bfloat16)
+        assert again[0] is first[0] and again[1] is first[1]
+        assert low_factors(a, b, 0.5, torch.bfloat16)[1] is not first[1]  # another scaling
+        with torch.no_grad():
+            a.add_(1.0)  # as an optimizer step would
+        moved = low_factors(a, b, 0.3, torch.bfloat16)
+        assert moved[0] is not first[0] and torch.equal(moved[0], a.detach().bfloat16())
+        with held_factors():  # a block of its own
+            assert low_factors(a, b, 0.3, torch.bfloat16)[0] is not moved[0]
+        assert low_factors(a, b, 0.3, torch.bfloat16)[0] is moved[0]
+    assert not adapters._HELD
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_an_update_with_held_factors_is_bit_for_bit_and_casts_once(monkeypatch, checkpointed):
+    """Two micro-batches of one mini-batch in a held_factors block (the trainer's update): the
+    same log-probs and gradients bit for bit as without, with each LoRA linear's factors cast
+    once for the block where each forward (and a checkpoint's recompute) cast its own."""
+    model = bf16_adapted()
+    checkpoint_layers(model, on=checkpointed)
+    casts = []
+    low = adapters.low_factors
+
+    def counted(a, b, scaling, dtype):
+        out = low(a, b, scaling, dtype)
+        casts.append(out)  # kept alive: their ids stay theirs
+        return out
+
+    monkeypatch.setattr(adapters, "low_factors", counted)
+    layers = 14  # 7 linears, 2 layers
+    results = []
+    for held in (False, True):
+        casts.clear()
+        with held_factors() if held else contextlib.nullcontext():
+            model.zero_grad()
+            passes = [score(model, keep_grads=True) for _ in range(2)]
+        distinct = {(id(a), id(b)) for a, b in casts}
+        results.append(([p[0] for p in passes], passes[-1][1]))
+        calls = layers * 2 * (2 if checkpointed else 1)  # forwards, recomputes
+        assert len(casts) == calls
+        assert len(distinct) == (layers if held else calls)
+    (logps, grads), (held_logps, held_grads) = results
+    assert all(torch.equal(x, y) for x, y in zip(logps, held_logps, strict=True))
+    assert set(grads) == set(held_grads) and grads
+    assert all(torch.equal(grads[n], held_grads[n]) for n in grads)

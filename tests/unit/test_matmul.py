@@ -9,7 +9,7 @@ import torch
 from marlow import models
 from marlow.algo import matmul
 from marlow.algo.estimators import head_logprobs_and_entropy
-from marlow.policy.adapters import LoraLinear
+from marlow.policy.adapters import LoraLinear, low_factors
 
 
 def draw(*shape: int, dtype=torch.bfloat16, seed: int = 0) -> torch.Tensor:
@@ -89,7 +89,7 @@ def test_the_update_backward_makes_every_half_product_in_a_fast_layout(no_native
     def grads():
         for t in (x, a_f, b_f):
             t.grad = None
-        out = LoraLinear.apply(x, weight, None, a_f, b_f, 0.5)
+        out = LoraLinear.apply(x, weight, None, a_f, b_f, 0.5, *low_factors(a_f, b_f, 0.5, x.dtype))
         logp, _ = head_logprobs_and_entropy(
             out.reshape(tokens, d_out), head, None, targets, 1.0, 16
         )

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import json
 import warnings
+from functools import partial
 
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from marlow.archs import HUB_IDS, arch_config, arch_names
+from marlow.archs import HUB_IDS, Shape, arch_config, arch_names
 from marlow.config import ConfigError, load_config
-from marlow.plan import GIB, plan_run, render
+from marlow.plan import GIB, activations, held_bytes, plan_run, render
 from marlow.tiny.model import build_model, n_parameters
 from marlow.tiny.tokenizer import build_tokenizer
 
@@ -140,7 +141,8 @@ def test_lora_on_named_modules_and_the_routings():
 def hand_activation_bytes(arch: str, b: int, r: int, tokens: int, checkpointed: bool) -> int:
     """The module docstring's model for LoRA on all 7 linears, written out for Qwen3: what the
     pass keeps throughout, and the larger of one layer's backward and the head's phase, whose
-    logits go through the head a chunk of at most 256 MiB of float32 logits at a time."""
+    logits go through the head a chunk of at most 256 MiB of float32 logits at a time; over a
+    half-precision base, the adapter's factors cast to it, held whatever the tokens."""
     f = fields(arch)
     h, a, g, d, inter, L, V = (f[k] for k in ("h", "a", "g", "d", "I", "L", "V"))
     own = b * (4 * h + 3 * a * d + 3 * g * d + 4 * inter) + 4 * (2 + 2 * a + g)
@@ -150,7 +152,19 @@ def hand_activation_bytes(arch: str, b: int, r: int, tokens: int, checkpointed: 
     else:
         kept, layer = L * (own + lora), 3 * b * inter + 2 * b * h
     head = tokens * (3 * b * h + 4) + 2 * min(256 * 2**20, tokens * 4 * V)
-    return tokens * kept + max(tokens * layer, head)
+    held = b * hand_lora(arch, r) if b == 2 else 0
+    return held + tokens * kept + max(tokens * layer, head)
+
+
+def test_the_held_factors_are_the_adapter_in_a_half_precision_base_dtype():
+    assert held_bytes(2, 1000, dropout=False) == 2000
+    assert held_bytes(4, 1000, dropout=False) == 0  # float32: LoRA computes as PEFT's
+    assert held_bytes(2, 1000, dropout=True) == 0  # dropout: PEFT's forward casts its own
+    shape = Shape.of(meta_qwen3("qwen3-0.6b").config)
+    for checkpointed in (False, True):
+        model = partial(activations, shape, 2, [(1024, 8)] * 196, True, checkpointed)
+        for tokens in (0, 100, 10_000):  # whatever the tokens
+            assert model(held=5000).bytes(tokens) - model().bytes(tokens) == 5000
 
 
 @pytest.mark.parametrize(

@@ -39,7 +39,7 @@ PER_TASK = "per_task"  # the key of a preset's per-task overlays (not a config f
 # Table 7 does not give them; the default 256 sequences fit none of the three (a KV cache of
 # 168-216 GiB). A 4B turn of 6,144 tokens is scored whole whatever micro_tokens says. On these
 # cards grpo.activation_checkpointing auto keeps every layer's activations of those 6,144 tokens
-# (0.6B 8.9 GiB, 1.7B 14.2, 4B 27.4: under each rollout's KV cache, so the peak is unchanged).
+# (0.6B 9.0 GiB, 1.7B 14.3, 4B 27.7: under each rollout's KV cache, so the peak is unchanged).
 _STUDY_CARDS = {"rollout": {"max_batch": 48}, "grpo": {"micro_tokens": 6144}}
 _PAPER_MODEL = {"dtype": "bfloat16", "model": {"name": "Qwen/Qwen3-1.7B"}, **_STUDY_CARDS}
 

@@ -401,12 +401,14 @@ class LoraLinear(torch.autograd.Function):
     factors computing in bfloat16: mixed precision); B's is computed unscaled and scaled in the
     wider of the two dtypes. It keeps what PEFT's keeps for the backward (the input and the
     low-rank output; the cast factors are weight-sized). The same values as PEFT's up to float
-    round-off (exactly PEFT's in float32 where the scaling is a power of two; tests)."""
+    round-off (exactly PEFT's in float32 where the scaling is a power of two; tests).
+
+    ``a_low`` and ``b_low``: A, and B times the scaling, in ``x``'s dtype
+    (:func:`low_factors`), which ``a`` and ``b`` (the parameters, for their gradients' place
+    and dtype) hold in theirs."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, a, b, scaling):  # noqa: D102
-        a_low = a.to(x.dtype)
-        b_low = b.to(x.dtype) * scaling
+    def forward(ctx, x, weight, bias, a, b, scaling, a_low, b_low):  # noqa: D102
         out = nn.functional.linear(x, weight, bias)  # as PEFT's base layer, then its A
         low = nn.functional.linear(x, a_low)
         ctx.save_for_backward(x, weight, a_low, b_low, low)
@@ -426,7 +428,7 @@ class LoraLinear(torch.autograd.Function):
         if ctx.needs_input_grad[4]:
             gb = mm(g.t(), low.reshape(-1, low.shape[-1]))
             gb = (gb.to(torch.promote_types(gb.dtype, ctx.b_dtype)) * ctx.scaling).to(ctx.b_dtype)
-        return gx, None, None, ga, gb, None
+        return gx, None, None, ga, gb, None, None, None
 
 
 def add_low_rank(out: torch.Tensor, low: torch.Tensor, b_scaled: torch.Tensor) -> torch.Tensor:
@@ -463,7 +465,51 @@ class _FusedForward:
         ):
             return type(layer).forward(layer, x, *args, **kwargs)
         a, b = layer.lora_A[name].weight, layer.lora_B[name].weight
-        return LoraLinear.apply(x, base.weight, base.bias, a, b, float(layer.scaling[name]))
+        scaling = float(layer.scaling[name])
+        a_low, b_low = low_factors(a, b, scaling, x.dtype)
+        return LoraLinear.apply(x, base.weight, base.bias, a, b, scaling, a_low, b_low)
+
+
+_HELD: list[dict] = []
+"""The open :func:`held_factors` blocks' factors, the innermost last (a list, not a context
+variable: a checkpoint's recompute runs in autograd's own thread on a GPU)."""
+
+
+@contextmanager
+def held_factors() -> Iterator[None]:
+    """Inside the ``with`` block, each LoRA factor pair's :func:`low_factors` is made once and
+    kept for every forward of the block, the recomputes of its checkpointed layers included,
+    where each forward made its own: three weight-sized kernels fewer a LoRA linear a forward
+    (A's cast, B's cast and its scaling; 5% of the operations of a checkpointed update pass,
+    ``bench/update_ops.py``, each a kernel launch on a GPU, where an update of a few thousand
+    tokens is bound by its launches). For a block in which the factors do not change (the
+    micro-batches of one mini-batch, before its optimizer step; a scoring pass); a factor
+    changed in place anyway (its version moved) is cast anew. They take the adapter's
+    parameters x the compute dtype's bytes until the block ends (``marlow plan`` counts them:
+    :func:`marlow.plan.held_bytes`)."""
+    _HELD.append({})
+    try:
+        yield
+    finally:
+        _HELD.pop()
+
+
+def low_factors(
+    a: torch.Tensor, b: torch.Tensor, scaling: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A in ``dtype``, and B in ``dtype`` times ``scaling`` (rounded there, as PEFT's scaling of
+    B's output is): the factors :class:`LoraLinear` computes with, without gradient; those of
+    the innermost :func:`held_factors` block where one is open (and not while compiling: no
+    state for the compiler's guards)."""
+    if not _HELD or torch.compiler.is_compiling():
+        return a.detach().to(dtype), b.detach().to(dtype) * scaling
+    held, key = _HELD[-1], (id(a), id(b), scaling, dtype)
+    versions = (a._version, b._version)
+    entry = held.get(key)
+    if entry is None or entry[0] is not a or entry[1] is not b or entry[2] != versions:
+        low = a.detach().to(dtype), b.detach().to(dtype) * scaling
+        entry = held[key] = (a, b, versions, low)
+    return entry[3]
 
 
 def _draws_dropout(dropout: nn.Module) -> bool:

@@ -50,7 +50,7 @@ from marlow.algo.losses import token_weights
 from marlow.algo.policy_loss import LossInputs, LossSettings, policy_loss
 from marlow.config import GRPOConfig, MitigateConfig
 from marlow.diagnostics.metrics import Meter
-from marlow.policy.adapters import folded, merged, use_adapter
+from marlow.policy.adapters import folded, held_factors, merged, use_adapter
 from marlow.training.batch import AdapterBatch
 from marlow.training.distributed import SOLO, Ranks
 from marlow.training.logprobs import Scored, score_rows
@@ -88,7 +88,7 @@ def _score_all(
     rows = range(len(batch)) if rows is None else list(rows)
     logp = ent = None
     adapted = merged(model, adapter) if fold else use_adapter(model, adapter)
-    with torch.no_grad(), adapted:
+    with torch.no_grad(), adapted, held_factors():
         for local, s in score_rows(
             model,
             batch,
@@ -374,7 +374,8 @@ class _AdapterUpdate:
         total_loss = torch.zeros((), device=self.device)  # read once per update, after backwards
         own = GradientParts(self.params, self.ranks) if self.rows.measured else None
         keys, adapter = self.rows.keys, self.batch.adapter
-        with folded(self.model, adapter) if self.fold else use_adapter(self.model, adapter):
+        adapted = folded(self.model, adapter) if self.fold else use_adapter(self.model, adapter)
+        with adapted, held_factors():  # the factors cast once for the mini-batch
             for local, s in score_rows(
                 self.model,
                 self.batch,

@@ -62,6 +62,7 @@ from marlow.plan import (
     OPTIMIZER_BYTES,
     activations,
     engine_bytes,
+    held_bytes,
     longest_turn,
     lora_shapes,
     update_settings,
@@ -262,17 +263,20 @@ class Trainer:
         b = getattr(torch, config.dtype).itemsize
         frozen = sum(p.numel() for p in base.parameters() if not p.requires_grad) * b
         beside = frozen + engine_bytes(config, frozen)  # a vLLM engine's share of the card
-        beside += sum(
-            OPTIMIZER_BYTES * sum(p.numel() for p in adapter_parameters(self.model, a).values())
+        trainable = [
+            sum(p.numel() for p in adapter_parameters(self.model, a).values())
             for a in self.adapters
-        )
+        ]
+        beside += OPTIMIZER_BYTES * sum(trainable)
         lora = lora_shapes(self.model, self.adapters[0]) if self.adapters else []
         chunked = decoder_and_head(self.model) is not None
         dropout = config.policy.lora_dropout > 0
+        held = held_bytes(b, max(trainable, default=0), dropout)  # the factors cast once
         shape = Shape.of(base.config)
         auto = config.grpo.activation_checkpointing == "auto"
+        model_of = partial(activations, shape, b, lora, chunked, dropout=dropout, held=held)
         micro, resolved = update_settings(
-            partial(activations, shape, b, lora, chunked, dropout=dropout) if lora else None,
+            model_of if lora else None,
             config.grpo.micro_tokens,
             checkpointed,
             auto,

@@ -9,7 +9,6 @@ import importlib
 
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from marlow.models import (
     ROTARY_MODULES,
@@ -24,6 +23,7 @@ from marlow.models import (
 from marlow.policy.adapters import LoraSpec, attach_adapters
 from marlow.training.batch import Chunk
 from marlow.training.logprobs import score_chunk
+from tests.conftest import build_tiny_qwen3
 
 
 def _module(name: str):
@@ -133,18 +133,7 @@ def test_a_lora_update_pass_is_bit_for_bit_transformers(checkpointed):
     log-probs of a micro-batch and every LoRA gradient, with the fused rotary and with
     transformers' own, layers checkpointed (the backward recomputes through it) or not."""
     fuse_rotary()
-    config = Qwen3Config(
-        vocab_size=96,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        intermediate_size=128,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    base = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    base = build_tiny_qwen3(vocab_size=96).to(torch.bfloat16)
     fuse_norms(base)
     model = attach_adapters(base, ["policy"], LoraSpec(rank=4), seed=0)
     with torch.no_grad():  # B starts at zero: give the adapter a say in the gradients

@@ -501,10 +501,8 @@ def low_factors(
     B's output is): the factors :class:`LoraLinear` computes with, without gradient; those of
     the innermost :func:`held_factors` block where one is open (and not while compiling: no
     state for the compiler's guards)."""
-    if not _HELD or torch.compiler.is_compiling():
-        return a.detach().to(dtype), b.detach().to(dtype) * scaling
-    held, key = _HELD[-1], (id(a), id(b), scaling, dtype)
-    versions = (a._version, b._version)
+    held = _HELD[-1] if _HELD and not torch.compiler.is_compiling() else {}  # {}: kept by none
+    key, versions = (id(a), id(b), scaling, dtype), (a._version, b._version)
     entry = held.get(key)
     if entry is None or entry[0] is not a or entry[1] is not b or entry[2] != versions:
         low = a.detach().to(dtype), b.detach().to(dtype) * scaling

@@ -45,7 +45,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, get_device_states, set_device_states
 
 from marlow.algo.estimators import head_logprobs_and_entropy, token_logprobs_and_entropy
 from marlow.algo.matmul import slow_half
@@ -530,11 +530,12 @@ def checkpointable_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def checkpoint_layers(model: torch.nn.Module, on: bool = True) -> int:
     """Turn activation checkpointing of ``model``'s decoder layers on (or off): each layer keeps
-    only its input for the backward and runs again there (``torch.utils.checkpoint``,
-    non-reentrant), in the passes that build a graph with the model in training mode, which the
-    trainer's update alone does; sampling and scoring without gradients run as before. The
-    layers are transformers' ``GradientCheckpointingLayer`` s (every decoder of Qwen3, Qwen2,
-    Llama, Mistral); returns how many were set, and a model with none is a ValueError.
+    only its input for the backward and runs again there (:class:`_Recomputed`; a call it cannot
+    replay through ``torch.utils.checkpoint``, non-reentrant), in the passes that build a graph
+    with the model in training mode, which the trainer's update alone does; sampling and scoring
+    without gradients run as before. The layers are transformers' ``GradientCheckpointingLayer``
+    s (every decoder of Qwen3, Qwen2, Llama, Mistral); returns how many were set, and a model
+    with none is a ValueError.
     The checkpoint wraps the layer's call (:func:`_layer_call`), not transformers' own
     switch inside its forward, so that a compiled layer (:func:`compile_layers`) is compiled
     without it: inside a compiled layer, the checkpoint's recompute region holds the attention's
@@ -629,9 +630,135 @@ def _layer_call(layer: torch.nn.Module, *args, **kwargs):
     if state["compiled"] is not None and not _GAVE_UP:
         run = partial(_compiled_call, layer, state["compiled"])
     if state["checkpointed"] and layer.training and torch.is_grad_enabled():
-        context = partial(recompute_as_forward, layer)  # LoRA's arithmetic as in the forward
-        return checkpoint(run, *args, use_reentrant=False, context_fn=context, **kwargs)
+        forward, recompute = recompute_as_forward(layer)  # LoRA's arithmetic as in the forward
+        if _replayable(args, kwargs) and not _TORCH_CHECKPOINT:
+            return _Recomputed.apply(_Replay(run, args[0], kwargs, recompute), _ANCHOR, args[0])
+        return checkpoint(
+            run, *args, use_reentrant=False, context_fn=lambda: (forward, recompute), **kwargs
+        )
     return run(*args, **kwargs)
+
+
+class _Recomputed(torch.autograd.Function):
+    """A checkpointed decoder layer: its forward builds no graph and keeps only the layer's
+    input; its backward runs the layer again on it with a graph, in the state the forward ran
+    in (:class:`_Replay`), and back-propagates through that at once, by a backward of its own
+    (the layer's parameters get their gradients in ``.grad`` there, as from the whole
+    backward). The same operations in the same order as the layer without checkpointing, so the
+    same values and gradients bit for bit (tests).
+
+    Why not ``torch.utils.checkpoint``'s non-reentrant checkpoint: it hooks every tensor the
+    layer saves for the backward, a Python call to pack each and one to unpack it, and checks
+    each recomputed tensor's metadata; on the update's Python-bound stand-in
+    (``bench/update_ops.py``, where the host's work is what a GPU waits on at a few thousand
+    tokens) that was 40% of a checkpointed pass's time. Its reentrant one would do, but gives
+    no gradient to the LoRA factors of a layer whose input needs none (the first, after the
+    frozen embedding); here the output always takes part in the backward through
+    :data:`_ANCHOR`.
+
+    A choice of this design: gradients reach the layer's parameters only through
+    ``backward()`` (``torch.autograd.grad`` of a loss with respect to them would find none),
+    which is how the trainer takes them."""
+
+    @staticmethod
+    def forward(ctx, replay: _Replay, _anchor: torch.Tensor, hidden: torch.Tensor):  # noqa: D102
+        ctx.replay = replay
+        ctx.save_for_backward(hidden)
+        return replay.run(hidden)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *grads):  # noqa: D102
+        (hidden,) = ctx.saved_tensors
+        again = hidden.detach().requires_grad_(hidden.requires_grad)
+        out = ctx.replay.again(again)
+        del ctx.replay  # its kwargs (the masks, the rotary angles) are no longer needed
+        outs = out if isinstance(out, tuple) else (out,)
+        pairs = [
+            (o, g)
+            for o, g in zip(outs, grads, strict=True)
+            if isinstance(o, torch.Tensor) and o.requires_grad and g is not None
+        ]
+        if pairs:
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        return None, None, again.grad
+
+
+_ANCHOR = torch.empty(0, requires_grad=True)
+"""An input of every :class:`_Recomputed` that needs a gradient, so that the layer's output
+takes part in the backward even where its input (the embedding's output) needs none; it gets
+none."""
+
+
+class _Replay:
+    """What a checkpointed layer's recompute needs of its forward: the call (``run`` on the
+    hidden state with ``kwargs``), LoRA's arithmetic as it was (``recompute``:
+    :func:`marlow.policy.adapters.recompute_as_forward`), the autocast then in force and the
+    random number generators' states (the CPU's and the hidden state's device's), as
+    ``torch.utils.checkpoint`` restores them: a layer drawing LoRA dropout draws the same
+    again."""
+
+    def __init__(self, run: Callable, hidden: torch.Tensor, kwargs: dict, recompute) -> None:
+        self.call, self.kwargs, self.recompute = run, kwargs, recompute
+        self.device_type = hidden.device.type
+        types = dict.fromkeys([self.device_type, "cpu"])
+        self.autocast = [
+            (t, torch.is_autocast_enabled(t), torch.get_autocast_dtype(t))
+            for t in types
+            if torch.amp.is_autocast_available(t)
+        ]
+        self.autocast_cache = torch.is_autocast_cache_enabled()
+        self.cpu_rng = torch.get_rng_state()
+        self.devices, self.device_rng = get_device_states(hidden)
+
+    def run(self, hidden: torch.Tensor):
+        return self.call(hidden, **self.kwargs)
+
+    def again(self, hidden: torch.Tensor):
+        """The forward once more, with a graph, in the forward's state."""
+        rng = torch.random.fork_rng(devices=self.devices, device_type=self.device_type)
+        with rng, contextlib.ExitStack() as stack:
+            torch.set_rng_state(self.cpu_rng)
+            set_device_states(self.devices, self.device_rng, device_type=self.device_type)
+            for device_type, enabled, dtype in self.autocast:
+                cache = self.autocast_cache
+                stack.enter_context(torch.autocast(device_type, dtype, enabled, cache))
+            stack.enter_context(torch.enable_grad())
+            stack.enter_context(self.recompute)
+            return self.run(hidden)
+
+
+_TORCH_CHECKPOINT: list[bool] = []
+"""Non-empty inside :func:`torch_checkpoint`."""
+
+
+@contextlib.contextmanager
+def torch_checkpoint() -> Iterator[None]:
+    """Inside the ``with`` block, checkpointed layers go through ``torch.utils.checkpoint``'s
+    non-reentrant checkpoint instead of :class:`_Recomputed` (the same values: so that the two
+    can be timed side by side, ``bench/update_ops.py`` and ``bench/gpu_check.py``)."""
+    _TORCH_CHECKPOINT.append(True)
+    try:
+        yield
+    finally:
+        _TORCH_CHECKPOINT.pop()
+
+
+def _replayable(args: tuple, kwargs: dict) -> bool:
+    """Whether a layer's call is one :class:`_Recomputed` replays: its hidden state the one
+    positional argument, and no keyword argument a tensor that needs a gradient or an object
+    the layer could change (a KV cache); else it goes through ``torch.utils.checkpoint``."""
+    if len(args) != 1 or not isinstance(args[0], torch.Tensor):
+        return False
+    for value in kwargs.values():
+        parts = value if isinstance(value, tuple | list) else (value,)
+        for part in parts:
+            if isinstance(part, torch.Tensor):
+                if part.requires_grad:
+                    return False
+            elif part is not None and not isinstance(part, bool | int | float | str):
+                return False
+    return True
 
 
 def _compiled_call(layer: torch.nn.Module, compiled: Callable, *args, **kwargs):

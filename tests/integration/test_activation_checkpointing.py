@@ -55,9 +55,11 @@ def test_checkpointed_layers_train_exactly_as_without(small_config, tmp_path, fo
 
     ours, our_grads, our_w, our_runs = one_step(cfg("on"), tmp_path / "on")
     plain, plain_grads, plain_w, plain_runs = one_step(cfg("off"), tmp_path / "off")
-    # the recompute: a layer ran once more with gradients for each backward, never without
-    assert our_runs.count(False) == plain_runs.count(False)
-    assert our_runs.count(True) == 2 * plain_runs.count(True) > 0
+    # each forward that builds a graph ran without one, and once more with one in the backward
+    with_graph = plain_runs.count(True)
+    assert with_graph > 0
+    assert our_runs.count(False) == plain_runs.count(False) + with_graph
+    assert our_runs.count(True) == with_graph
     assert_same_step((ours, our_grads, our_w), (plain, plain_grads, plain_w))
 
 

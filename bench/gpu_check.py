@@ -143,8 +143,10 @@ The parts, each recorded whatever became of the others:
    checkpointed pass's seconds; always in the dry run, so that CI runs that path) and plan's
    peak fits the card (:func:`time_unchecked`; the 4B's 32,768 tokens would not fit an H200).
    Then the first micro-batch once more, checkpointed, through transformers' own rotary
-   embedding (``transformers_rotary``: :func:`time_transformers_rotary`), beside the row's,
-   which runs marlow's (:func:`marlow.models.fuse_rotary`, as a run's loaded base does).
+   embedding, and once more through ``torch.utils.checkpoint`` (the row's ``side_by_side``),
+   each beside the row's, which runs marlow's own
+   (:func:`marlow.models.fuse_rotary`, as a run's loaded base does; marlow's recomputation of
+   checkpointed layers): :func:`time_instead`, :data:`SIDE_BY_SIDE`.
 
    Time: the child takes at most the size's ``update_s`` (60 s for the 0.6B, 75 for the
    1.7B, 90 for the 4B: the child's start, the load, the matmuls and the passes count; the
@@ -1310,8 +1312,8 @@ def time_update(
             plan = update_plan(model, b, result, ran[0]["tokens"], checkpointed=False)
             time_unchecked(ran, plan, *args)
             write_json(out, result)
-        if done:  # the first once more through transformers' own rotary embedding
-            time_transformers_rotary(done[0], *args)
+        for key, what, instead in SIDE_BY_SIDE if done else ():  # the first once more each
+            time_instead(done[0], key, what, instead, *args)
             write_json(out, result)
 
 
@@ -1363,8 +1365,22 @@ def time_unchecked(
         torch.cuda.empty_cache()  # the un-checkpointed activations' blocks
 
 
-def time_transformers_rotary(
+SIDE_BY_SIDE = (
+    ("transformers_rotary", "transformers' own rotary embedding", "transformers_rotary"),
+    ("torch_checkpoint", "torch.utils.checkpoint", "torch_checkpoint"),
+)
+"""The first micro-batch's re-timings (:func:`time_instead`): its key, what it runs instead
+of marlow's own, and the ``marlow.models`` context manager that does it: transformers'
+rotary embedding in place of :func:`marlow.models.fuse_rotary`'s (the same values in fewer
+kernels), ``torch.utils.checkpoint`` in place of marlow's recomputation of checkpointed layers
+(the same values with less of the host's work a layer)."""
+
+
+def time_instead(
     ran: tuple[dict[str, Any], Chunk],
+    key: str,
+    what: str,
+    instead: str,
     model: PeftModel,
     optimizer: torch.optim.Optimizer,
     temperature: float,
@@ -1372,25 +1388,27 @@ def time_transformers_rotary(
     dry_run: bool,
     deadline: float,
 ) -> None:
-    """A micro-batch's passes (``ran``: its row and chunk) timed once more with transformers' own
-    rotary embedding (:func:`marlow.models.transformers_rotary`) in place of marlow's, which a
-    loaded base computes through (:func:`marlow.models.fuse_rotary`: the same values in fewer
-    kernels), into its row's ``transformers_rotary``, side by side: what marlow's saves; its
-    layers checkpointed as the row's. Where the time left passes 2 x the row's pass's seconds
-    (always in the dry run, so that CI runs that path)."""
-    from marlow.models import transformers_rotary
+    """A micro-batch's passes (``ran``: its row and chunk) timed once more inside
+    ``marlow.models``' context manager ``instead`` (:data:`SIDE_BY_SIDE`: ``what`` in place of
+    marlow's own), appended to its row's ``side_by_side`` (``key`` and ``what`` with the
+    figures), side by side: what marlow's saves; its layers checkpointed as the row's. Where the
+    time left passes 2 x the row's pass's seconds (always in the dry run, so that CI runs that
+    path)."""
+    import marlow.models
 
     row, chunk = ran
+    entry = {"key": key, "what": what}
+    row.setdefault("side_by_side", []).append(entry)
     if (short := time_short(row, dry_run, deadline)) is not None:
-        row["transformers_rotary"] = {"status": "skipped", "error": short}
+        entry.update(status="skipped", error=short)
         return
-    print("update: transformers' own rotary embedding", flush=True)
+    print(f"update: {what}", flush=True)
     try:
-        with transformers_rotary():
+        with getattr(marlow.models, instead)():
             timed = time_passes(model, chunk, optimizer, temperature, dev)
-        row["transformers_rotary"] = {"status": "ok", **timed}
+        entry.update(status="ok", **timed)
     except Exception as err:
-        row["transformers_rotary"] = {"status": "failed", "error": one_line(err)}
+        entry.update(status="failed", error=one_line(err))
         optimizer.zero_grad()
 
 

@@ -389,15 +389,17 @@ def _update(sizes: dict[str, Any]) -> list[str]:
     ]
     if unchecked:
         lines += ["", f"Not checkpointed, peak allocated GiB: {'; '.join(unchecked)}."]
-    rotary = [
-        f"{name} {m['tokens']:,} tokens: {_num(r['tokens_per_s'], 0)} tokens/s against "
-        f"{_num(m['tokens_per_s'], 0)} through marlow's"
-        for name, part in parts.items()
-        for m in part.get("micro_batches", [])
-        if (r := m.get("transformers_rotary", {})).get("status") == "ok"
-    ]
-    if rotary:
-        lines += ["", f"Through transformers' own rotary embedding: {'; '.join(rotary)}."]
+    instead: dict[str, list[str]] = {}  # what ran instead of marlow's own: its figures
+    for name, part in parts.items():
+        for m in part.get("micro_batches", []):
+            for r in m.get("side_by_side", []):
+                if r["status"] == "ok":
+                    instead.setdefault(r["what"], []).append(
+                        f"{name} {m['tokens']:,} tokens: {_num(r['tokens_per_s'], 0)} tokens/s "
+                        f"against {_num(m['tokens_per_s'], 0)} through marlow's"
+                    )
+    for what, figures in instead.items():
+        lines += ["", f"Through {what}: {'; '.join(figures)}."]
     if troubles:
         lines += ["", "Update micro-batches that did not complete:", "", *troubles]
     return [*lines, ""]

@@ -19,8 +19,10 @@ operations whose output holds at least tokens x width elements ("over every toke
 thousands of tokens, each such elementwise operation is a pass over the micro-batch's
 activations through the card's memory), by name and dtype. These counts, not the CPU's seconds,
 say what a GPU's update is bound by: its elementwise passes and small kernels, or its matrix
-products. Then the median milliseconds of ``repeats`` timed passes (one thread): at width 64
-the arithmetic is negligible, so they measure the cost of the operations themselves.
+products. Then the median milliseconds of ``repeats`` timed passes (one thread). Last, the
+host's work a pass, where the arithmetic is least (one row of 16 tokens): not checkpointed, and
+checkpointed through marlow's recomputation (``marlow.models.checkpoint_layers``) and through
+``torch.utils.checkpoint``, timed in turn.
 """
 
 from __future__ import annotations
@@ -34,7 +36,13 @@ from contextlib import nullcontext
 import torch
 
 from lean_lora import GEMMS, operations, proxy  # bench/ is the script's folder: on sys.path
-from marlow.models import checkpoint_layers, fuse_norms, fuse_rotary, transformers_rotary
+from marlow.models import (
+    checkpoint_layers,
+    fuse_norms,
+    fuse_rotary,
+    torch_checkpoint,
+    transformers_rotary,
+)
 from marlow.policy.adapters import LoraSpec, attach_adapters, held_factors, use_adapter
 from marlow.tiny.tokenizer import build_tokenizer
 from marlow.training.batch import Chunk
@@ -94,6 +102,40 @@ def main() -> None:
             "  over every token, the most:",
             ", ".join(f"{n}x {k[0]} {k[1]}" for k, n in large.most_common(8)),
         )
+    host(model, tok, args.repeats)
+
+
+def host(model, tok, repeats: int) -> None:
+    """The host's work a pass: the median milliseconds of a pass over one row of 16 tokens,
+    where the arithmetic is least, not checkpointed, checkpointed through marlow's own
+    recomputation and through ``torch.utils.checkpoint``, timed in turn ``4 x repeats`` times."""
+    ids = torch.randint(0, len(tok), (1, 16), generator=torch.Generator().manual_seed(1))
+    chunk = Chunk.full_rows(ids, 4)
+
+    def one_pass() -> None:
+        with held_factors():
+            scored = score_chunk(model, chunk, temperature=1.0, entropy=False)
+            (-(scored.logp * scored.mask).sum() / scored.mask.sum()).backward()
+
+    ways = {
+        "not checkpointed": (False, nullcontext),
+        "checkpointed through marlow's recomputation": (True, nullcontext),
+        "checkpointed through torch.utils.checkpoint": (True, torch_checkpoint),
+    }
+    seconds: dict[str, list[float]] = {way: [] for way in ways}
+    with use_adapter(model, "policy"):
+        for _ in range(4 * repeats):
+            for way, (checkpointed, context) in ways.items():
+                checkpoint_layers(model, on=checkpointed)
+                with context():
+                    one_pass()  # untimed: the switch's first pass
+                    start = time.perf_counter()
+                    one_pass()
+                    seconds[way].append(time.perf_counter() - start)
+    print(
+        "the host's work, one row of 16 tokens: "
+        + ", ".join(f"{way} {statistics.median(s) * 1000:.0f} ms" for way, s in seconds.items())
+    )
 
 
 if __name__ == "__main__":

@@ -249,12 +249,18 @@ def test_the_dry_run_times_the_update_alone_beside_plans_prediction(dry_run):
             assert unchecked["plan"]["activations_gib"] == pytest.approx(activations / 2**30)
             checked = m["plan"]["activations_gib"]
             assert unchecked["plan"]["activations_gib"] > checked  # every layer's own, kept
-        # the first once more through transformers' own rotary embedding, side by side
+        # the first once more through transformers' own rotary embedding, and once more
+        # through torch's checkpoint, side by side
         first, second = part["micro_batches"]
-        own = first["transformers_rotary"]
-        assert own["status"] == "ok" and "transformers_rotary" not in second, own
-        assert own["tokens_per_s"] == pytest.approx(first["tokens"] / own["seconds"])
-        assert own["warmup_s"] > 0 and own["peak_allocated_gib"] is None
+        assert "side_by_side" not in second
+        assert [(r["key"], r["what"]) for r in first["side_by_side"]] == [
+            ("transformers_rotary", "transformers' own rotary embedding"),
+            ("torch_checkpoint", "torch.utils.checkpoint"),
+        ]
+        for own in first["side_by_side"]:
+            assert own["status"] == "ok", own
+            assert own["tokens_per_s"] == pytest.approx(first["tokens"] / own["seconds"])
+            assert own["warmup_s"] > 0 and own["peak_allocated_gib"] is None
         for m in part["micro_batches"]:
             assert m["status"] == "ok" and m["rows"] * update.row == m["tokens"], m
             assert m["tokens_per_s"] == pytest.approx(m["tokens"] / m["seconds"])
@@ -609,11 +615,13 @@ def test_the_section_of_a_gpu_run_has_the_update_alone_table(dry_run):
     assert len(unchecked) == 2
     assert f"Not checkpointed, peak allocated GiB: {'; '.join(unchecked)}." in text
     first = part["micro_batches"][0]
-    own = first["transformers_rotary"]["tokens_per_s"]
-    assert (
-        f"Through transformers' own rotary embedding: {name} {first['tokens']:,} tokens: "
-        f"{own:,.0f} tokens/s against {first['tokens_per_s']:,.0f} through marlow's."
-    ) in text
+    for own in first["side_by_side"]:
+        assert (
+            f"Through {own['what']}: {name} {first['tokens']:,} tokens: "
+            f"{own['tokens_per_s']:,.0f} tokens/s against {first['tokens_per_s']:,.0f} "
+            "through marlow's."
+        ) in text
+    assert "Through torch.utils.checkpoint: " in text
     assert text.index("| batch |") < text.index("| model | tokens |")
     assert text.index("| model | tokens |") < text.index("| model | routing | step |")
 

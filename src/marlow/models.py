@@ -565,8 +565,9 @@ def compiles_layers(config) -> bool:
 COMPILE_LIMIT = 64
 """How many compilations a compiled function may make in a process (torch.compile's default,
 8, is for one function): a compiled decoder layer makes one per adapter and base, per kind of
-pass (with gradients, where the first layer's input needs none and the others' do; without; in
-inference mode) and per batch of one row (the adapter-sync check's probe); the sampler's
+pass (with gradients, where the first layer's input needs none and the others' do; without, in
+training mode for a checkpointed layer's forward and in evaluation mode; in inference mode) and
+per batch of one row (the adapter-sync check's probe); the sampler's
 compiled flex attention one per batch size (``marlow.rollout.lean``)."""
 _LIMIT = (
     "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
@@ -630,12 +631,11 @@ def _layer_call(layer: torch.nn.Module, *args, **kwargs):
     if state["compiled"] is not None and not _GAVE_UP:
         run = partial(_compiled_call, layer, state["compiled"])
     if state["checkpointed"] and layer.training and torch.is_grad_enabled():
-        forward, recompute = recompute_as_forward(layer)  # LoRA's arithmetic as in the forward
+        as_forward = recompute_as_forward(layer)  # LoRA's arithmetic as in the forward
         if _replayable(args, kwargs) and not _TORCH_CHECKPOINT:
-            return _Recomputed.apply(_Replay(run, args[0], kwargs, recompute), _ANCHOR, args[0])
-        return checkpoint(
-            run, *args, use_reentrant=False, context_fn=lambda: (forward, recompute), **kwargs
-        )
+            return _Recomputed.apply(_Replay(run, args[0], kwargs, as_forward), _ANCHOR, args[0])
+        context = partial(_in_the_forward, as_forward)
+        return checkpoint(run, *args, use_reentrant=False, context_fn=context, **kwargs)
     return run(*args, **kwargs)
 
 
@@ -672,7 +672,6 @@ class _Recomputed(torch.autograd.Function):
         (hidden,) = ctx.saved_tensors
         again = hidden.detach().requires_grad_(hidden.requires_grad)
         out = ctx.replay.again(again)
-        del ctx.replay  # its kwargs (the masks, the rotary angles) are no longer needed
         outs = out if isinstance(out, tuple) else (out,)
         pairs = [
             (o, g)
@@ -682,6 +681,12 @@ class _Recomputed(torch.autograd.Function):
         if pairs:
             torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         return None, None, again.grad
+
+
+def _in_the_forward(as_forward: Callable) -> tuple:
+    """``torch.utils.checkpoint``'s ``context_fn``: the forward as it is, the recompute in
+    ``as_forward()``."""
+    return contextlib.nullcontext(), as_forward()
 
 
 _ANCHOR = torch.empty(0, requires_grad=True)
@@ -698,7 +703,9 @@ class _Replay:
     ``torch.utils.checkpoint`` restores them: a layer drawing LoRA dropout draws the same
     again."""
 
-    def __init__(self, run: Callable, hidden: torch.Tensor, kwargs: dict, recompute) -> None:
+    def __init__(
+        self, run: Callable, hidden: torch.Tensor, kwargs: dict, recompute: Callable
+    ) -> None:
         self.call, self.kwargs, self.recompute = run, kwargs, recompute
         self.device_type = hidden.device.type
         types = dict.fromkeys([self.device_type, "cpu"])
@@ -724,7 +731,7 @@ class _Replay:
                 cache = self.autocast_cache
                 stack.enter_context(torch.autocast(device_type, dtype, enabled, cache))
             stack.enter_context(torch.enable_grad())
-            stack.enter_context(self.recompute)
+            stack.enter_context(self.recompute())
             return self.run(hidden)
 
 

@@ -11,6 +11,7 @@ import contextlib
 
 import pytest
 import torch
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from marlow.models import checkpoint_layers, checkpointable_layers, fuse_norms, torch_checkpoint
 from marlow.policy.adapters import LoraSpec, attach_adapters, held_factors, use_adapter
@@ -132,3 +133,38 @@ def test_a_call_it_cannot_replay_goes_through_torch_checkpoint_with_its_gradient
     plain, ours = run(False), run(True)
     assert all(torch.equal(a, b) for a, b in zip(plain, ours, strict=True))
     assert ours[1].abs().sum() > 0
+
+
+class _TupleLayer(GradientCheckpointingLayer):
+    """A layer returning (hidden, None), as decoder layers of older transformers did."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 8))
+
+    def forward(self, hidden, scale=1.0):
+        return torch.tanh(hidden * self.weight) * scale, None
+
+
+@pytest.mark.parametrize("needs_grad", [False, True])
+def test_a_layer_returning_a_tuple_and_a_second_backward_with_the_graph_kept(needs_grad):
+    layer = _TupleLayer().train()
+    hidden = torch.randn(3, 8, generator=torch.Generator().manual_seed(5))
+
+    def run(checkpointed: bool):
+        checkpoint_layers(layer, on=checkpointed)
+        layer.zero_grad(set_to_none=True)
+        x = hidden.clone().requires_grad_(needs_grad)
+        out, none = layer(x, scale=2.0)
+        assert none is None
+        loss = out.square().sum()
+        loss.backward(retain_graph=True)
+        loss.backward()  # the graph kept: the layer recomputed once more
+        return out.detach(), layer.weight.grad.clone(), x.grad
+
+    plain, ours = run(False), run(True)
+    assert torch.equal(plain[0], ours[0]) and torch.equal(plain[1], ours[1])
+    assert ours[1].abs().sum() > 0
+    assert (ours[2] is None) is not needs_grad
+    if needs_grad:
+        assert torch.equal(plain[2], ours[2])

@@ -39,8 +39,8 @@ from __future__ import annotations
 import json
 import tempfile
 import warnings
-from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -341,16 +341,14 @@ def _compute_as(layer: nn.Module, how: tuple[bool, object]) -> None:
         layer.forward = forward
 
 
-def recompute_as_forward(
-    module: nn.Module,
-) -> tuple[AbstractContextManager, AbstractContextManager]:
-    """A ``context_fn`` for ``torch.utils.checkpoint`` of ``module`` (a decoder layer), called
-    at its forward: the forward as it is, and the recompute in the backward with ``module``'s
-    LoRA layers computing as they did in the forward (:func:`_how_it_computes`). The recompute
-    runs after :func:`lora_in_base_dtype` has closed, under the autocast the checkpoint
-    restores: without this, PEFT would cast each LoRA input up to float32 there and compute
-    through its own forward (exact, but another computation, which saves other tensors than the
-    forward did: the checkpoint refuses that)."""
+def recompute_as_forward(module: nn.Module) -> Callable[[], AbstractContextManager]:
+    """For a checkpointed ``module`` (a decoder layer), called at its forward: a function
+    whose every call makes a context in which ``module``'s LoRA layers compute as they do now
+    (:func:`_how_it_computes`), for its recompute in the backward (once for each backward, a
+    graph kept included). The recompute runs after :func:`lora_in_base_dtype` has closed, under
+    the autocast the checkpoint restores: without this, PEFT would cast each LoRA input up to
+    float32 there and compute through its own forward (exact, but another computation, which
+    saves other tensors than the forward did)."""
     layers = [m for m in module.modules() if isinstance(m, LoraLayer)]
     forward = [_how_it_computes(m) for m in layers]
 
@@ -365,7 +363,7 @@ def recompute_as_forward(
             for m, how in zip(layers, now, strict=True):
                 _compute_as(m, how)
 
-    return nullcontext(), as_in_the_forward()
+    return as_in_the_forward
 
 
 def plain_lora(layer: nn.Module, name: str) -> bool:

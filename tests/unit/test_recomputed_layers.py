@@ -11,10 +11,17 @@ import contextlib
 
 import pytest
 import torch
+from peft.tuners.lora import LoraLayer
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from marlow.models import checkpoint_layers, checkpointable_layers, fuse_norms, torch_checkpoint
-from marlow.policy.adapters import LoraSpec, attach_adapters, held_factors, use_adapter
+from marlow.policy.adapters import (
+    LoraSpec,
+    attach_adapters,
+    held_factors,
+    lora_layers,
+    use_adapter,
+)
 from marlow.training.batch import Chunk
 from marlow.training.logprobs import score_chunk
 from tests.conftest import build_tiny_qwen3
@@ -168,3 +175,18 @@ def test_a_layer_returning_a_tuple_and_a_second_backward_with_the_graph_kept(nee
     assert (ours[2] is None) is not needs_grad
     if needs_grad:
         assert torch.equal(plain[2], ours[2])
+
+
+def test_lora_layers_are_those_of_modules_in_their_order():
+    """The walk a checkpointed layer's call makes to find its LoRA layers (not through their
+    own submodules) finds what ``modules()`` does, in its order, for a model and a layer."""
+    model = attach_adapters(
+        build_tiny_qwen3(hidden_size=32, num_hidden_layers=2), ["voter", "judge"], LoraSpec(4), 0
+    )
+    for module in (model, checkpointable_layers(model)[1], checkpointable_layers(model)[0].mlp):
+        expect = [m for m in module.modules() if isinstance(m, LoraLayer)]
+        found = lora_layers(module)
+        assert len(found) == len(expect) > 0
+        assert all(a is b for a, b in zip(found, expect, strict=True))
+    q = checkpointable_layers(model)[0].self_attn.q_proj
+    assert lora_layers(q) == [q] and lora_layers(q.base_layer) == []

@@ -189,7 +189,7 @@ class _LoraState:
 
     def __init__(self, model: nn.Module) -> None:
         self.names = tuple(adapter_names(model))
-        self.layers = [m for m in model.modules() if isinstance(m, LoraLayer)]
+        self.layers = lora_layers(model)
         self.params = [p for n, p in model.named_parameters() if _is_any_lora_param(n, self.names)]
         # PEFT switches requires_grad a whole adapter at a time, so one sentinel per adapter tells
         # whether anything needs fixing without a walk over every parameter.
@@ -199,6 +199,19 @@ class _LoraState:
                 if name not in first and _is_lora_param(path, name):
                     first[name] = p
         self.sentinels = list(first.values())
+
+
+def lora_layers(module: nn.Module) -> list[LoraLayer]:
+    """The LoRA layers in ``module`` (itself included), in the order of ``module.modules()``,
+    without a walk through each one's own submodules (PEFT never puts one inside another): a
+    checkpointed decoder layer's are found at each of its calls."""
+    if isinstance(module, LoraLayer):
+        return [module]
+    found: list[LoraLayer] = []
+    for child in module._modules.values():
+        if child is not None:
+            found += lora_layers(child)
+    return found
 
 
 def _is_any_lora_param(path: str, names: Sequence[str]) -> bool:
@@ -349,7 +362,7 @@ def recompute_as_forward(module: nn.Module) -> Callable[[], AbstractContextManag
     the autocast the checkpoint restores: without this, PEFT would cast each LoRA input up to
     float32 there and compute through its own forward (exact, but another computation, which
     saves other tensors than the forward did)."""
-    layers = [m for m in module.modules() if isinstance(m, LoraLayer)]
+    layers = lora_layers(module)
     forward = [_how_it_computes(m) for m in layers]
 
     @contextmanager

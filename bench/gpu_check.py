@@ -1102,8 +1102,8 @@ adapter-sync probe among them) less the KL to the base, timed on its own."""
 
 
 def step_row(record: dict[str, Any]) -> dict[str, Any]:
-    """A step's seconds (the learn phase's parts too), sampled tokens per second and peak memory
-    per phase (None off CUDA)."""
+    """A step's seconds (the learn phase's parts too), sampled tokens per second, and per phase
+    its peak memory and what was allocated when it began (None off CUDA)."""
     row = {
         "step": record["step"],
         "rollout_s": record["time/rollout_s"],
@@ -1115,6 +1115,8 @@ def step_row(record: dict[str, Any]) -> dict[str, Any]:
         for kind in KINDS:
             key = f"{phase}_peak_{kind}_gib"
             row[key] = record.get(f"memory/{key}")
+        key = f"{phase}_start_allocated_gib"
+        row[key] = record.get(f"memory/{key}")
     return row
 
 

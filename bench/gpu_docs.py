@@ -164,14 +164,33 @@ def _runs(sizes: dict[str, Any]) -> list[str]:
         if "plan" not in run:
             continue
         plan = run["plan"]
-        fixed = plan["base_gib"] + plan["adapters_gib"]
+        fixed = _fixed(plan)
         lines.append(
             f"| {name} | {run['routing']} | {plan['prompt_tokens']:,} "
             f"| {_vs(run['rollout_peak_allocated_gib'], fixed + plan['kv_cache_gib'])} "
             f"| {_vs(run['learn_peak_allocated_gib'], fixed + plan['activations_gib'])} "
             f"| {_layers(plan)} | {_vs(run['peak_allocated_gib'], plan['peak_gib'])} |"
         )
+    starts = [
+        f"{name} {run['routing']} step {s['step']}: {s['rollout_start_allocated_gib']:.2f} / "
+        f"{s['learn_start_allocated_gib']:.2f} against {_fixed(run['plan']):.2f}"
+        for name, run in runs
+        if "plan" in run
+        for s in run.get("steps", [])
+        if s.get("learn_start_allocated_gib") is not None
+    ]
+    if starts:
+        lines += [
+            "",
+            "Allocated when the rollout and the learn phase began, against plan's base + "
+            f"adapters (GiB): {'; '.join(starts)}.",
+        ]
     return [*lines, "", *troubles] if troubles else lines
+
+
+def _fixed(plan: dict[str, Any]) -> float:
+    """Plan's base + adapters, GiB: what a phase holds before it makes anything."""
+    return plan["base_gib"] + plan["adapters_gib"]
 
 
 def _learn_parts(step: dict[str, Any]) -> str:

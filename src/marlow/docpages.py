@@ -278,7 +278,8 @@ def metrics_page() -> str:
         "split (`train`, or `val` for validation steps), who (a role, `all` over every role, an "
         "adapter: `shared` under SP, the role's name under IP; or a tool stage's name) and the "
         "metric's name. Each record also holds `step`, the seconds of each phase (`time/*`) "
-        "and, on CUDA, the peak memory of the rollout and the learn phase (`memory/*`). `<x>` "
+        "and, on CUDA, the peak memory of the rollout and the learn phase and what was allocated "
+        "when each began (`memory/*`). `<x>` "
         "stands for any text.",
         "",
         "Below the metrics: [what `marlow inspect` adds](#what-marlow-inspect-adds), the "

@@ -504,8 +504,10 @@ def as_gpu_run(result: dict) -> dict:
                 step |= {
                     "rollout_peak_allocated_gib": 0.5,
                     "rollout_peak_reserved_gib": 0.75,
+                    "rollout_start_allocated_gib": 0.25,
                     "learn_peak_allocated_gib": 1.25,
                     "learn_peak_reserved_gib": 1.5,
+                    "learn_start_allocated_gib": 0.375,
                 }
             run |= gpu_check.ratios(run["steps"], run["plan"])
         for m in entry["update"]["micro_batches"]:
@@ -537,6 +539,11 @@ def test_the_section_of_a_gpu_run_gives_the_date_the_card_and_each_figure(dry_ru
     peak = f"1.25 / {plan['peak_gib']:.2f} ({1.25 / plan['peak_gib']:.2f})"
     assert f"| {name} | ip | {plan['prompt_tokens']:,} |" in text and peak in text
     assert f"* {name} sp: skipped: not enough time" in text
+    fixed = plan["base_gib"] + plan["adapters_gib"]
+    assert (
+        "Allocated when the rollout and the learn phase began, against plan's base + adapters "
+        f"(GiB): {name} ip step 1: 0.25 / 0.38 against {fixed:.2f}"
+    ) in text
     part = result["sampler"]
     bandwidth = f"({part['bandwidth_bytes_per_s'] / 1e9:,.0f} GB/s, measured in the same run)"
     assert "| batch | adapters | decode step | tokens/s | bound tokens/s |" in text

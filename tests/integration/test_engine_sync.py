@@ -65,13 +65,14 @@ def test_the_hf_engine_serves_every_update_exactly(tiny_cache, tmp_path):
             assert memory == {}
             continue
         assert set(memory) == {
-            f"memory/{phase}_peak_{kind}_gib"
+            f"memory/{phase}_{kind}_gib"
             for phase in ("rollout", "learn")
-            for kind in ("allocated", "reserved")
+            for kind in ("peak_allocated", "peak_reserved", "start_allocated")
         }
         for phase in ("rollout", "learn"):
             allocated = memory[f"memory/{phase}_peak_allocated_gib"]
             assert 0 < allocated <= memory[f"memory/{phase}_peak_reserved_gib"], memory
+            assert 0 < memory[f"memory/{phase}_start_allocated_gib"] <= allocated, memory
 
 
 @pytest.mark.parametrize("broken", ["stale-copy", "swapped-adapters"])

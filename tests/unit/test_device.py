@@ -210,16 +210,18 @@ def test_peak_memory_metrics_exist_on_cuda_alone(monkeypatch):
     back in GiB (the CUDA calls are simulated here; a run on a GPU checks them for real:
     tests/integration/test_engine_sync.py)."""
     cpu = torch.device("cpu")
-    start_phase(cpu)
-    assert phase_peaks(cpu, "rollout") == {}
+    assert start_phase(cpu) is None
+    assert phase_peaks(cpu, "rollout", None) == {}
     cuda = torch.device("cuda", 1)
     calls = []
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", calls.append)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d: 2**29)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d: 3 * 2**29)
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda d: 5 * 2**30)
-    start_phase(cuda)
-    assert calls == [cuda]
-    assert phase_peaks(cuda, "learn") == {
+    start = start_phase(cuda)
+    assert calls == [cuda] and start == 2**29
+    assert phase_peaks(cuda, "learn", start) == {
         "memory/learn_peak_allocated_gib": 1.5,
         "memory/learn_peak_reserved_gib": 5.0,
+        "memory/learn_start_allocated_gib": 0.5,
     }

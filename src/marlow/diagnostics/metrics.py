@@ -450,7 +450,7 @@ METRICS: tuple[MetricDoc, ...] = (
 """Every per-split metric of ``metrics.jsonl``. Besides them a record holds ``step`` and, per
 step, ``time/*`` (seconds of each phase: rollout, scoring, update, learn, stats, val,
 kl_to_base; ``rollout_tokens_per_s``) and, on CUDA, ``memory/*`` (peak allocated and reserved
-GiB of the rollout and the learn phase)."""
+GiB of the rollout and the learn phase, and what was allocated when each began)."""
 TIMINGS = ("time/", "memory/", "step")
 
 

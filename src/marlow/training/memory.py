@@ -6,7 +6,11 @@ reading them, so that each step's record carries, per phase (``rollout``, ``lear
 * ``memory/<phase>_peak_allocated_gib``: the most memory tensors held at once
   (``torch.cuda.max_memory_allocated``), the quantity ``marlow plan`` predicts;
 * ``memory/<phase>_peak_reserved_gib``: the most the allocator held from the card, cached free
-  blocks included (``torch.cuda.max_memory_reserved``), what the card must have.
+  blocks included (``torch.cuda.max_memory_reserved``), what the card must have;
+* ``memory/<phase>_start_allocated_gib``: what tensors held when the phase began
+  (``torch.cuda.memory_allocated``): the weights, adapters and optimizer state, and whatever
+  the phase before left (so that a learn phase's peak above ``marlow plan``'s says whether it
+  was there before the phase or made in it).
 
 Both count everything resident during the phase, the base weights, adapters and optimizer state
 too. Other devices have no such per-device statistics, so there the functions do nothing and
@@ -37,20 +41,24 @@ def card_memory(device: torch.device) -> int | None:
     return torch.cuda.get_device_properties(device).total_memory
 
 
-def start_phase(device: torch.device) -> None:
-    """Reset ``device``'s peak memory statistics (CUDA only)."""
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+def start_phase(device: torch.device) -> int | None:
+    """Reset ``device``'s peak memory statistics and return the bytes tensors hold now (CUDA
+    only; None elsewhere)."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device)
 
 
-def phase_peaks(device: torch.device, phase: str) -> dict[str, float]:
-    """The peaks since :func:`start_phase` as ``memory/<phase>_peak_*_gib`` metrics; ``{}`` off
-    CUDA."""
+def phase_peaks(device: torch.device, phase: str, start: int | None) -> dict[str, float]:
+    """The peaks since :func:`start_phase` (which returned ``start``) and what was held when it
+    was called, as ``memory/<phase>_*_gib`` metrics; ``{}`` off CUDA."""
     if device.type != "cuda":
         return {}
     return {
         f"memory/{phase}_peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
         f"memory/{phase}_peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB,
+        f"memory/{phase}_start_allocated_gib": (start or 0) / GIB,
     }
 
 

@@ -19,8 +19,8 @@ norm and summed loss, and whether the updated policy's log-probs are finite: a n
 undoes the update), and as the rollout's sampled tokens (:mod:`marlow.rollout.hf`). The
 mini-batch order is the one exception by design: it is a list of Python indices drawn from a CPU
 generator, so it is the same on every device and costs no device read. On a CUDA device each
-step's record also holds the peak memory of its rollout and of its learn phase (``memory/*``,
-:mod:`marlow.training.memory`).
+step's record also holds the peak memory of its rollout and of its learn phase, and what was
+allocated when each began (``memory/*``, :mod:`marlow.training.memory`).
 """
 
 from __future__ import annotations
@@ -322,7 +322,7 @@ class Trainer:
         problems = self.task.train_batch(self.cfg.seed, step, self.cfg.grpo.batch_problems)
         shard = self.ranks.shard(len(problems))  # every problem, in a run of one process
         self.model.eval()
-        start_phase(self.device)  # per-phase peak memory, on CUDA (marlow.training.memory)
+        start = start_phase(self.device)  # per-phase peak memory, on CUDA (training.memory)
         episodes = self.rollout(
             problems[shard.start : shard.stop],
             self.cfg.grpo.group_size,
@@ -330,11 +330,11 @@ class Trainer:
             step_seed(self.cfg.seed, step),
             first_group=shard.start,
         )
-        memory = phase_peaks(self.device, "rollout")
+        memory = phase_peaks(self.device, "rollout", start)
         self._reward_failures(step, "train", episodes)
-        start_phase(self.device)
+        start = start_phase(self.device)
         record = self.learn(step, episodes)
-        record.update(memory | phase_peaks(self.device, "learn"))
+        record.update(memory | phase_peaks(self.device, "learn", start))
         errors = getattr(self.grade, "sandbox_errors", None)  # the code grader's count so far
         if errors is not None:
             new = errors - self._sandbox_errors

@@ -74,9 +74,9 @@ test-vllm: $(VLLM_STAMP)
 # each version measured: docs/installation.md.
 TORCH ?= 2.8.0
 TORCH_VENV := .venv-torch-$(TORCH)
-TORCH_TESTS := $(addprefix tests/unit/test_,compile_layers.py engine_score.py head_chunks.py \
-	layers.py logprobs.py lora_linear.py rollout_batching.py rollout_hf.py rollout_lean.py \
-	shared_prompts.py)
+TORCH_TESTS := $(addprefix tests/unit/test_,compile_layers.py engine_score.py fused_rotary.py \
+	head_chunks.py layers.py logprobs.py lora_linear.py recomputed_layers.py rollout_batching.py \
+	rollout_hf.py rollout_lean.py shared_prompts.py)
 
 test-torch:
 	[ -x $(TORCH_VENV)/bin/python ] || python3 -m venv $(TORCH_VENV)

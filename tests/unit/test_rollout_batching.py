@@ -8,7 +8,7 @@ import pytest
 import torch
 from peft import LoraConfig
 
-from marlow.models import fuse_norms
+from marlow.models import _LIMIT, fuse_norms
 from marlow.policy.adapters import LoraSpec, activate, attach_adapters
 from marlow.prompts import render
 from marlow.prompts.chat import chat_prompt_ids
@@ -587,7 +587,10 @@ def test_the_compiled_parts_compile_once_per_adapter_mix(
     never = [mixed_ranks.config.vocab_size]  # no row stops: the batches stay whole
     engine = HFEngine(mixed_ranks, tokenizer, stop_ids=never, compile=True, read_every=4)
     params = SamplingParams(1.0, 30, seed=0)
-    with torch._dynamo.config.patch(recompile_limit=2, fail_on_recompile_limit_hit=True):
+    fail = (
+        "fail_on_recompile_limit_hit" if _LIMIT == "recompile_limit" else "fail_on_cache_limit_hit"
+    )
+    with torch._dynamo.config.patch(**{_LIMIT: 2, fail: True}):  # names of torch < 2.7 too
         for n, adapters in ((21, (*ADAPTERS, BASE)), (9, ADAPTERS), (40, ADAPTERS), (1, ("gen",))):
             engine.generate(requests(adapters, n=n), params)
     assert not lean._GAVE_UP

@@ -115,6 +115,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import traceback
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
@@ -841,10 +842,19 @@ def _tagged(compiled: Callable, what: str, *args) -> torch.Tensor:
 def _fall_back(device: torch.device, err: Exception) -> _Parts | None:
     """A compiled decode step raised ``err`` on ``device``: where a compiled part raised it
     (:class:`_PartFailed`), that part given up (:func:`_give_up`: the flex attention alone, or
-    the compiled layers) and the parts to run instead; any other error raised again."""
+    the compiled layers) and the parts to run instead; any other error raised again. The
+    finished frames of ``err``'s tracebacks, its causes' included, are cleared once it is
+    given up: on torch 2.6 the compiler's failure left them in a reference cycle, through which
+    the sampling call's forward and KV cache outlived the call until Python's cyclic collector
+    ran (``tests/unit/test_rollout_batching.py``, ``make test-torch TORCH=2.6.0``)."""
     if not isinstance(err, _PartFailed):
         raise err
     _give_up(device, err.what, err.__cause__)
+    chained, seen = err, set()
+    while chained is not None and id(chained) not in seen:
+        seen.add(id(chained))
+        traceback.clear_frames(chained.__traceback__)  # the running ones are left as they are
+        chained = chained.__cause__ or chained.__context__
     return _compiled_parts(device)
 
 

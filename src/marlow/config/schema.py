@@ -615,7 +615,8 @@ class GRPOConfig(_Section):
     activation_checkpointing: Switch = Field(
         "auto",
         description="keep only each decoder layer's input for the backward and run the layer "
-        "again there (PyTorch's non-reentrant activation checkpointing): one more forward of "
+        "again there (marlow.models.checkpoint_layers: the layer's forward without a graph, "
+        "run again with one in the backward): one more forward of "
         "compute, and a micro-batch's activations shrink to a hidden state per layer plus one "
         "layer's own (marlow plan counts both); the same loss and gradients; auto: on for a "
         "Hugging Face model, whose activations dominate the learn phase's memory, except on a "

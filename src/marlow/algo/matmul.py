@@ -64,9 +64,9 @@ def operands(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     """``(a, b)`` for the product ``a @ b`` of two matrices, the smaller re-laid out where both
     share a layout in a half-precision product on a CPU without native support (module
     docstring); else as given."""
-    if a.dim() != 2 or b.dim() != 2 or _row_major(a) != _row_major(b):
+    if not slow_half(a.dtype, a.device):  # first: the one check a GPU's products make
         return a, b
-    if not slow_half(a.dtype, a.device):
+    if a.dim() != 2 or b.dim() != 2 or _row_major(a) != _row_major(b):
         return a, b
     if a.numel() <= b.numel():
         return _other_layout(a), b

@@ -1314,8 +1314,8 @@ def time_update(
             plan = update_plan(model, b, result, ran[0]["tokens"], checkpointed=False)
             time_unchecked(ran, plan, *args)
             write_json(out, result)
-        for key, what, instead in SIDE_BY_SIDE if done else ():  # the first once more each
-            time_instead(done[0], key, what, instead, *args)
+        for key, what in SIDE_BY_SIDE if done else ():  # the first once more each
+            time_instead(done[0], key, what, *args)
             write_json(out, result)
 
 
@@ -1368,11 +1368,12 @@ def time_unchecked(
 
 
 SIDE_BY_SIDE = (
-    ("transformers_rotary", "transformers' own rotary embedding", "transformers_rotary"),
-    ("torch_checkpoint", "torch.utils.checkpoint", "torch_checkpoint"),
+    ("transformers_rotary", "transformers' own rotary embedding"),
+    ("torch_checkpoint", "torch.utils.checkpoint"),
 )
-"""The first micro-batch's re-timings (:func:`time_instead`): its key, what it runs instead
-of marlow's own, and the ``marlow.models`` context manager that does it: transformers'
+"""The first micro-batch's re-timings (:func:`time_instead`): the ``marlow.models`` context
+manager that runs something instead of marlow's own (also the key of its figures), and what it
+runs: transformers'
 rotary embedding in place of :func:`marlow.models.fuse_rotary`'s (the same values in fewer
 kernels), ``torch.utils.checkpoint`` in place of marlow's recomputation of checkpointed layers
 (the same values with less of the host's work a layer)."""
@@ -1382,7 +1383,6 @@ def time_instead(
     ran: tuple[dict[str, Any], Chunk],
     key: str,
     what: str,
-    instead: str,
     model: PeftModel,
     optimizer: torch.optim.Optimizer,
     temperature: float,
@@ -1391,7 +1391,7 @@ def time_instead(
     deadline: float,
 ) -> None:
     """A micro-batch's passes (``ran``: its row and chunk) timed once more inside
-    ``marlow.models``' context manager ``instead`` (:data:`SIDE_BY_SIDE`: ``what`` in place of
+    ``marlow.models``' context manager ``key`` (:data:`SIDE_BY_SIDE`: ``what`` in place of
     marlow's own), appended to its row's ``side_by_side`` (``key`` and ``what`` with the
     figures), side by side: what marlow's saves; its layers checkpointed as the row's. Where the
     time left passes 2 x the row's pass's seconds (always in the dry run, so that CI runs that
@@ -1406,7 +1406,7 @@ def time_instead(
         return
     print(f"update: {what}", flush=True)
     try:
-        with getattr(marlow.models, instead)():
+        with getattr(marlow.models, key)():
             timed = time_passes(model, chunk, optimizer, temperature, dev)
         entry.update(status="ok", **timed)
     except Exception as err:

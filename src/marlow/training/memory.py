@@ -12,7 +12,7 @@ reading them, so that each step's record carries, per phase (``rollout``, ``lear
   the phase before left (so that a learn phase's peak above ``marlow plan``'s says whether it
   was there before the phase or made in it).
 
-Both count everything resident during the phase, the base weights, adapters and optimizer state
+All three count everything resident, the base weights, adapters and optimizer state
 too. Other devices have no such per-device statistics, so there the functions do nothing and
 the record has no ``memory/*`` keys. Each process reads its own device: in a data-parallel run
 the record holds rank 0's, as for the ``time/*`` metrics.

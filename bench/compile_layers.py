@@ -16,9 +16,10 @@ adapter of rank 64 (alpha 32) on every linear layer, in training mode, the layer
 as a run's update of a Hugging Face model has them. One pass is what the trainer's update makes
 of a micro-batch (:func:`marlow.models.completion_logprobs` over ``rows`` x ``row-tokens``
 random ids, the last 3/4 of each row its completion, and the backward of the summed log-probs).
-The compiled layers' first pass (their compilation) is timed apart; then each is timed
-``repeats`` times after an untimed one, alternating round by round (so that a machine's drift
-falls on both), and the median of each is reported with their ratio.
+The compiled layers' first pass (their compilation) is timed apart and its compilations
+counted (torch's count of the graphs compiled; and that count after every pass); then each is
+timed ``repeats`` times after an untimed one, alternating round by round (so that a machine's
+drift falls on both), and the median of each is reported with their ratio.
 
 ``--steps N``: ``bench/vs_trl.py``'s single-agent marlow run (the tiny-s math world, float32,
 32 problems x 8 samples, ``--max-new`` new tokens, 2 threads; its :func:`marlow_config`) trained
@@ -37,6 +38,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch._dynamo.utils import counters
 
 from lora_dtype import adapted_stand_in, update_pass
 from marlow.fileio import write_json
@@ -79,9 +81,11 @@ def main() -> None:
         return one_pass()
 
     seconds: dict[str, list[float]] = {a: [] for a in LAYERS}
+    graphs = counters["stats"]
     with use_adapter(model, "policy"):
         one("eager")  # untimed
         first = one("compiled")  # the compilation
+        first_graphs = graphs["unique_graphs"]
         for _ in range(args.repeats):
             for a in LAYERS:
                 seconds[a].append(one(a))
@@ -90,13 +94,17 @@ def main() -> None:
         "settings": {**vars(args), "out": str(args.out), "threads": torch.get_num_threads()},
         "torch": torch.__version__,
         "first_compiled_s": first,
+        "compilations": {"first_pass": first_graphs, "in_all": graphs["unique_graphs"]},
         "seconds": seconds,
         "median_s": median,
         "tokens_per_s": {a: args.rows * args.row_tokens / m for a, m in median.items()},
         "eager_over_compiled": median["eager"] / median["compiled"],
     }
     write_json(args.out, result)
-    print(f"compiled layers: first pass {first:.1f} s (the compilation)")
+    print(
+        f"compiled layers: first pass {first:.1f} s, {first_graphs} compilations; "
+        f"{graphs['unique_graphs']} in all"
+    )
     for a in LAYERS:
         print(f"{a} layers: {median[a]:.3f} s a pass (median of {args.repeats})")
     print(f"eager / compiled: {result['eager_over_compiled']:.2f}x -> {args.out}")

@@ -143,14 +143,16 @@ The parts, each recorded whatever became of the others:
    checkpointed pass's seconds; always in the dry run, so that CI runs that path) and plan's
    peak fits the card (:func:`time_unchecked`; the 4B's 32,768 tokens would not fit an H200).
    Then the first micro-batch once more, checkpointed, through transformers' own rotary
-   embedding, and once more through ``torch.utils.checkpoint`` (the row's ``side_by_side``),
-   each beside the row's, which runs marlow's own
+   embedding, once more through ``torch.utils.checkpoint``, and once more with its decoder
+   layers compiled (``grpo.compile=on``, with a profile of one pass more; the row's
+   ``side_by_side``), each beside the row's, which runs marlow's own
    (:func:`marlow.models.fuse_rotary`, as a run's loaded base does; marlow's recomputation of
-   checkpointed layers): :func:`time_instead`, :data:`SIDE_BY_SIDE`.
+   checkpointed layers; eager layers): :func:`time_instead`, :data:`SIDE_BY_SIDE`.
 
-   Time: the child takes at most the size's ``update_s`` (60 s for the 0.6B, 75 for the
-   1.7B, 90 for the 4B: the child's start, the load, the matmuls and the passes count; the
-   0.6B's took 28 s on an H200, a compilation of its layers included then), and runs only
+   Time: the child takes at most the size's ``update_s`` (100 s for the 0.6B, 110 for the
+   1.7B, 120 for the 4B: the child's start, the load, the matmuls, the passes and the
+   compilation of the layers count; the 0.6B's took 24 s on an H200 without that
+   compilation, the 1.7B's 23 and the 4B's 31), and runs only
    with the size's ``min_s`` per routing plus ``update_s`` left, so that its runs keep the time
    they need to start; otherwise it is skipped. The first micro-batch runs with any time left;
    each next one only after the one before succeeded and with its estimate left: 2 (warm-up
@@ -209,7 +211,7 @@ import tempfile
 import time
 import tomllib
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from functools import partial
@@ -265,7 +267,7 @@ class Size:
     new_tokens: int  # rollout.max_new_tokens
     val_problems: int  # task.val_size
     min_s: float = MIN_RUN_S  # start each run only with this many seconds of the budget left
-    update_s: float = 60  # the most seconds of the update alone (module docstring)
+    update_s: float = 100  # the most seconds of the update alone (module docstring)
     micro_tokens: int | None = None  # grpo.micro_tokens (None: the paper preset's 6,144)
     threads: int | None = None  # torch threads (None: every core)
     shrink: dict[str, int] = field(default_factory=dict)  # config fields over the arch's
@@ -273,8 +275,8 @@ class Size:
 
 SIZES = (
     Size("qwen3-0.6b", "qwen3-0.6b", ("ip", "sp"), 1, 4, 4, 64, 1, min_s=60),
-    Size("qwen3-1.7b", "qwen3-1.7b", ("ip",), 1, 4, 4, 64, 1, min_s=75, update_s=75),
-    Size("qwen3-4b", "qwen3-4b", ("ip",), 1, 4, 4, 64, 1, min_s=90, update_s=90),
+    Size("qwen3-1.7b", "qwen3-1.7b", ("ip",), 1, 4, 4, 64, 1, min_s=75, update_s=110),
+    Size("qwen3-4b", "qwen3-4b", ("ip",), 1, 4, 4, 64, 1, min_s=90, update_s=120),
 )
 DRY_SIZES = (
     # The 0.6B's vocabulary (which the stand-in's tokenizer needs) on 2 narrow layers; short
@@ -1314,8 +1316,8 @@ def time_update(
             plan = update_plan(model, b, result, ran[0]["tokens"], checkpointed=False)
             time_unchecked(ran, plan, *args)
             write_json(out, result)
-        for key, what in SIDE_BY_SIDE if done else ():  # the first once more each
-            time_instead(done[0], key, what, *args)
+        for side in SIDE_BY_SIDE if done else ():  # the first once more each
+            time_instead(done[0], side, *args)
             write_json(out, result)
 
 
@@ -1368,21 +1370,42 @@ def time_unchecked(
 
 
 SIDE_BY_SIDE = (
-    ("transformers_rotary", "transformers' own rotary embedding"),
-    ("torch_checkpoint", "torch.utils.checkpoint"),
+    ("transformers_rotary", "transformers' own rotary embedding", "through marlow's"),
+    ("torch_checkpoint", "torch.utils.checkpoint", "through marlow's"),
+    ("compiled_layers", "decoder layers compiled (grpo.compile=on)", "with eager layers"),
 )
-"""The first micro-batch's re-timings (:func:`time_instead`): the ``marlow.models`` context
-manager that runs something instead of marlow's own (also the key of its figures), and what it
-runs: transformers'
-rotary embedding in place of :func:`marlow.models.fuse_rotary`'s (the same values in fewer
-kernels), ``torch.utils.checkpoint`` in place of marlow's recomputation of checkpointed layers
-(the same values with less of the host's work a layer)."""
+"""The first micro-batch's re-timings (:func:`time_instead`): the context manager that runs
+something instead of what the row ran (also the key of its figures: :func:`side_by_side`), what
+it runs, and what the row ran: transformers' rotary embedding in place of
+:func:`marlow.models.fuse_rotary`'s (the same values in fewer kernels), ``torch.utils.checkpoint``
+in place of marlow's recomputation of checkpointed layers (the same values with less of the
+host's work a layer), and the decoder layers through ``torch.compile``
+(:func:`marlow.models.compile_layers`: each layer's elementwise work fused; off by default until
+a check measures it), profiled too."""
+
+
+def side_by_side(key: str, model: PeftModel) -> contextlib.AbstractContextManager:
+    """The context manager of :data:`SIDE_BY_SIDE`'s ``key``: ``marlow.models``' of that name,
+    or for ``compiled_layers`` ``model``'s decoder layers compiled for the block."""
+    import marlow.models
+
+    if key != "compiled_layers":
+        return getattr(marlow.models, key)()
+
+    @contextlib.contextmanager
+    def compiled() -> Iterator[None]:
+        marlow.models.compile_layers(model)
+        try:
+            yield
+        finally:
+            marlow.models.compile_layers(model, on=False)
+
+    return compiled()
 
 
 def time_instead(
     ran: tuple[dict[str, Any], Chunk],
-    key: str,
-    what: str,
+    side: tuple[str, str, str],
     model: PeftModel,
     optimizer: torch.optim.Optimizer,
     temperature: float,
@@ -1391,23 +1414,30 @@ def time_instead(
     deadline: float,
 ) -> None:
     """A micro-batch's passes (``ran``: its row and chunk) timed once more inside
-    ``marlow.models``' context manager ``key`` (:data:`SIDE_BY_SIDE`: ``what`` in place of
-    marlow's own), appended to its row's ``side_by_side`` (``key`` and ``what`` with the
-    figures), side by side: what marlow's saves; its layers checkpointed as the row's. Where the
-    time left passes 2 x the row's pass's seconds (always in the dry run, so that CI runs that
-    path)."""
+    :func:`side_by_side`'s context manager for ``side`` (one of :data:`SIDE_BY_SIDE`: its key,
+    what it runs and what the row ran), appended to its row's ``side_by_side`` (those three with
+    the figures, and for compiled layers the profile of one pass more), side by side; its
+    layers checkpointed as the row's. Where the time left passes 2 x the row's pass's seconds
+    (always in the dry run, so that CI runs that path). Compiled layers that fell back to eager
+    (a compiler's error: ``marlow.models``' warning) are a failure, not a figure."""
     import marlow.models
 
     row, chunk = ran
-    entry = {"key": key, "what": what}
+    key, what, against = side
+    entry = {"key": key, "what": what, "against": against}
     row.setdefault("side_by_side", []).append(entry)
     if (short := time_short(row, dry_run, deadline)) is not None:
         entry.update(status="skipped", error=short)
         return
     print(f"update: {what}", flush=True)
     try:
-        with getattr(marlow.models, key)():
+        with side_by_side(key, model):
             timed = time_passes(model, chunk, optimizer, temperature, dev)
+            if key == "compiled_layers":
+                if marlow.models._GAVE_UP:
+                    raise RuntimeError(f"compiled layers ran eager: {marlow.models._GAVE_UP[0]}")
+                timed["profile"] = profiled(partial(update_pass, model, chunk, temperature), dev)
+                optimizer.zero_grad()
         entry.update(status="ok", **timed)
     except Exception as err:
         entry.update(status="failed", error=one_line(err))

@@ -214,7 +214,8 @@ PROFILE_ROWS = 8
 
 def _profiles(result: dict[str, Any]) -> list[str]:
     """A table of each profile the check took (the sampler's configuration, each size's first
-    update micro-batch): its kernels, their time, and the longest of them."""
+    update micro-batch, and that micro-batch's re-timings that took one: the compiled layers'):
+    its kernels, their time, and the longest of them."""
     sampler = result.get("sampler") or {}
     tokens = sampler.get("settings", {}).get("profile_tokens")
     found = [
@@ -230,6 +231,10 @@ def _profiles(result: dict[str, Any]) -> list[str]:
         for m in size.get("update", {}).get("micro_batches", []):
             if "profile" in m:
                 found.append((f"the {name} update of {m['tokens']:,} tokens", m["profile"]))
+            for r in m.get("side_by_side", []):
+                if r.get("status") == "ok" and "profile" in r:
+                    what = f"the {name} update of {m['tokens']:,} tokens, through {r['what']}"
+                    found.append((what, r["profile"]))
     lines = []
     for what, p in found:
         lines += [
@@ -412,10 +417,11 @@ def _update(sizes: dict[str, Any]) -> list[str]:
     for name, part in parts.items():
         for m in part.get("micro_batches", []):
             for r in m.get("side_by_side", []):
-                if r["status"] == "ok":
+                if r["status"] == "ok":  # against what the row ran (older checks: marlow's)
+                    against = r.get("against", "through marlow's")
                     instead.setdefault(r["what"], []).append(
                         f"{name} {m['tokens']:,} tokens: {_num(r['tokens_per_s'], 0)} tokens/s "
-                        f"against {_num(m['tokens_per_s'], 0)} through marlow's"
+                        f"against {_num(m['tokens_per_s'], 0)} {against}"
                     )
     for what, figures in instead.items():
         lines += ["", f"Through {what}: {'; '.join(figures)}."]

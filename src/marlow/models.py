@@ -50,6 +50,7 @@ from torch.utils.checkpoint import checkpoint, get_device_states, set_device_sta
 from marlow.algo.estimators import head_logprobs_and_entropy, token_logprobs_and_entropy
 from marlow.algo.matmul import slow_half
 from marlow.config import DEVICE_FORM, DEVICES, ConfigError, ModelConfig, TaskConfig
+from marlow.forwards import through
 from marlow.logs import Phase
 from marlow.policy.adapters import lora_in_base_dtype, recompute_as_forward
 from marlow.shared_prompts import pack_shared_prompts
@@ -365,36 +366,34 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def fuse_norms(model: torch.nn.Module) -> int:
     """Make each RMSNorm of ``model`` of a class in :data:`RMS_NORMS` compute through
-    :func:`rms_norm` (its forward shadowed on the module: in every pass, a checkpoint's recompute
-    included); returns how many. Over a float32 model the values are transformers' bit for bit;
-    over a bfloat16 one ``x / rms(x)`` is no longer rounded to bfloat16 before the weight
-    multiplies it (one rounding, not two: within one bfloat16 step of transformers'). The lean
-    sampling forward (:mod:`marlow.rollout.lean`) computes a fused norm the same way."""
+    :func:`rms_norm` (its class made one whose forward is :class:`_NormThroughTorch`'s,
+    :func:`marlow.forwards.through`: in every pass, a checkpoint's recompute and a compiled
+    layer included); returns how many it made so. Over a float32 model the values are
+    transformers' bit for bit; over a bfloat16 one ``x / rms(x)`` is no longer rounded to
+    bfloat16 before the weight multiplies it (one rounding, not two: within one bfloat16 step of
+    transformers'). The lean sampling forward (:mod:`marlow.rollout.lean`) computes a fused norm
+    the same way."""
     count = 0
     for module in model.modules():
-        if type(module).__name__ in RMS_NORMS and "forward" not in module.__dict__:
-            module.forward = _FusedNorm(module)  # shadows the class's forward
+        if type(module).__name__ in RMS_NORMS and not fused_norm(module):
+            through(module, _NormThroughTorch)
             count += 1
     return count
 
 
 def fused_norm(module: torch.nn.Module) -> bool:
     """Whether ``module`` computes through :func:`rms_norm` (:func:`fuse_norms`)."""
-    return isinstance(module.__dict__.get("forward"), _FusedNorm)
+    return isinstance(module, _NormThroughTorch)
 
 
-class _FusedNorm:
+class _NormThroughTorch:
     """An RMSNorm's forward through :func:`rms_norm`; the class's own where the input's dtype is
     not the weight's (torch would compose it then, in another order)."""
 
-    def __init__(self, module: torch.nn.Module) -> None:
-        self.module = module
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        module = self.module
-        if x.dtype != module.weight.dtype:
-            return type(module).forward(module, x)
-        return rms_norm(x, module.weight, module.variance_epsilon)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        if x.dtype != self.weight.dtype:
+            return super().forward(x)
+        return rms_norm(x, self.weight, self.variance_epsilon)
 
 
 ROTARY_MODULES = ("qwen3", "qwen2", "llama", "mistral")
@@ -582,7 +581,9 @@ def compile_limit() -> contextlib.AbstractContextManager:
 
 def compile_layers(model: torch.nn.Module, on: bool = True) -> int:
     """Compile ``model``'s decoder layers (:func:`checkpointable_layers`) with ``torch.compile``
-    (dynamic shapes: one compilation serves every micro-batch's rows and length), or with
+    (dynamic shapes: one compilation serves every micro-batch's rows and length, and every
+    layer, whose norms and LoRA linears compute through marlow's forwards by their class:
+    :mod:`marlow.forwards`), or with
     ``on`` False turn them back to eager. The forwards that read no KV cache go through them:
     the trainer's scoring and update (checkpointed or not, :func:`checkpoint_layers`; the head
     and the log-probs stay outside) and the HF engine's scoring. Returns how many were set; a
@@ -666,7 +667,9 @@ class _Recomputed(torch.autograd.Function):
     def forward(ctx, replay: _Replay, _anchor: torch.Tensor, hidden: torch.Tensor):  # noqa: D102
         ctx.replay = replay
         ctx.save_for_backward(hidden)
-        return replay.run(hidden)
+        # detached: whether the input needs a gradient is no concern of a forward without a
+        # graph, and a compiled layer is then compiled once for it, not once each way
+        return replay.run(hidden.detach())
 
     @staticmethod
     @torch.autograd.function.once_differentiable

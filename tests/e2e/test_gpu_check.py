@@ -249,18 +249,23 @@ def test_the_dry_run_times_the_update_alone_beside_plans_prediction(dry_run):
             assert unchecked["plan"]["activations_gib"] == pytest.approx(activations / 2**30)
             checked = m["plan"]["activations_gib"]
             assert unchecked["plan"]["activations_gib"] > checked  # every layer's own, kept
-        # the first once more through transformers' own rotary embedding, and once more
-        # through torch's checkpoint, side by side
+        # the first once more through transformers' own rotary embedding, once more through
+        # torch's checkpoint, and once more with its layers compiled (and profiled), side by
+        # side; the layers eager again afterwards
         first, second = part["micro_batches"]
         assert "side_by_side" not in second
-        assert [(r["key"], r["what"]) for r in first["side_by_side"]] == [
-            ("transformers_rotary", "transformers' own rotary embedding"),
-            ("torch_checkpoint", "torch.utils.checkpoint"),
+        assert [(r["key"], r["what"], r["against"]) for r in first["side_by_side"]] == [
+            ("transformers_rotary", "transformers' own rotary embedding", "through marlow's"),
+            ("torch_checkpoint", "torch.utils.checkpoint", "through marlow's"),
+            ("compiled_layers", "decoder layers compiled (grpo.compile=on)", "with eager layers"),
         ]
         for own in first["side_by_side"]:
             assert own["status"] == "ok", own
             assert own["tokens_per_s"] == pytest.approx(first["tokens"] / own["seconds"])
             assert own["warmup_s"] > 0 and own["peak_allocated_gib"] is None
+            assert ("profile" in own) == (own["key"] == "compiled_layers")
+        compiled = first["side_by_side"][-1]["profile"]
+        assert compiled["count"] > 0 and compiled["top"]
         for m in part["micro_batches"]:
             assert m["status"] == "ok" and m["rows"] * update.row == m["tokens"], m
             assert m["tokens_per_s"] == pytest.approx(m["tokens"] / m["seconds"])
@@ -626,9 +631,10 @@ def test_the_section_of_a_gpu_run_has_the_update_alone_table(dry_run):
         assert (
             f"Through {own['what']}: {name} {first['tokens']:,} tokens: "
             f"{own['tokens_per_s']:,.0f} tokens/s against {first['tokens_per_s']:,.0f} "
-            "through marlow's."
+            f"{own['against']}."
         ) in text
     assert "Through torch.utils.checkpoint: " in text
+    assert f"Profile of the {name} update of {first['tokens']:,} tokens, through decoder " in text
     assert text.index("| batch |") < text.index("| model | tokens |")
     assert text.index("| model | tokens |") < text.index("| model | routing | step |")
 

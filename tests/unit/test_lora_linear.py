@@ -100,9 +100,9 @@ def score(model, keep_grads=False):
 def peft_forward_only(monkeypatch):
     """Make every LoRA linear compute through PEFT's own forward, as before the fused one."""
     monkeypatch.setattr(
-        adapters._FusedForward,
-        "__call__",
-        lambda self, x, *a, **k: type(self.layer).forward(self.layer, x, *a, **k),
+        adapters._ThroughLoraLinear,
+        "forward",
+        lambda self, x, *a, **k: adapters.LoraLinearLayer.forward(self, x, *a, **k),
     )
 
 
@@ -120,6 +120,7 @@ def test_scoring_a_bfloat16_base_computes_each_lora_linear_fused(monkeypatch):
     ours, our_grads = score(model)
     assert len(calls) == len(layers) == 14  # 7 linears, 2 layers
     assert not any("forward" in m.__dict__ for m in layers)
+    assert all(type(m) is adapters.LoraLinearLayer for m in layers)  # their own class again
     peft_forward_only(monkeypatch)
     calls.clear()
     theirs, their_grads = score(model)

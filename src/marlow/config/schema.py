@@ -629,12 +629,12 @@ class GRPOConfig(_Section):
         "auto",
         description="run the decoder layers through torch.compile in scoring and the update "
         "(marlow.models.compile_layers: each layer's elementwise work fused into a few "
-        "kernels; the same log-probs and gradients up to float round-off); auto: off on every "
-        "device (the compilations, one per adapter and kind of pass, cost more than a run of "
-        "ordinary length wins back: 157 s of the first step of a 0.6B Voting-IP run on an H200, "
-        "against an eager update of 22,000-25,000 tokens/s there; bench/compile_layers.py "
-        "measures the CPU's gain); on is a one-line error where grpo.fold_lora is on too (a "
-        "folded layer's forward is made anew every step)",
+        "kernels; the same log-probs and gradients up to float round-off; one compilation "
+        "serves every layer, one per adapter and kind of pass, in the first steps); auto: off "
+        "on every device (on a CPU the compilations cost more than a run of ordinary length "
+        "wins back, bench/compile_layers.py; on a GPU its gain is not yet measured: the GPU "
+        "check times it beside the eager update); on is a one-line error where "
+        "grpo.fold_lora is on too (a folded layer's forward is made anew every step)",
     )
     micro_tokens: int | Literal["auto"] = Field(
         "auto",

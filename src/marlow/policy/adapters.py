@@ -54,6 +54,7 @@ from transformers import PreTrainedModel
 
 from marlow.algo.matmul import addmm_, mm
 from marlow.config import ConfigError
+from marlow.forwards import through
 from marlow.types import BASE
 
 CONFIG_NAME = "adapter_config.json"
@@ -328,8 +329,8 @@ def lora_in_base_dtype(model: nn.Module) -> Iterator[None]:
     before = [_how_it_computes(layer) for layer in layers]
     for layer in layers:
         layer.cast_input_dtype_enabled = False
-        if isinstance(layer, LoraLinearLayer) and "forward" not in layer.__dict__:
-            layer.forward = _FusedForward(layer)  # shadows the class's forward
+        if isinstance(layer, LoraLinearLayer) and "forward" not in layer.__dict__:  # not folded
+            through(layer, _ThroughLoraLinear)
     try:
         with torch.autocast(weight.device.type, dtype=dtype):
             yield
@@ -338,20 +339,23 @@ def lora_in_base_dtype(model: nn.Module) -> Iterator[None]:
             _compute_as(layer, how)
 
 
-def _how_it_computes(layer: nn.Module) -> tuple[bool, object]:
+def _how_it_computes(layer: nn.Module) -> tuple[bool, object, type]:
     """What decides a LoRA layer's arithmetic besides its weights: PEFT's cast of its input to
-    the factors' dtype, and the forward shadowing the class's (:func:`lora_in_base_dtype`,
-    :func:`folded`), or None."""
-    return getattr(layer, "cast_input_dtype_enabled", True), layer.__dict__.get("forward")
+    the factors' dtype, the forward shadowing the class's (:func:`folded`) or None, and its
+    class (:func:`lora_in_base_dtype`'s or its own)."""
+    cast = getattr(layer, "cast_input_dtype_enabled", True)
+    return cast, layer.__dict__.get("forward"), type(layer)
 
 
-def _compute_as(layer: nn.Module, how: tuple[bool, object]) -> None:
-    cast, forward = how
-    layer.cast_input_dtype_enabled = cast
+def _compute_as(layer: nn.Module, how: tuple[bool, object, type]) -> None:
+    cast, forward, cls = how
+    # plain attributes, set as nn.Module would (neither is a parameter, buffer or module)
+    object.__setattr__(layer, "cast_input_dtype_enabled", cast)
     if forward is None:
         layer.__dict__.pop("forward", None)
     else:
-        layer.forward = forward
+        object.__setattr__(layer, "forward", forward)
+    layer.__class__ = cls
 
 
 def recompute_as_forward(module: nn.Module) -> Callable[[], AbstractContextManager]:
@@ -451,32 +455,28 @@ def add_low_rank(out: torch.Tensor, low: torch.Tensor, b_scaled: torch.Tensor) -
     return flat.view(out.shape)
 
 
-class _FusedForward:
+class _ThroughLoraLinear:
     """A LoRA linear's forward through :class:`LoraLinear` where that computes it
     (:func:`lora_in_base_dtype`): one adapter active, :func:`plain_lora`, no dropout drawn, a
     frozen base in the input's dtype and no extra arguments; else the class's own forward."""
 
-    def __init__(self, layer: LoraLayer) -> None:
-        self.layer = layer
-
-    def __call__(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        layer = self.layer
-        active = layer.active_adapters
+    def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:  # noqa: D102
+        active = self.active_adapters
         name = active[0] if len(active) == 1 else None
-        base = layer.get_base_layer()
+        base = self.get_base_layer()
         if (
             args
             or kwargs
             or name is None
-            or layer.disable_adapters
-            or not plain_lora(layer, name)
-            or _draws_dropout(layer.lora_dropout[name])
+            or self.disable_adapters
+            or not plain_lora(self, name)
+            or _draws_dropout(self.lora_dropout[name])
             or base.weight.requires_grad
             or base.weight.dtype != x.dtype
         ):
-            return type(layer).forward(layer, x, *args, **kwargs)
-        a, b = layer.lora_A[name].weight, layer.lora_B[name].weight
-        scaling = float(layer.scaling[name])
+            return super().forward(x, *args, **kwargs)
+        a, b = self.lora_A[name].weight, self.lora_B[name].weight
+        scaling = float(self.scaling[name])
         a_low, b_low = low_factors(a, b, scaling, x.dtype)
         return LoraLinear.apply(x, base.weight, base.bias, a, b, scaling, a_low, b_low)
 
@@ -512,7 +512,11 @@ def low_factors(
     B's output is): the factors :class:`LoraLinear` computes with, without gradient; those of
     the innermost :func:`held_factors` block where one is open (and not while compiling: no
     state for the compiler's guards)."""
-    held = _HELD[-1] if _HELD and not torch.compiler.is_compiling() else {}  # {}: kept by none
+    if not _HELD or torch.compiler.is_compiling():
+        # compiling: the cast traced, not looked up (an object's id would be a guard, and each
+        # layer's factors a compilation of their own)
+        return a.detach().to(dtype), b.detach().to(dtype) * scaling
+    held = _HELD[-1]
     key, versions = (id(a), id(b), scaling, dtype), (a._version, b._version)
     entry = held.get(key)
     if entry is None or entry[0] is not a or entry[1] is not b or entry[2] != versions:

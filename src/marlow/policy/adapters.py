@@ -512,9 +512,10 @@ def low_factors(
     B's output is): the factors :class:`LoraLinear` computes with, without gradient; those of
     the innermost :func:`held_factors` block where one is open (and not while compiling: no
     state for the compiler's guards)."""
-    if not _HELD or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or not _HELD:
         # compiling: the cast traced, not looked up (an object's id would be a guard, and each
-        # layer's factors a compilation of their own)
+        # layer's factors a compilation of their own; asked first, so that whether a block is
+        # open is no guard either)
         return a.detach().to(dtype), b.detach().to(dtype) * scaling
     held = _HELD[-1]
     key, versions = (id(a), id(b), scaling, dtype), (a._version, b._version)

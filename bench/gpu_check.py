@@ -1569,7 +1569,7 @@ def profiled(work: Callable[[], object], device: torch.device) -> dict[str, Any]
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     t0 = synchronized(device)
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, with_stack=True) as prof:
         work()
         synchronized(device)
     seconds = time.perf_counter() - t0
@@ -1590,7 +1590,45 @@ def profiled(work: Callable[[], object], device: torch.device) -> dict[str, Any]
         "device_s": sum(us for _, _, us in own) / 1e6,
         "kinds": kinds,
         "top": [{"name": n[:120], "calls": c, "s": us / 1e6} for n, c, us in own[:PROFILE_TOP]],
+        "operations": operations(prof, cuda),
     }
+
+
+def operations(prof: Any, cuda: bool) -> list[dict[str, Any]]:
+    """The :data:`PROFILE_TOP` aten operations of a profile (taken ``with_stack``) whose own
+    device time (on CUDA the kernels each launched, its children's left out; on the CPU its own
+    time) is the longest, by operation and :func:`caller`: what each kernel of the list above
+    was for."""
+    totals: dict[tuple[str, str], list] = {}
+    for e in prof.events():
+        if not e.name.startswith("aten::"):
+            continue
+        us = e.self_device_time_total if cuda else e.self_cpu_time_total
+        if us > 0:
+            entry = totals.setdefault((e.name, caller(e)), [0, 0.0])
+            entry[0] += 1
+            entry[1] += us
+    found = [
+        {"name": name, "where": where[:120], "calls": calls, "s": us / 1e6}
+        for (name, where), (calls, us) in totals.items()
+    ]
+    found.sort(key=lambda o: -o["s"])
+    return found[:PROFILE_TOP]
+
+
+def caller(event: Any) -> str:
+    """What ran a profiled operation: the nearest enclosing line of Python outside torch
+    (``file.py(line): function``), or autograd node (``MulBackward0``: the backward of an
+    operation autograd recorded, which no line of Python calls); "?" for neither."""
+    parent = event.cpu_parent
+    while parent is not None:
+        name = parent.name
+        if ":" not in name and name.endswith(("Backward", "Backward0", "Backward1")):
+            return name
+        if "): " in name and not name.startswith("torch/"):
+            return name
+        parent = parent.cpu_parent
+    return "?"
 
 
 def matmul_throughput(device: torch.device, n: int) -> float:

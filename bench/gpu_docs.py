@@ -215,7 +215,8 @@ PROFILE_ROWS = 8
 def _profiles(result: dict[str, Any]) -> list[str]:
     """A table of each profile the check took (the sampler's configuration, each size's first
     update micro-batch, and that micro-batch's re-timings that took one: the compiled layers'):
-    its kernels, their time, and the longest of them."""
+    its kernels, their time, the longest of them, and the longest aten operations by what ran
+    them."""
     sampler = result.get("sampler") or {}
     tokens = sampler.get("settings", {}).get("profile_tokens")
     found = [
@@ -251,6 +252,19 @@ def _profiles(result: dict[str, Any]) -> list[str]:
             ),
             "",
         ]
+        if p.get("operations"):  # checks before the operations were recorded have none
+            lines += [
+                "By aten operation and what ran it (the line of code, or autograd's node):",
+                "",
+                "| operation | run by | calls | seconds |",
+                "|---|---|---|---|",
+                *(
+                    f"| `{o['name']}` | `{o['where'].replace('|', '/')}` | {o['calls']:,} | "
+                    f"{o['s']:.4f} |"
+                    for o in p["operations"][:PROFILE_ROWS]
+                ),
+                "",
+            ]
     return lines
 
 

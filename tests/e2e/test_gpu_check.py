@@ -183,6 +183,16 @@ def assert_profile(profile: dict) -> None:
     products = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm")
     listed = sum(t["s"] for t in top if t["name"] in products)
     assert kinds["matrix products"] >= listed - 1e-9
+    # the same time by operation and what ran it: a line of code outside torch, or autograd's
+    # node for a backward
+    ops = profile["operations"]
+    assert 0 < len(ops) <= gpu_check.PROFILE_TOP and all(
+        o["name"].startswith("aten::") for o in ops
+    )
+    assert [o["s"] for o in ops] == sorted((o["s"] for o in ops), reverse=True)
+    assert 0 < sum(o["s"] for o in ops) <= profile["device_s"] + 1e-9
+    assert all(o["where"] != "?" and not o["where"].startswith("torch/") for o in ops)
+    assert any(".py(" in o["where"] for o in ops)
     assert kinds["the rest"] >= sum(t["s"] for t in top if t["name"] == "aten::mul") - 1e-9
 
 
@@ -678,6 +688,11 @@ def test_the_section_shows_each_profile_and_leaves_out_runs_that_took_no_step(dr
         top = profile["top"][: gpu_docs.PROFILE_ROWS]
         assert len(top) > 1
         assert all(f"| `{t['name']}` | {t['calls']:,} | {t['s']:.4f} |" in text for t in top)
+        ops = profile["operations"][: gpu_docs.PROFILE_ROWS]
+        assert len(ops) > 1 and all(
+            f"| `{o['name']}` | `{o['where']}` | {o['calls']:,} | {o['s']:.4f} |" in text
+            for o in ops
+        )
     assert text.index("| model | tokens |") < text.index("Profile of")
     for run in entry["runs"]:
         run.update(steps=[], status="skipped", error="left out (--skip runs)")

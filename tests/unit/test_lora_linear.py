@@ -240,3 +240,21 @@ def test_an_update_with_held_factors_is_bit_for_bit_and_casts_once(monkeypatch, 
     assert all(torch.equal(x, y) for x, y in zip(logps, held_logps, strict=True))
     assert set(grads) == set(held_grads) and grads
     assert all(torch.equal(grads[n], held_grads[n]) for n in grads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_add_low_rank_sums_in_place_into_a_contiguous_output(dtype):
+    """The LoRA update is added by the product into the base output itself where that is
+    contiguous (no copy of it first, as ``torch.addmm`` makes), with ``torch.addmm``'s values;
+    a strided output is left as it was and the sum made apart."""
+    g = torch.Generator().manual_seed(0)
+    out, low, b = (torch.randn(*s, generator=g).to(dtype) for s in ((2, 5, 12), (2, 5, 4), (12, 4)))
+    expect = torch.addmm(out.reshape(10, 12), low.reshape(10, 4), b.t()).view(2, 5, 12)
+    mine = out.clone()
+    summed = adapters.add_low_rank(mine, low, b)
+    assert summed.data_ptr() == mine.data_ptr() and torch.equal(summed, expect)
+    wide = torch.cat([out, out], dim=-1)
+    strided = wide[..., :12]  # a view, not contiguous: a column block of a wider output
+    before = wide.clone()
+    summed = adapters.add_low_rank(strided, low, b)
+    assert torch.equal(summed, expect) and torch.equal(wide, before)

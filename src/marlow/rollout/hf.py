@@ -247,7 +247,9 @@ class HFEngine:
         was_training, previous = self.model.training, active_adapter(self.model)
         self.model.eval()
         try:
-            with torch.inference_mode():
+            # no_grad, not inference mode: the same values, and compiled layers (grpo.compile)
+            # reuse the trainer's graphs without gradients instead of compiling their own
+            with torch.no_grad():
                 for i, (req, completion) in enumerate(zip(requests, completions, strict=True)):
                     if not completion:
                         continue

@@ -451,8 +451,8 @@ def add_low_rank(out: torch.Tensor, low: torch.Tensor, b_scaled: torch.Tensor) -
     itself (accumulated with the product, rounded once), the LoRA update of :class:`LoraLinear`
     (and of the lean sampling forward where it computes as the trainer's scoring). Where
     ``out`` is contiguous it is written in place (``addmm_``), so ``out`` must be the caller's
-    own (a base linear's fresh output, read by nothing else): ``torch.addmm`` would first copy
-    it into its result first, a pass over every token's outputs: 14 copies a layer of a
+    own (a base linear's fresh output, read by nothing else): ``torch.addmm`` would first copy it
+    into its result, a pass over every token's outputs: 14 copies a layer of a
     checkpointed update (7 in the forward, 7 in the recompute), about 3% of its device time on
     an H200 (the profile's ``Memcpy DtoD``). The same values either way."""
     flat_low = low.reshape(-1, low.shape[-1])

@@ -143,11 +143,13 @@ The parts, each recorded whatever became of the others:
    checkpointed pass's seconds; always in the dry run, so that CI runs that path) and plan's
    peak fits the card (:func:`time_unchecked`; the 4B's 32,768 tokens would not fit an H200).
    Then the first micro-batch once more, checkpointed, through transformers' own rotary
-   embedding, once more through ``torch.utils.checkpoint``, and once more with its decoder
-   layers compiled (``grpo.compile=on``, with a profile of one pass more; the row's
-   ``side_by_side``), each beside the row's, which runs marlow's own
-   (:func:`marlow.models.fuse_rotary`, as a run's loaded base does; marlow's recomputation of
-   checkpointed layers; eager layers): :func:`time_instead`, :data:`SIDE_BY_SIDE`.
+   embedding, and once more through ``torch.utils.checkpoint`` (the row's ``side_by_side``),
+   each beside the row's, which runs marlow's own (:func:`marlow.models.fuse_rotary`, as a run's
+   loaded base does; marlow's recomputation of checkpointed layers): :func:`time_instead`,
+   :data:`SIDE_BY_SIDE`. Last, every micro-batch once more with its decoder layers compiled
+   (``grpo.compile=on``), checkpointed and, where its eager layers were timed so, not
+   checkpointed, beside the eager figures, the first's compiled pass profiled:
+   :func:`time_compiled`.
 
    Time: the child takes at most the size's ``update_s`` (100 s for the 0.6B, 110 for the
    1.7B, 120 for the 4B: the child's start, the load, the matmuls, the passes and the
@@ -211,7 +213,7 @@ import tempfile
 import time
 import tomllib
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from functools import partial
@@ -1316,9 +1318,11 @@ def time_update(
             plan = update_plan(model, b, result, ran[0]["tokens"], checkpointed=False)
             time_unchecked(ran, plan, *args)
             write_json(out, result)
-        for side in SIDE_BY_SIDE if done else ():  # the first once more each
-            time_instead(done[0], side, *args)
+        for key, what in SIDE_BY_SIDE if done else ():  # the first once more each
+            time_instead(done[0], key, what, *args)
             write_json(out, result)
+        if done:  # each once more with its layers compiled, last: the compilation takes longest
+            time_compiled(done, partial(write_json, out, result), *args)
 
 
 def time_unchecked(
@@ -1370,42 +1374,20 @@ def time_unchecked(
 
 
 SIDE_BY_SIDE = (
-    ("transformers_rotary", "transformers' own rotary embedding", "through marlow's"),
-    ("torch_checkpoint", "torch.utils.checkpoint", "through marlow's"),
-    ("compiled_layers", "decoder layers compiled (grpo.compile=on)", "with eager layers"),
+    ("transformers_rotary", "transformers' own rotary embedding"),
+    ("torch_checkpoint", "torch.utils.checkpoint"),
 )
-"""The first micro-batch's re-timings (:func:`time_instead`): the context manager that runs
-something instead of what the row ran (also the key of its figures: :func:`side_by_side`), what
-it runs, and what the row ran: transformers' rotary embedding in place of
-:func:`marlow.models.fuse_rotary`'s (the same values in fewer kernels), ``torch.utils.checkpoint``
-in place of marlow's recomputation of checkpointed layers (the same values with less of the
-host's work a layer), and the decoder layers through ``torch.compile``
-(:func:`marlow.models.compile_layers`: each layer's elementwise work fused; off by default until
-a check measures it), profiled too."""
-
-
-def side_by_side(key: str, model: PeftModel) -> contextlib.AbstractContextManager:
-    """The context manager of :data:`SIDE_BY_SIDE`'s ``key``: ``marlow.models``' of that name,
-    or for ``compiled_layers`` ``model``'s decoder layers compiled for the block."""
-    import marlow.models
-
-    if key != "compiled_layers":
-        return getattr(marlow.models, key)()
-
-    @contextlib.contextmanager
-    def compiled() -> Iterator[None]:
-        marlow.models.compile_layers(model)
-        try:
-            yield
-        finally:
-            marlow.models.compile_layers(model, on=False)
-
-    return compiled()
+"""The first micro-batch's re-timings (:func:`time_instead`): the ``marlow.models`` context
+manager that runs something instead of marlow's own (also the key of its figures), and what it
+runs: transformers' rotary embedding in place of :func:`marlow.models.fuse_rotary`'s (the same
+values in fewer kernels), ``torch.utils.checkpoint`` in place of marlow's recomputation of
+checkpointed layers (the same values with less of the host's work a layer)."""
 
 
 def time_instead(
     ran: tuple[dict[str, Any], Chunk],
-    side: tuple[str, str, str],
+    key: str,
+    what: str,
     model: PeftModel,
     optimizer: torch.optim.Optimizer,
     temperature: float,
@@ -1414,34 +1396,96 @@ def time_instead(
     deadline: float,
 ) -> None:
     """A micro-batch's passes (``ran``: its row and chunk) timed once more inside
-    :func:`side_by_side`'s context manager for ``side`` (one of :data:`SIDE_BY_SIDE`: its key,
-    what it runs and what the row ran), appended to its row's ``side_by_side`` (those three with
-    the figures, and for compiled layers the profile of one pass more), side by side; its
-    layers checkpointed as the row's. Where the time left passes 2 x the row's pass's seconds
-    (always in the dry run, so that CI runs that path). Compiled layers that fell back to eager
-    (a compiler's error: ``marlow.models``' warning) are a failure, not a figure."""
+    ``marlow.models``' context manager ``key`` (:data:`SIDE_BY_SIDE`: ``what`` in place of
+    marlow's own), appended to its row's ``side_by_side`` (``key`` and ``what`` with the
+    figures), side by side: what marlow's saves; its layers checkpointed as the row's. Where the
+    time left passes 2 x the row's pass's seconds (always in the dry run, so that CI runs that
+    path)."""
     import marlow.models
 
     row, chunk = ran
-    key, what, against = side
-    entry = {"key": key, "what": what, "against": against}
+    entry = {"key": key, "what": what, "against": "through marlow's"}
     row.setdefault("side_by_side", []).append(entry)
     if (short := time_short(row, dry_run, deadline)) is not None:
         entry.update(status="skipped", error=short)
         return
     print(f"update: {what}", flush=True)
     try:
-        with side_by_side(key, model):
+        with getattr(marlow.models, key)():
             timed = time_passes(model, chunk, optimizer, temperature, dev)
-            if key == "compiled_layers":
-                if marlow.models._GAVE_UP:
-                    raise RuntimeError(f"compiled layers ran eager: {marlow.models._GAVE_UP[0]}")
-                timed["profile"] = profiled(partial(update_pass, model, chunk, temperature), dev)
-                optimizer.zero_grad()
         entry.update(status="ok", **timed)
     except Exception as err:
         entry.update(status="failed", error=one_line(err))
         optimizer.zero_grad()
+
+
+COMPILED = "decoder layers compiled (grpo.compile=on)"
+"""What :func:`time_compiled`'s entries run, checkpointed; not checkpointed, with
+``", not checkpointed"`` after it."""
+
+
+def time_compiled(
+    done: list[tuple[dict[str, Any], Chunk]],
+    save: Callable[[], None],
+    model: PeftModel,
+    optimizer: torch.optim.Optimizer,
+    temperature: float,
+    dev: torch.device,
+    dry_run: bool,
+    deadline: float,
+) -> None:
+    """Each micro-batch that succeeded (``done``: its row and chunk) timed once more with its
+    decoder layers compiled (:func:`marlow.models.compile_layers`, ``grpo.compile=on``),
+    checkpointed as the row's, and once more not checkpointed where its eager layers were timed
+    so (the row's ``unchecked`` succeeded: plan's peak fitted the card), each appended to its
+    row's ``side_by_side`` (key ``compiled_layers``, with the eager figure it stands beside:
+    ``against_tokens_per_s``); the first micro-batch's compiled checkpointed pass is profiled
+    too. One compilation serves every micro-batch (dynamic shapes) and both ways (the layers
+    not checkpointed run the recompute's graphs); its seconds are the first pass's
+    ``warmup_s``. Each only where the time left passes 2 x the eager pass's seconds (always in
+    the dry run, so that CI runs that path); compiled layers that fell back to eager (a
+    compiler's error: ``marlow.models``' warning) are a failure, not a figure. ``save`` writes
+    the figures so far. The layers are eager and checkpointed again afterwards."""
+    import marlow.models
+    from marlow.models import checkpoint_layers, compile_layers
+
+    compile_layers(model)
+    try:
+        for i, (row, chunk) in enumerate(done):
+            for checkpointed in (True, False):
+                eager = row if checkpointed else row.get("unchecked", {})
+                if eager.get("status") != "ok":
+                    continue
+                entry = {
+                    "key": "compiled_layers",
+                    "what": COMPILED + ("" if checkpointed else ", not checkpointed"),
+                    "against": "with eager layers" + ("" if checkpointed else " not checkpointed"),
+                    "against_tokens_per_s": eager["tokens_per_s"],
+                }
+                row.setdefault("side_by_side", []).append(entry)
+                if (short := time_short(eager, dry_run, deadline)) is not None:
+                    entry.update(status="skipped", error=short)
+                    continue
+                print(f"update: {row['tokens']:,} tokens, {entry['what']}", flush=True)
+                entry["status"] = "running"
+                save()
+                checkpoint_layers(model, on=checkpointed)
+                try:
+                    timed = time_passes(model, chunk, optimizer, temperature, dev)
+                    if marlow.models._GAVE_UP:
+                        raise RuntimeError(f"the layers ran eager: {marlow.models._GAVE_UP[0]}")
+                    if i == 0 and checkpointed:
+                        work = partial(update_pass, model, chunk, temperature)
+                        timed["profile"] = profiled(work, dev)
+                        optimizer.zero_grad()
+                    entry.update(status="ok", **timed)
+                except Exception as err:
+                    entry.update(status="failed", error=one_line(err))
+                    optimizer.zero_grad()
+                save()
+    finally:
+        compile_layers(model, on=False)
+        checkpoint_layers(model)
 
 
 def time_short(row: dict[str, Any], dry_run: bool, deadline: float) -> str | None:

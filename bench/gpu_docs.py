@@ -234,7 +234,7 @@ def _profiles(result: dict[str, Any]) -> list[str]:
                 found.append((f"the {name} update of {m['tokens']:,} tokens", m["profile"]))
             for r in m.get("side_by_side", []):
                 if r.get("status") == "ok" and "profile" in r:
-                    what = f"the {name} update of {m['tokens']:,} tokens, through {r['what']}"
+                    what = f"the {name} update of {m['tokens']:,} tokens, {r['what']}"
                     found.append((what, r["profile"]))
     lines = []
     for what, p in found:
@@ -431,11 +431,12 @@ def _update(sizes: dict[str, Any]) -> list[str]:
     for name, part in parts.items():
         for m in part.get("micro_batches", []):
             for r in m.get("side_by_side", []):
-                if r["status"] == "ok":  # against what the row ran (older checks: marlow's)
+                if r["status"] == "ok":  # against the row's figure (older checks: marlow's)
                     against = r.get("against", "through marlow's")
+                    theirs = r.get("against_tokens_per_s", m["tokens_per_s"])
                     instead.setdefault(r["what"], []).append(
                         f"{name} {m['tokens']:,} tokens: {_num(r['tokens_per_s'], 0)} tokens/s "
-                        f"against {_num(m['tokens_per_s'], 0)} {against}"
+                        f"against {_num(theirs, 0)} {against}"
                     )
     for what, figures in instead.items():
         lines += ["", f"Through {what}: {'; '.join(figures)}."]

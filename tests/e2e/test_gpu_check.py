@@ -259,23 +259,38 @@ def test_the_dry_run_times_the_update_alone_beside_plans_prediction(dry_run):
             assert unchecked["plan"]["activations_gib"] == pytest.approx(activations / 2**30)
             checked = m["plan"]["activations_gib"]
             assert unchecked["plan"]["activations_gib"] > checked  # every layer's own, kept
-        # the first once more through transformers' own rotary embedding, once more through
-        # torch's checkpoint, and once more with its layers compiled (and profiled), side by
-        # side; the layers eager again afterwards
+        # the first once more through transformers' own rotary embedding and once more
+        # through torch's checkpoint; then each with its layers compiled, checkpointed and not
+        # (the first's profiled), side by side with the eager figures
         first, second = part["micro_batches"]
-        assert "side_by_side" not in second
+        compiled = gpu_check.COMPILED
         assert [(r["key"], r["what"], r["against"]) for r in first["side_by_side"]] == [
             ("transformers_rotary", "transformers' own rotary embedding", "through marlow's"),
             ("torch_checkpoint", "torch.utils.checkpoint", "through marlow's"),
-            ("compiled_layers", "decoder layers compiled (grpo.compile=on)", "with eager layers"),
+            ("compiled_layers", compiled, "with eager layers"),
+            (
+                "compiled_layers",
+                f"{compiled}, not checkpointed",
+                "with eager layers not checkpointed",
+            ),
         ]
-        for own in first["side_by_side"]:
-            assert own["status"] == "ok", own
-            assert own["tokens_per_s"] == pytest.approx(first["tokens"] / own["seconds"])
-            assert own["warmup_s"] > 0 and own["peak_allocated_gib"] is None
-            assert ("profile" in own) == (own["key"] == "compiled_layers")
-        compiled = first["side_by_side"][-1]["profile"]
-        assert compiled["count"] > 0 and compiled["top"]
+        assert [r["what"] for r in second["side_by_side"]] == [
+            compiled,
+            f"{compiled}, not checkpointed",
+        ]
+        for m in (first, second):
+            for own in m["side_by_side"]:
+                assert own["status"] == "ok", own
+                assert own["tokens_per_s"] == pytest.approx(m["tokens"] / own["seconds"])
+                assert own["warmup_s"] > 0 and own["peak_allocated_gib"] is None
+                profiled = (
+                    own["key"] == "compiled_layers" and m is first and own["what"] == compiled
+                )
+                assert ("profile" in own) == profiled
+            eager = [m["tokens_per_s"], m["unchecked"]["tokens_per_s"]]
+            assert [r["against_tokens_per_s"] for r in m["side_by_side"][-2:]] == eager
+        profile = first["side_by_side"][2]["profile"]
+        assert profile["count"] > 0 and profile["top"] and profile["operations"]
         for m in part["micro_batches"]:
             assert m["status"] == "ok" and m["rows"] * update.row == m["tokens"], m
             assert m["tokens_per_s"] == pytest.approx(m["tokens"] / m["seconds"])
@@ -638,13 +653,13 @@ def test_the_section_of_a_gpu_run_has_the_update_alone_table(dry_run):
     assert f"Not checkpointed, peak allocated GiB: {'; '.join(unchecked)}." in text
     first = part["micro_batches"][0]
     for own in first["side_by_side"]:
+        theirs = own.get("against_tokens_per_s", first["tokens_per_s"])
         assert (
             f"Through {own['what']}: {name} {first['tokens']:,} tokens: "
-            f"{own['tokens_per_s']:,.0f} tokens/s against {first['tokens_per_s']:,.0f} "
-            f"{own['against']}."
+            f"{own['tokens_per_s']:,.0f} tokens/s against {theirs:,.0f} {own['against']}"
         ) in text
     assert "Through torch.utils.checkpoint: " in text
-    assert f"Profile of the {name} update of {first['tokens']:,} tokens, through decoder " in text
+    assert f"Profile of the {name} update of {first['tokens']:,} tokens, decoder layers " in text
     assert text.index("| batch |") < text.index("| model | tokens |")
     assert text.index("| model | tokens |") < text.index("| model | routing | step |")
 

@@ -3,7 +3,8 @@
 steps of ``bench/vs_trl.py``'s marlow run with each.
 
     .venv/bin/python bench/compile_layers.py [--proxy] [--layers 4] [--rows 2]
-        [--row-tokens 512] [--repeats 5] [--device cpu] [--out bench/results/compile_layers.json]
+        [--row-tokens 512] [--repeats 5] [--vocab 4096] [--device cpu]
+        [--out bench/results/compile_layers.json]
     .venv/bin/python bench/compile_layers.py --steps 8 [--max-new 12]
         [--out bench/results/compile_layers_steps.json]
 
@@ -11,7 +12,9 @@ The model: a Qwen3 of Qwen3-0.6B's widths (hidden 1,024, MLP 3,072, 16 query and
 heads of 128) with ``--layers`` layers, or with ``--proxy`` the Python-bound stand-in of
 ``bench/lean_lora.py`` (the 0.6B's 28 layers at width 64: the arithmetic is negligible, so what
 is timed is the per-operation cost, as where a GPU's update is bound by its kernels); a
-4,096-id vocabulary (the head is not what is measured), random weights in bfloat16, one LoRA
+4,096-id vocabulary (the head is not what is measured) or ``--vocab``'s (151,936, the 0.6B's:
+the head's chunks are then most of a pass, and compiled with the layers), random weights in
+bfloat16, one LoRA
 adapter of rank 64 (alpha 32) on every linear layer, in training mode, the layers checkpointed
 as a run's update of a Hugging Face model has them. One pass is what the trainer's update makes
 of a micro-batch (:func:`marlow.models.completion_logprobs` over ``rows`` x ``row-tokens``
@@ -63,6 +66,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=2)
     ap.add_argument("--row-tokens", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--vocab", type=int, default=4096, help="151936: the 0.6B's (its head)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--steps", type=int, default=0, help="train steps of vs_trl's run instead")
     ap.add_argument("--max-new", type=int, default=12, help="new tokens a turn (--steps)")
@@ -72,7 +76,8 @@ def main() -> None:
         return steps(args)
     args.out = args.out or Path("bench/results/compile_layers.json")
     device = torch.device(args.device)
-    model = adapted_stand_in(PROXY if args.proxy else {"num_hidden_layers": args.layers}, device)
+    shape = PROXY if args.proxy else {"num_hidden_layers": args.layers}
+    model = adapted_stand_in({**shape, "vocab_size": args.vocab}, device)
     checkpoint_layers(model)
     one_pass = update_pass(model, args.rows, args.row_tokens)
 

@@ -146,9 +146,9 @@ The parts, each recorded whatever became of the others:
    embedding, and once more through ``torch.utils.checkpoint`` (the row's ``side_by_side``),
    each beside the row's, which runs marlow's own (:func:`marlow.models.fuse_rotary`, as a run's
    loaded base does; marlow's recomputation of checkpointed layers): :func:`time_instead`,
-   :data:`SIDE_BY_SIDE`. Last, every micro-batch once more with its decoder layers compiled
-   (``grpo.compile=on``), checkpointed and, where its eager layers were timed so, not
-   checkpointed, beside the eager figures, the first's compiled pass profiled:
+   :data:`SIDE_BY_SIDE`. Last, every micro-batch once more with its decoder layers and its LM
+   head's chunks compiled (``grpo.compile=on``), checkpointed and, where its eager layers were
+   timed so, not checkpointed, beside the eager figures, the first's compiled pass profiled:
    :func:`time_compiled`.
 
    Time: the child takes at most the size's ``update_s`` (100 s for the 0.6B, 110 for the
@@ -1419,7 +1419,7 @@ def time_instead(
         optimizer.zero_grad()
 
 
-COMPILED = "decoder layers compiled (grpo.compile=on)"
+COMPILED = "decoder layers and LM head compiled (grpo.compile=on)"
 """What :func:`time_compiled`'s entries run, checkpointed; not checkpointed, with
 ``", not checkpointed"`` after it."""
 
@@ -1435,9 +1435,9 @@ def time_compiled(
     deadline: float,
 ) -> None:
     """Each micro-batch that succeeded (``done``: its row and chunk) timed once more with its
-    decoder layers compiled (:func:`marlow.models.compile_layers`, ``grpo.compile=on``),
-    checkpointed as the row's, and once more not checkpointed where its eager layers were timed
-    so (the row's ``unchecked`` succeeded: plan's peak fitted the card), each appended to its
+    decoder layers and LM head compiled (:func:`marlow.models.compile_layers`,
+    ``grpo.compile=on``), checkpointed as the row's, and once more not checkpointed where its
+    eager layers were timed so (the row's ``unchecked`` succeeded: plan's peak fitted the card), each appended to its
     row's ``side_by_side`` (key ``compiled_layers``, with the eager figure it stands beside:
     ``against_tokens_per_s``); the first micro-batch's compiled checkpointed pass is profiled
     too. One compilation serves every micro-batch (dynamic shapes) and both ways (the layers

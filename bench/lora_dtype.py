@@ -83,11 +83,11 @@ def main() -> None:
 
 
 def adapted_stand_in(shape: dict, device: torch.device) -> torch.nn.Module:
-    """A Qwen3 of Qwen3-0.6B's config with ``shape``'s fields over it and a 4,096-id vocabulary,
-    random bfloat16 weights (seed 0) on ``device``, one LoRA adapter ``policy`` of rank 64
-    (alpha 32) on every linear layer, in training mode."""
+    """A Qwen3 of Qwen3-0.6B's config with ``shape``'s fields over it and a 4,096-id vocabulary
+    (unless ``shape`` names another), random bfloat16 weights (seed 0) on ``device``, one LoRA
+    adapter ``policy`` of rank 64 (alpha 32) on every linear layer, in training mode."""
     torch.manual_seed(0)
-    fields = {**arch_config("qwen3-0.6b"), **shape, "vocab_size": 4096}
+    fields = {**arch_config("qwen3-0.6b"), "vocab_size": 4096, **shape}
     fields.update(bos_token_id=None, eos_token_id=None, pad_token_id=None)
     base = Qwen3ForCausalLM(Qwen3Config(**fields)).to(device, torch.bfloat16)
     return attach_adapters(base, ["policy"], LoraSpec(rank=64), seed=0).train()

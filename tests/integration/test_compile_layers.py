@@ -93,6 +93,7 @@ def test_a_bfloat16_run_compiles_its_layers_in_the_first_step_only(small_config,
     )
     graphs = []
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(models, "_COMPILED_HEAD", [])  # made anew with the eager backend
         mp.setattr(torch, "compile", partial(torch.compile, backend="eager"))
         mp.setattr(models, "_give_up_compiling", gave_up)
         torch._dynamo.reset()
@@ -105,5 +106,7 @@ def test_a_bfloat16_run_compiles_its_layers_in_the_first_step_only(small_config,
                 trainer.train_step(step)
                 graphs.append(counters["stats"]["unique_graphs"])
     assert not counters["graph_break"]
-    # per adapter and the base, with gradients and without, as measured: 12 graphs
-    assert graphs[0] <= 12 and graphs == [graphs[0]] * 3
+    # the layers per adapter and the base, with gradients and without, as measured: 12 graphs;
+    # the head's chunks 4: the forward with entropies and without, and at the sync probe's
+    # temperature 1, and the gradient
+    assert graphs[0] <= 16 and graphs == [graphs[0]] * 3

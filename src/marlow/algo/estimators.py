@@ -20,7 +20,8 @@ pi, and is >= 0 term by term.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor
@@ -31,7 +32,11 @@ if TYPE_CHECKING:
     from marlow.algo.losses import SurrogateOut
 
 __all__ = [
+    "EAGER_HEAD",
+    "HeadOps",
     "chi2_token",
+    "chunk_logit_grads",
+    "chunk_logprobs",
     "clip_fractions",
     "head_logprobs_and_entropy",
     "k3_tokens",
@@ -121,6 +126,7 @@ def head_logprobs_and_entropy(
     temperature: float,
     chunk_tokens: int | None = None,
     entropy: bool = True,
+    ops: HeadOps | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """:func:`token_logprobs_and_entropy` of the logits ``hidden @ weight.T + bias`` (an LM head),
     computed ``chunk_tokens`` tokens at a time, so that the (tokens, vocabulary) logits never
@@ -138,6 +144,8 @@ def head_logprobs_and_entropy(
         entropy: False: not computed (None returned): three passes over each chunk's logits
             fewer, for the passes that do not read it (the update's where logp_old was scored
             before it, the base's log-probs, the adapter-sync check's).
+        ops: what computes a chunk (:class:`HeadOps`); None: :data:`EAGER_HEAD`, else the same
+            functions compiled (``marlow.models.compile_layers``).
 
     Returns:
         logp (N,) with gradient, entropy (N,) detached (or None); float32. Each chunk makes the
@@ -155,7 +163,7 @@ def head_logprobs_and_entropy(
     if chunk_tokens is None:
         chunk_tokens = max(1, HEAD_CHUNK_BYTES // (4 * weight.shape[0]))
     logp, ent = _HeadLogprobs.apply(
-        hidden, weight, bias, targets.long(), temperature, chunk_tokens, entropy
+        hidden, weight, bias, targets.long(), temperature, chunk_tokens, entropy, ops or EAGER_HEAD
     )
     return logp, ent if entropy else None
 
@@ -172,55 +180,104 @@ def _chunk_log_softmax(
     return torch.log_softmax(z, dim=-1)
 
 
+def chunk_logprobs(
+    h: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    targets: Tensor,
+    temperature: float,
+    with_entropy: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """One chunk's forward for :func:`head_logprobs_and_entropy`: the (c,) float32 log-probs of
+    ``targets`` under the head's tempered logits of ``h`` (c, H), and their entropies where
+    ``with_entropy`` (else None). The chunk's (c, V) float32 log-softmax is freed on return."""
+    log_probs = _chunk_log_softmax(h, weight, bias, temperature)
+    logp = log_probs.gather(-1, targets[:, None])[:, 0]
+    if not with_entropy:
+        return logp, None
+    p = log_probs.exp_()  # (c, V), in place: the chunk's log-softmax is done with
+    return logp, torch.special.entr(p, out=p).sum(-1)
+
+
+def chunk_logit_grads(
+    h: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    targets: Tensor,
+    grad_logp: Tensor,
+    temperature: float,
+) -> Tensor:
+    """One chunk's backward for :func:`head_logprobs_and_entropy`: the gradient of the head's
+    (c, V) logits, in the head's dtype, from ``grad_logp`` (c,), the log-probs' (float32): the
+    chunk's logits computed again, ``(onehot(target) - softmax) * grad_logp / temperature``."""
+    p = _chunk_log_softmax(h, weight, bias, temperature).exp_()  # (c, V) softmax
+    # d logp / d logits = onehot(target) - softmax, times the incoming gradient
+    dz = p.mul_(-grad_logp[:, None])
+    dz.scatter_add_(-1, targets[:, None], grad_logp[:, None].float())
+    if temperature > 0 and temperature != 1.0:
+        dz.div_(temperature)
+    return dz.to(weight.dtype)  # the upcast's backward: back to the head's dtype
+
+
+class HeadOps(NamedTuple):
+    """What computes one chunk of :func:`head_logprobs_and_entropy`: its forward (as
+    :func:`chunk_logprobs`) and its logits' gradient (as :func:`chunk_logit_grads`)."""
+
+    forward: Callable[..., tuple[Tensor, Tensor | None]]
+    backward: Callable[..., Tensor]
+
+
+EAGER_HEAD = HeadOps(chunk_logprobs, chunk_logit_grads)
+"""The chunk functions run as they are (``marlow.models.compile_layers`` compiles them)."""
+
+
 class _HeadLogprobs(torch.autograd.Function):
     """:func:`head_logprobs_and_entropy`'s forward and its chunked backward."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, chunk, with_entropy):  # noqa: D102
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk, with_entropy, ops):  # noqa: D102
         n = hidden.shape[0]
+        # the chunk functions take no part in autograd: detached, whatever needs a gradient
+        # outside (one compilation for every pass where they are compiled)
+        h, w = hidden.detach(), weight.detach()
+        b = None if bias is None else bias.detach()
         logp = hidden.new_empty(n, dtype=torch.float32)
         entropy = hidden.new_empty(n if with_entropy else 0, dtype=torch.float32)
         for start in range(0, n, chunk):
             end = min(n, start + chunk)
-            log_probs = _chunk_log_softmax(hidden[start:end], weight, bias, temperature)
-            logp[start:end] = log_probs.gather(-1, targets[start:end, None])[:, 0]
+            lp, ent = ops.forward(h[start:end], w, b, targets[start:end], temperature, with_entropy)
+            logp[start:end] = lp
             if with_entropy:
-                p = log_probs.exp_()  # (c, V), in place: the chunk's log-softmax is done with
-                entropy[start:end] = torch.special.entr(p, out=p).sum(-1)
-                del p
-            del log_probs  # freed before the next chunk's logits are made, not after
+                entropy[start:end] = ent
+            del lp, ent  # freed before the next chunk's logits are made, not after
         ctx.save_for_backward(hidden, weight, bias, targets)
-        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.temperature, ctx.chunk, ctx.ops = temperature, chunk, ops
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
     @staticmethod
     def backward(ctx, grad_logp, _grad_entropy):  # noqa: D102
-        hidden, weight, bias, targets = ctx.saved_tensors
+        hidden, weight, bias, targets = (
+            None if t is None else t.detach() for t in ctx.saved_tensors
+        )
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.zeros_like(hidden) if need_h else None
         grad_w = torch.zeros_like(weight) if need_w else None
         grad_b = torch.zeros_like(bias) if need_b else None
-        scale = ctx.temperature > 0 and ctx.temperature != 1.0
         for start in range(0, hidden.shape[0], ctx.chunk):
             end = min(hidden.shape[0], start + ctx.chunk)
-            h, g = hidden[start:end], grad_logp[start:end]
-            p = _chunk_log_softmax(h, weight, bias, ctx.temperature).exp_()  # (c, V) softmax
-            # d logp / d logits = onehot(target) - softmax, times the incoming gradient
-            dz = p.mul_(-g[:, None])
-            dz.scatter_add_(-1, targets[start:end, None], g[:, None].float())
-            if scale:
-                dz.div_(ctx.temperature)
-            dz = dz.to(weight.dtype)  # the upcast's backward: back to the head's dtype
-            del p  # the float32 (c, V) freed before the products, as dz is before the next chunk
+            h = hidden[start:end]
+            dz = ctx.ops.backward(
+                h, weight, bias, targets[start:end], grad_logp[start:end], ctx.temperature
+            )
             if need_h:
                 grad_h[start:end] = mm(dz, weight)
             if need_w:
                 grad_w += mm(dz.T, h)
             if need_b:
                 grad_b += dz.sum(0)
-            del dz
-        return grad_h, grad_w, grad_b, None, None, None, None
+            del dz  # freed before the next chunk's
+        return grad_h, grad_w, grad_b, None, None, None, None, None
 
 
 def chi2_token(log_ratio: Tensor, mask: Tensor) -> Tensor:

@@ -627,10 +627,12 @@ class GRPOConfig(_Section):
     )
     compile: Switch = Field(
         "auto",
-        description="run the decoder layers through torch.compile in scoring and the update "
+        description="run the decoder layers, and the LM head's log-softmax and gradient chunk "
+        "by chunk, through torch.compile in scoring and the update "
         "(marlow.models.compile_layers: each layer's elementwise work fused into a few "
-        "kernels; the same log-probs and gradients up to float round-off; one compilation "
-        "serves every layer, one per adapter and kind of pass, in the first steps); auto: off "
+        "kernels, and the head's float32 logits never written whole; the same log-probs and "
+        "gradients up to float round-off; one compilation serves every layer, one per adapter "
+        "and kind of pass, in the first steps); auto: off "
         "on every device (on a CPU the compilations cost more than a run of ordinary length "
         "wins back, bench/compile_layers.py; on a GPU its gain is not yet measured: the GPU "
         "check times it beside the eager update); on is a one-line error where "

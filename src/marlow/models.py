@@ -629,11 +629,11 @@ def compiled_head() -> HeadOps:
     :func:`compile_layers` gives a model's LM head, and :func:`completion_logprobs` then scores
     through.
 
-    Why: eager, a chunk's forward makes four passes over its (chunk, vocabulary) logits beyond
-    the head's product (the upcast, the temperature, the log-softmax's write and read) and its
-    backward seven; compiled, the log-softmax and the gather fuse into reductions that never
-    write the float32 logits, and the gradient's softmax, scaling and downcast into a few
-    kernels. On a 2-core CPU an update pass at the 0.6B's widths and vocabulary (4 layers, 2 x
+    Why: eager, a chunk's forward runs three operations over its (chunk, vocabulary) logits
+    beyond the head's product (the upcast, the temperature's division, the log-softmax; three
+    more for the entropies) and its backward seven, each a pass through memory; compiled, the
+    log-softmax and the gather fuse into reductions that never write the float32 logits, and
+    the gradient's softmax, scaling and downcast into a few kernels. On a 2-core CPU an update pass at the 0.6B's widths and vocabulary (4 layers, 2 x
     512 tokens, bfloat16, ``bench/compile_layers.py --vocab 151936``) took 5.09 s eager and
     4.22 s compiled, the same with a 4,096-id vocabulary 1.86 and 1.77: the head's part about
     3.2 s eager and 2.4 compiled. Float32 round-off apart, the same values (tests)."""

@@ -13,6 +13,7 @@ from marlow.algo.estimators import head_logprobs_and_entropy, token_logprobs_and
 from marlow.algo.policy_loss import policy_loss_names
 from marlow.policy.adapters import LoraSpec, attach_adapters
 from marlow.training.batch import Chunk
+from tests.conftest import build_tiny_qwen3
 from tests.unit.scoring_checks import LossAndGrads, assert_same_scoring
 
 QWEN3_VOCAB = 151_936
@@ -209,22 +210,7 @@ def test_compile_layers_gives_the_head_its_compiled_chunks(monkeypatch):
     """A model whose head scoring takes chunk by chunk scores through the compiled chunks once
     its layers are compiled, and through the eager ones again once they are not."""
     monkeypatch.setattr(models, "_COMPILED_HEAD", [])
-    model = attach_adapters(
-        Qwen3ForCausalLM(
-            Qwen3Config(
-                vocab_size=64,
-                hidden_size=16,
-                intermediate_size=32,
-                num_hidden_layers=1,
-                num_attention_heads=2,
-                num_key_value_heads=1,
-                head_dim=8,
-            )
-        ),
-        ["gen"],
-        LoraSpec(rank=2),
-        seed=0,
-    )
+    model = attach_adapters(build_tiny_qwen3(num_hidden_layers=1), ["gen"], LoraSpec(2), seed=0)
     _, head = models.decoder_and_head(model)
     models.compile_layers(model)
     assert head._marlow_head_ops is models.compiled_head()

@@ -34,14 +34,17 @@ def one_step(cfg, out, monkeypatch, fused: bool):
 
 
 def apart_at_round_off(ours, theirs, grad, name: str) -> None:
-    """Updated weights that agree but where the gradient is at round-off's scale. AdamW's first
-    step moves an element by lr * g / (|g| + eps), about lr whatever |g|: where |g| is near eps
-    (1e-8) the gradient's round-off shows in the step. Measured (one thread): up to 4 of 2,048
-    elements of a tensor apart when the file runs alone, and 3 of 1,024 once in a whole
-    ``make test``, where other tests had run first in the process; the bound is 1%."""
+    """Updated weights that agree but where the gradient is small enough for its round-off to
+    show. AdamW's first step moves an element by lr * g / (|g| + eps): a gradient apart by dg
+    moves it by about lr * eps * dg / (|g| + eps)^2, which at lr 5e-2 and eps 1e-8 passes 1e-6
+    for dg of 2.6e-9 where |g| is 1e-6 and of 2e-7 where it is 1e-5 (the gradients agree to
+    1e-6): so elements whose |g| is under 1e-5 may be apart. Measured (one thread): up to 4 of
+    2,048 elements of a tensor apart when the file runs alone; in a whole ``make test``, where
+    other tests had run first in the process, 3 of 1,024 once, and once an
+    element whose |g| was 1.1e-6. The bound on their count is 1%."""
     apart = (ours - theirs).abs() > 1e-6
     assert int(apart.sum()) <= 0.01 * apart.numel(), name
-    assert bool((grad[apart].abs() < 1e-6).all()), name
+    assert bool((grad[apart].abs() < 1e-5).all()), name
 
 
 @pytest.mark.parametrize("routing", ["ip", "sp"])

@@ -1437,9 +1437,9 @@ def time_compiled(
     """Each micro-batch that succeeded (``done``: its row and chunk) timed once more with its
     decoder layers and LM head compiled (:func:`marlow.models.compile_layers`,
     ``grpo.compile=on``), checkpointed as the row's, and once more not checkpointed where its
-    eager layers were timed so (the row's ``unchecked`` succeeded: plan's peak fitted the card), each appended to its
-    row's ``side_by_side`` (key ``compiled_layers``, with the eager figure it stands beside:
-    ``against_tokens_per_s``); the first micro-batch's compiled checkpointed pass is profiled
+    eager layers were timed so (the row's ``unchecked`` succeeded: plan's peak fitted the
+    card), each appended to its row's ``side_by_side`` (key ``compiled_layers``, with the eager
+    figure it stands beside: ``against_tokens_per_s``); the first micro-batch's compiled checkpointed pass is profiled
     too. One compilation serves every micro-batch (dynamic shapes) and both ways (the layers
     not checkpointed run the recompute's graphs); its seconds are the first pass's
     ``warmup_s``. Each only where the time left passes 2 x the eager pass's seconds (always in

@@ -3,14 +3,14 @@ generator adapter takes the gradients of three same-role slots, fires gradient_a
 same run at the preset's rate does not.
 
 Measured (threads 1, a 2-core AMD EPYC with AVX-512 BF16): at lr 3e-3 the generator's
-chi2_update went from 0.04 at the warmup's end (step 5) to 8.3 at step 7 (its running median
+chi2_update went from 0.04 just after the warmup (step 5) to 8.3 at step 7 (its running median
 9.8 times the first at step 8) while the aggregator's stayed under 0.015 (its ratio at most
 1.0), and validation fell from 0.55 (step 2) to 0.32 (step 10): the detector fires at step 8.
 At lr 2e-3 nothing rose (validation 0.51-0.59 throughout); at 5e-3 validation had already
 collapsed to 0.01 by step 6, where the roles' curves begin, and the aggregator's then rose
 19-fold beside the generator's 4.7: no rise came first, and the detector rightly stayed
-silent. Where the band of rates that shows the rise first lies depends on
-the machine's float32 kernels: on a Zen 3 (AVX2) it was 5e-3. At lr 1e-3 (the preset's) the
+silent. Where the band of rates that shows the rise first lies depends on the machine's
+float32 kernels: on a Zen 3 (AVX2) it was 5e-3. At lr 1e-3 (the preset's) the
 generator's running-median ratio stays under 1.5.
 
 Slow: it pre-trains the full tiny-s world (about 6 min on 2 cores) unless ``MARLOW_TEST_CACHE``

@@ -57,7 +57,7 @@ from marlow.algo.matmul import slow_half
 from marlow.config import DEVICE_FORM, DEVICES, ConfigError, ModelConfig, TaskConfig
 from marlow.forwards import through
 from marlow.logs import Phase
-from marlow.policy.adapters import lora_in_base_dtype, recompute_as_forward
+from marlow.policy.adapters import lora_in_base_dtype, recompute_as_forward, refresh_factors
 from marlow.shared_prompts import pack_shared_prompts
 
 
@@ -568,10 +568,12 @@ def compiles_layers(config) -> bool:
 
 COMPILE_LIMIT = 64
 """How many compilations a compiled function may make in a process (torch.compile's default,
-8, is for one function): a compiled decoder layer makes one per adapter and base, per kind of
-pass (with gradients, where the first layer's input needs none and the others' do; without, in
-training mode for a checkpointed layer's forward and in evaluation mode; in inference mode) and
-per batch of one row (the adapter-sync check's probe); the sampler's
+8, is for one function): a compiled decoder layer makes one with the adapters (over a bfloat16
+or float16 base every adapter shares it: :func:`marlow.policy.adapters.active_factors`; over a
+float32 base one per adapter) and one with the base, per kind of pass (with gradients, where the
+first layer's input needs none and the others' do; without, in training mode for a checkpointed
+layer's forward and in evaluation mode; in inference mode), with an attention mask and without,
+and per batch of one row (the adapter-sync check's probe); the sampler's
 compiled flex attention one per batch size (``marlow.rollout.lean``)."""
 _LIMIT = (
     "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
@@ -672,6 +674,7 @@ def _layer_call(layer: torch.nn.Module, *args, **kwargs):
     state = layer._marlow_call
     run = layer._call_impl
     if state["compiled"] is not None and not _GAVE_UP:
+        refresh_factors(layer)  # the compiled call reads each LoRA linear's as last found
         run = partial(_compiled_call, layer._call_impl, state["compiled"])
     if state["checkpointed"] and layer.training and torch.is_grad_enabled():
         as_forward = recompute_as_forward(layer)  # LoRA's arithmetic as in the forward

@@ -166,6 +166,33 @@ def test_compiled_bfloat16_layers_share_their_compilations(monkeypatch):
     assert graphs == [5, 5]
 
 
+def test_compiled_bfloat16_layers_serve_every_adapter_with_the_same_compilations(monkeypatch):
+    """The compiled layers read each LoRA linear's factors as tensors found before the call
+    (``active_factors``), not by the adapter's name: a second adapter, and the first again
+    after it, compile nothing more, and each computes with its own factors, the values of the
+    eager layers bit for bit (Dynamo's graphs run eager). Before, each adapter was guarded by
+    its name and compiled apart."""
+    monkeypatch.setattr(models, "_GAVE_UP", [])
+    monkeypatch.setattr(models, "_COMPILED_HEAD", [])  # made anew with the eager backend
+    monkeypatch.setattr(torch, "compile", partial(torch.compile, backend="eager"))
+    model = lora_model(torch.bfloat16)
+    checkpoint_layers(model)
+    order = (*ADAPTERS, ADAPTERS[0])
+    eager = passes(model, adapters=order, base=False)
+    compile_layers(model)
+    torch._dynamo.reset()
+    counters.clear()
+    first = passes(model, adapters=ADAPTERS[:1], base=False)
+    one = counters["stats"]["unique_graphs"]
+    compiled = passes(model, adapters=order, base=False)
+    assert counters["stats"]["unique_graphs"] == one  # the other adapter compiled nothing
+    assert not counters["graph_break"] and not models._GAVE_UP
+    assert_close_passes(first, eager[:2], 0.0)
+    assert_close_passes(compiled, eager, 0.0)
+    # and the adapters do differ: each read its own factors
+    assert not torch.equal(eager[0][0], eager[2][0])
+
+
 def test_sampling_through_the_models_modules_runs_compiled_layers_eager(tokenizer, monkeypatch):
     from marlow.rollout.hf import HFEngine
     from marlow.types import GenRequest, SamplingParams

@@ -180,6 +180,56 @@ def test_other_lora_layers_compute_through_peft(monkeypatch):
     assert len(calls) == 1
 
 
+def test_the_factors_kept_on_a_layer_follow_every_switch_of_its_adapter():
+    """A LoRA linear keeps the factors it computes with (``active_factors``) until its adapter
+    changes: through ``activate``, through PEFT's own ``set_adapter`` and ``disable_adapter``,
+    and a merge through PEFT (then PEFT's forward). Each time the layer's output is the active
+    adapter's, as PEFT's forward computes it."""
+    model = attach_adapters(
+        build_tiny_qwen3().to(torch.bfloat16), ["gen", "agg"], LoraSpec(4, 8), seed=0
+    )
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.3)
+    layer = model.base_model.model.model.layers[0].self_attn.q_proj
+    x = torch.randn(2, 5, 64).to(torch.bfloat16)
+
+    def peft(name):  # PEFT's own arithmetic of adapter ``name`` (float32 LoRA, cast back)
+        with torch.no_grad():
+            low = layer.lora_B[name](layer.lora_A[name](x.float())) * layer.scaling[name]
+            return (layer.get_base_layer()(x).float() + low).to(x.dtype)
+
+    def ours():
+        with torch.no_grad(), lora_in_base_dtype(model):
+            return layer(x)
+
+    assert not torch.allclose(peft("gen"), peft("agg"), atol=0.1)
+    seen = []
+    for switch in (
+        lambda: adapters.activate(model, "gen"),
+        lambda: adapters.activate(model, "agg"),
+        lambda: model.base_model.set_adapter("gen"),
+        lambda: model.base_model.set_adapter("agg"),
+        lambda: adapters.activate(model, "gen"),
+    ):
+        switch()
+        name = adapters.active_adapter(model)
+        out = ours()
+        assert adapters.active_factors(layer)[0] is layer.lora_A[name].weight
+        torch.testing.assert_close(out, peft(name), atol=0.05, rtol=0.02)
+        seen.append(name)
+    assert seen == ["gen", "agg", "gen", "agg", "gen"]
+    with model.disable_adapter():
+        assert adapters.active_factors(layer) is None
+        assert torch.equal(ours(), layer.get_base_layer()(x))
+    assert adapters.active_factors(layer)[0] is layer.lora_A["gen"].weight
+    layer.merge(adapter_names=["gen"])
+    assert adapters.active_factors(layer) is None  # merged: PEFT's forward
+    layer.unmerge()
+    assert adapters.active_factors(layer)[0] is layer.lora_A["gen"].weight
+
+
 def test_held_factors_are_cast_once_a_block_and_anew_when_changed():
     """Inside held_factors each factor pair's low-precision copies are made once and shared
     (a checkpointed pass's forward and recompute, the micro-batches of a mini-batch), with the

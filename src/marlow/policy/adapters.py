@@ -464,28 +464,77 @@ def add_low_rank(out: torch.Tensor, low: torch.Tensor, b_scaled: torch.Tensor) -
 
 class _ThroughLoraLinear:
     """A LoRA linear's forward through :class:`LoraLinear` where that computes it
-    (:func:`lora_in_base_dtype`): one adapter active, :func:`plain_lora`, no dropout drawn, a
-    frozen base in the input's dtype and no extra arguments; else the class's own forward."""
+    (:func:`lora_in_base_dtype`): :func:`active_factors`, a frozen base in the input's dtype and
+    no extra arguments; else the class's own forward. While ``torch.compile`` traces it, the
+    factors are those :func:`active_factors` last found (:func:`refresh_factors` finds them
+    before a compiled call), not looked up by the adapter's name."""
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:  # noqa: D102
-        active = self.active_adapters
-        name = active[0] if len(active) == 1 else None
+        if torch.compiler.is_compiling():
+            found = self.__dict__.get(_FACTORS)
+            factors = found[-1] if found is not None else _plain_factors(self)
+        else:
+            factors = active_factors(self)
         base = self.get_base_layer()
         if (
             args
             or kwargs
-            or name is None
-            or self.disable_adapters
-            or not plain_lora(self, name)
-            or _draws_dropout(self.lora_dropout[name])
+            or factors is None
             or base.weight.requires_grad
             or base.weight.dtype != x.dtype
         ):
             return super().forward(x, *args, **kwargs)
-        a, b = self.lora_A[name].weight, self.lora_B[name].weight
-        scaling = float(self.scaling[name])
+        a, b, scaling = factors
         a_low, b_low = low_factors(a, b, scaling, x.dtype)
         return LoraLinear.apply(x, base.weight, base.bias, a, b, scaling, a_low, b_low)
+
+
+_FACTORS = "_marlow_factors"
+"""Where :func:`active_factors` keeps a LoRA linear's factors, with what they were found for."""
+
+
+def active_factors(layer: LoraLayer) -> tuple[nn.Parameter, nn.Parameter, float] | None:
+    """(A, B, scaling) of the adapter ``layer`` computes, where it computes one adapter as
+    :class:`LoraLinear` does: one adapter active, :func:`plain_lora`, no dropout drawn; else
+    None. Found once and kept on the layer until its active adapters (PEFT's list, which
+    :func:`activate` and PEFT's ``set_adapter`` both replace), whether they are disabled, its
+    training mode or its merged adapters change.
+
+    Why kept: a compiled decoder layer reads them from there (:class:`_ThroughLoraLinear`), so
+    that torch.compile guards the factors as tensors (shape, dtype), not the adapter's name,
+    and every adapter of a run shares the layer's compilations, where each adapter had its own;
+    and an eager forward skips the checks of :func:`plain_lora`."""
+    fields = layer.__dict__
+    key = (fields["_active_adapter"], fields["_disable_adapters"], layer.training)
+    found = fields.get(_FACTORS)
+    merged = len(layer.merged_adapters)
+    if found is not None and found[0] is key[0] and found[1:3] == key[1:] and found[3] == merged:
+        return found[-1]
+    factors = _plain_factors(layer)
+    fields[_FACTORS] = (*key, merged, factors)
+    return factors
+
+
+def _plain_factors(layer: LoraLayer) -> tuple[nn.Parameter, nn.Parameter, float] | None:
+    active = layer.active_adapters
+    name = active[0] if len(active) == 1 else None
+    if (
+        name is None
+        or layer.disable_adapters
+        or not plain_lora(layer, name)
+        or _draws_dropout(layer.lora_dropout[name])
+    ):
+        return None
+    return layer.lora_A[name].weight, layer.lora_B[name].weight, float(layer.scaling[name])
+
+
+def refresh_factors(module: nn.Module) -> None:
+    """:func:`active_factors` of each LoRA linear in ``module`` that computes through
+    :class:`LoraLinear`, found anew where they are out of date: before a compiled call of
+    ``module``, which reads them as they were last found."""
+    for layer in lora_layers(module):
+        if isinstance(layer, _ThroughLoraLinear):
+            active_factors(layer)
 
 
 _HELD: list[dict] = []

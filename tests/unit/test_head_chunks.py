@@ -3,6 +3,8 @@ without holding the (tokens, vocabulary) logits."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -204,6 +206,33 @@ def test_the_compiled_head_gives_the_eager_heads_values(dtype, temperature, monk
     for got, want in zip(ours[2:], eager[2:], strict=True):
         torch.testing.assert_close(got, want, **tol)
     assert float(eager[2].abs().max()) > 0.1  # a real gradient
+
+
+def test_the_compiled_head_serves_temperature_1_with_the_runs_compilations(monkeypatch):
+    """Compiled, the chunks divide by the temperature at 1 too (no bit changes), so the sync
+    probe's temperature 1 compiles nothing beside the run's 0.8; eager skips that pass. The
+    values at 1 are the eager head's bit for bit (Dynamo's graphs run eager)."""
+    monkeypatch.setattr(models, "_COMPILED_HEAD", [])
+    monkeypatch.setattr(models, "_GAVE_UP", [])
+    monkeypatch.setattr(torch, "compile", partial(torch.compile, backend="eager"))
+    torch._dynamo.reset()
+    counters.clear()
+    gen = torch.Generator().manual_seed(2)
+    hidden, weight = torch.randn(11, 16, generator=gen), torch.randn(50, 16, generator=gen)
+    targets = torch.randint(0, 50, (11,), generator=gen)
+    seen = {}
+    for temperature in (0.8, 1.0):
+        for ops in (models.compiled_head(), None):
+            leaf = hidden.clone().requires_grad_()
+            logp, _ = head_logprobs_and_entropy(
+                leaf, weight, None, targets, temperature, 4, ops=ops
+            )
+            logp.sum().backward()
+            seen[temperature, ops is None] = (logp.detach(), leaf.grad)
+        assert counters["stats"]["unique_graphs"] == 2  # the forward and the gradient, at 0.8
+        for ours, eager in zip(seen[temperature, False], seen[temperature, True], strict=True):
+            assert torch.equal(ours, eager)
+    assert not torch.equal(seen[0.8, True][0], seen[1.0, True][0])
 
 
 def test_compile_layers_gives_the_head_its_compiled_chunks(monkeypatch):

@@ -175,9 +175,17 @@ def _chunk_log_softmax(
     z = torch.nn.functional.linear(h, weight, bias)
     if z.dtype in (torch.float16, torch.bfloat16):
         z = z.float()  # the half-precision logits freed before the log-softmax
-    if temperature > 0 and temperature != 1.0:
+    if _scales(temperature):
         z.div_(temperature)  # in place: the float32 logits are this function's own
     return torch.log_softmax(z, dim=-1)
+
+
+def _scales(temperature: float) -> bool:
+    """Whether a chunk's logits are divided by ``temperature``: at every temperature above 0
+    but 1, where eager skips the pass (dividing by 1 changes no bit); while compiled at 1 too,
+    where the division fuses into the reduction, so that one compilation serves the sampling
+    temperature and the sync probe's 1."""
+    return temperature > 0 and (torch.compiler.is_compiling() or temperature != 1.0)
 
 
 def chunk_logprobs(
@@ -214,7 +222,7 @@ def chunk_logit_grads(
     # d logp / d logits = onehot(target) - softmax, times the incoming gradient
     dz = p.mul_(-grad_logp[:, None])
     dz.scatter_add_(-1, targets[:, None], grad_logp[:, None].float())
-    if temperature > 0 and temperature != 1.0:
+    if _scales(temperature):
         dz.div_(temperature)
     return dz.to(weight.dtype)  # the upcast's backward: back to the head's dtype
 

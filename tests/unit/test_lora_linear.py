@@ -228,6 +228,12 @@ def test_the_factors_kept_on_a_layer_follow_every_switch_of_its_adapter():
     assert adapters.active_factors(layer) is None  # merged: PEFT's forward
     layer.unmerge()
     assert adapters.active_factors(layer)[0] is layer.lora_A["gen"].weight
+    layer.scaling["gen"] = 0.5  # PEFT's set_scale
+    assert adapters.active_factors(layer)[2] == 0.5
+    torch.testing.assert_close(ours(), peft("gen"), atol=0.05, rtol=0.02)
+    layer.lora_B["gen"] = nn.Linear(4, layer.out_features, bias=False)  # a new factor
+    assert adapters.active_factors(layer)[1] is layer.lora_B["gen"].weight
+    torch.testing.assert_close(ours(), peft("gen"), atol=0.05, rtol=0.02)
 
 
 def test_held_factors_are_cast_once_a_block_and_anew_when_changed():

@@ -498,21 +498,39 @@ def active_factors(layer: LoraLayer) -> tuple[nn.Parameter, nn.Parameter, float]
     :class:`LoraLinear` does: one adapter active, :func:`plain_lora`, no dropout drawn; else
     None. Found once and kept on the layer until its active adapters (PEFT's list, which
     :func:`activate` and PEFT's ``set_adapter`` both replace), whether they are disabled, its
-    training mode or its merged adapters change.
+    training mode, its merged adapters, or the adapter's factors or scaling change.
 
     Why kept: a compiled decoder layer reads them from there (:class:`_ThroughLoraLinear`), so
     that torch.compile guards the factors as tensors (shape, dtype), not the adapter's name,
     and every adapter of a run shares the layer's compilations, where each adapter had its own;
     and an eager forward skips the checks of :func:`plain_lora`."""
-    fields = layer.__dict__
-    key = (fields["_active_adapter"], fields["_disable_adapters"], layer.training)
-    found = fields.get(_FACTORS)
+    key = (layer._active_adapter, layer._disable_adapters, layer.training)
     merged = len(layer.merged_adapters)
-    if found is not None and found[0] is key[0] and found[1:3] == key[1:] and found[3] == merged:
+    found = layer.__dict__.get(_FACTORS)
+    if (
+        found is not None
+        and found[0] is key[0]
+        and found[1:3] == key[1:]
+        and found[3] == merged
+        and _still(layer, found[-1])
+    ):
         return found[-1]
     factors = _plain_factors(layer)
-    fields[_FACTORS] = (*key, merged, factors)
+    layer.__dict__[_FACTORS] = (*key, merged, factors)
     return factors
+
+
+def _still(layer: LoraLayer, factors: tuple | None) -> bool:
+    """Whether ``factors``, found for ``layer``'s one active adapter, are still its own."""
+    if factors is None:
+        return True
+    name = layer.active_adapters[0]
+    a, b, scaling = factors
+    return (
+        layer.lora_A[name].weight is a
+        and layer.lora_B[name].weight is b
+        and layer.scaling[name] == scaling
+    )
 
 
 def _plain_factors(layer: LoraLayer) -> tuple[nn.Parameter, nn.Parameter, float] | None:

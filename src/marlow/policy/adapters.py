@@ -472,7 +472,7 @@ class _ThroughLoraLinear:
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:  # noqa: D102
         if torch.compiler.is_compiling():
             found = self.__dict__.get(_FACTORS)
-            factors = found[-1] if found is not None else _plain_factors(self)
+            factors = found[-1] if found is not None else _plain_factors(self)[1]
         else:
             factors = active_factors(self)
         base = self.get_base_layer()
@@ -512,28 +512,36 @@ def active_factors(layer: LoraLayer) -> tuple[nn.Parameter, nn.Parameter, float]
         and found[0] is key[0]
         and found[1:3] == key[1:]
         and found[3] == merged
-        and _still(layer, found[-1])
+        and _still(layer, *found[4:])
     ):
         return found[-1]
-    factors = _plain_factors(layer)
-    layer.__dict__[_FACTORS] = (*key, merged, factors)
+    name, factors = _plain_factors(layer)
+    layer.__dict__[_FACTORS] = (*key, merged, name, factors)
     return factors
 
 
-def _still(layer: LoraLayer, factors: tuple | None) -> bool:
-    """Whether ``factors``, found for ``layer``'s one active adapter, are still its own."""
+def _still(layer: LoraLayer, name: str | None, factors: tuple | None) -> bool:
+    """Whether ``factors``, found for ``layer``'s adapter ``name``, are still its own: the same
+    parameters and scaling (read from the modules' own dictionaries: a forward asks this of
+    every LoRA linear)."""
     if factors is None:
         return True
-    name = layer.active_adapters[0]
     a, b, scaling = factors
+    modules = layer._modules
     return (
-        layer.lora_A[name].weight is a
-        and layer.lora_B[name].weight is b
-        and layer.scaling[name] == scaling
+        _factor(modules["lora_A"], name) is a
+        and _factor(modules["lora_B"], name) is b
+        and layer.scaling.get(name) == scaling
     )
 
 
-def _plain_factors(layer: LoraLayer) -> tuple[nn.Parameter, nn.Parameter, float] | None:
+def _factor(factors: nn.ModuleDict, name: str) -> nn.Parameter | None:
+    linear = factors._modules.get(name)
+    return None if linear is None else linear._parameters.get("weight")
+
+
+def _plain_factors(layer: LoraLayer) -> tuple[str | None, tuple | None]:
+    """(the adapter's name, :func:`active_factors`), found by the layer's PEFT attributes."""
     active = layer.active_adapters
     name = active[0] if len(active) == 1 else None
     if (
@@ -542,8 +550,8 @@ def _plain_factors(layer: LoraLayer) -> tuple[nn.Parameter, nn.Parameter, float]
         or not plain_lora(layer, name)
         or _draws_dropout(layer.lora_dropout[name])
     ):
-        return None
-    return layer.lora_A[name].weight, layer.lora_B[name].weight, float(layer.scaling[name])
+        return name, None
+    return name, (layer.lora_A[name].weight, layer.lora_B[name].weight, float(layer.scaling[name]))
 
 
 def refresh_factors(module: nn.Module) -> None:

@@ -1442,10 +1442,12 @@ def time_compiled(
     figure it stands beside: ``against_tokens_per_s``); the first micro-batch's compiled checkpointed pass is profiled
     too. One compilation serves every micro-batch (dynamic shapes) and both ways (the layers
     not checkpointed run the recompute's graphs); its seconds are the first pass's
-    ``warmup_s``. Each only where the time left passes 2 x the eager pass's seconds (always in
+    ``warmup_s``, and ``graphs`` counts the graphs torch compiled during the entry's passes. Each only where the time left passes 2 x the eager pass's seconds (always in
     the dry run, so that CI runs that path); compiled layers that fell back to eager (a
     compiler's error: ``marlow.models``' warning) are a failure, not a figure. ``save`` writes
     the figures so far. The layers are eager and checkpointed again afterwards."""
+    from torch._dynamo.utils import counters
+
     import marlow.models
     from marlow.models import checkpoint_layers, compile_layers
 
@@ -1471,7 +1473,9 @@ def time_compiled(
                 save()
                 checkpoint_layers(model, on=checkpointed)
                 try:
+                    graphs = counters["stats"]["unique_graphs"]
                     timed = time_passes(model, chunk, optimizer, temperature, dev)
+                    timed["graphs"] = counters["stats"]["unique_graphs"] - graphs
                     if marlow.models._GAVE_UP:
                         raise RuntimeError(f"the layers ran eager: {marlow.models._GAVE_UP[0]}")
                     if i == 0 and checkpointed:

@@ -434,9 +434,14 @@ def _update(sizes: dict[str, Any]) -> list[str]:
                 if r["status"] == "ok":  # against the row's figure (older checks: marlow's)
                     against = r.get("against", "through marlow's")
                     theirs = r.get("against_tokens_per_s", m["tokens_per_s"])
+                    compiled = (
+                        f" (first pass {_num(r['warmup_s'], 1)} s, {r['graphs']} graphs compiled)"
+                        if "graphs" in r
+                        else ""
+                    )
                     instead.setdefault(r["what"], []).append(
                         f"{name} {m['tokens']:,} tokens: {_num(r['tokens_per_s'], 0)} tokens/s "
-                        f"against {_num(theirs, 0)} {against}"
+                        f"against {_num(theirs, 0)} {against}{compiled}"
                     )
     for what, figures in instead.items():
         lines += ["", f"Through {what}: {'; '.join(figures)}."]

@@ -291,6 +291,10 @@ def test_the_dry_run_times_the_update_alone_beside_plans_prediction(dry_run):
             assert [r["against_tokens_per_s"] for r in m["side_by_side"][-2:]] == eager
         profile = first["side_by_side"][2]["profile"]
         assert profile["count"] > 0 and profile["top"] and profile["operations"]
+        # the first compiled pass compiles; the larger micro-batch, both ways, nothing more
+        # (dynamic shapes; the layers not checkpointed run the recompute's graphs)
+        assert first["side_by_side"][2]["graphs"] > 0
+        assert [r["graphs"] for r in second["side_by_side"]] == [0, 0]
         for m in part["micro_batches"]:
             assert m["status"] == "ok" and m["rows"] * update.row == m["tokens"], m
             assert m["tokens_per_s"] == pytest.approx(m["tokens"] / m["seconds"])
@@ -654,9 +658,15 @@ def test_the_section_of_a_gpu_run_has_the_update_alone_table(dry_run):
     first = part["micro_batches"][0]
     for own in first["side_by_side"]:
         theirs = own.get("against_tokens_per_s", first["tokens_per_s"])
+        compiled = (
+            f" (first pass {own['warmup_s']:.1f} s, {own['graphs']} graphs compiled)"
+            if own["key"] == "compiled_layers"
+            else ""
+        )
         assert (
             f"Through {own['what']}: {name} {first['tokens']:,} tokens: "
             f"{own['tokens_per_s']:,.0f} tokens/s against {theirs:,.0f} {own['against']}"
+            f"{compiled}"
         ) in text
     assert "Through torch.utils.checkpoint: " in text
     assert f"Profile of the {name} update of {first['tokens']:,} tokens, decoder layers " in text

@@ -594,7 +594,7 @@ def compile_layers(model: torch.nn.Module, on: bool = True) -> int:
     ``on`` False turn them back to eager. The forwards that read no KV cache go through them:
     the trainer's scoring and update (checkpointed or not, :func:`checkpoint_layers`) and the
     HF engine's scoring. Where scoring takes the model's LM head chunk by chunk
-    (:func:`decoder_and_head`), each chunk's log-softmax and gradient are compiled too
+    (:func:`decoder_and_head`), each chunk's log-softmax and slopes are compiled too
     (:func:`compiled_head`). Returns how many were set; a
     model with none is a ValueError.
 
@@ -614,7 +614,7 @@ def compile_layers(model: torch.nn.Module, on: bool = True) -> int:
     for layer in layers:
         _set_call(layer, compiled=torch.compile(layer._call_impl, dynamic=True) if on else None)
     split = decoder_and_head(model)
-    if split is not None:  # its chunks' log-softmax and gradient too: compiled_head
+    if split is not None:  # its chunks' log-softmax and slopes too: compiled_head
         split[1]._marlow_head_ops = compiled_head() if on else None
     return len(layers)
 
@@ -633,12 +633,14 @@ def compiled_head() -> HeadOps:
 
     Why: eager, a chunk's forward runs three operations over its (chunk, vocabulary) logits
     beyond the head's product (the upcast, the temperature's division, the log-softmax; three
-    more for the entropies) and its backward seven, each a pass through memory; compiled, the
-    log-softmax and the gather fuse into reductions that never write the float32 logits, and
-    the gradient's softmax, scaling and downcast into a few kernels. On a 2-core CPU an update pass at the 0.6B's widths and vocabulary (4 layers, 2 x
-    512 tokens, bfloat16, ``bench/compile_layers.py --vocab 151936``) took 5.09 s eager and
-    4.22 s compiled, the same with a 4,096-id vocabulary 1.86 and 1.77: the head's part about
-    3.2 s eager and 2.4 compiled. Float32 round-off apart, the same values (tests)."""
+    more for the entropies) and, in an update (the slopes), four more before the slopes'
+    product (the softmax, its sign, the temperature, the downcast), each a pass through memory;
+    compiled, the log-softmax and the gather fuse into reductions that never write the float32
+    logits, and the slopes' softmax, scaling and downcast into a few kernels. On a 2-core CPU
+    an update pass at the 0.6B's widths and vocabulary (4 layers, 2 x 512 tokens, bfloat16,
+    ``bench/compile_layers.py --vocab 151936``) took 4.16 s eager and 3.65 s compiled, the same
+    with a 4,096-id vocabulary 1.92 and 1.73: the head's part about 2.2 s eager and 1.9
+    compiled. Float32 round-off apart, the same values (tests)."""
     if not _COMPILED_HEAD:
         _COMPILED_HEAD.append(
             HeadOps(

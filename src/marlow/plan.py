@@ -44,9 +44,11 @@ others have its spec on the same layers, so its count. Parameter counts are read
       layer = own + lora + grad         one layer's recompute and backward (checkpointed)
               grad (not)
       head = 3bh + 4                    the final norm's input and its 1/rms, the head's input
-                                        at the completion positions and its gradient
+                                        at the completion positions and the slopes of their
+                                        log-probs (the backward: the slopes and the gradient)
   and the head's chunks: 2 x HEAD_CHUNK_BYTES (fewer when N tokens do not fill one), a chunk's
-  float32 logits and their log-softmax, which live together in the forward and the backward;
+  float32 logits and their log-softmax, which live together in the forward (the backward of a
+  frozen head computes no logits: :func:`marlow.algo.estimators.head_logprobs_and_entropy`);
   and, whatever N, the adapter's factors in the base's dtype (b x its LoRA parameters) over a
   bfloat16 or float16 base without LoRA dropout, cast once and held for a mini-batch's passes
   (:func:`held_bytes`).

@@ -110,5 +110,6 @@ def test_a_bfloat16_run_compiles_its_layers_in_the_first_step_only(small_config,
     # guarded by its name): with the adapters and the base (disabled), with gradients and
     # without, in training and evaluation mode, with an attention mask and without, and one row
     # (the sync probe); the head's chunks 3: the forward with entropies and without (the sync
-    # probe's temperature 1 shares the run's), and the gradient
+    # probe's temperature 1 shares the run's), and the update's forward with the slopes (one
+    # for its passes with entropies and without)
     assert graphs[0] <= 11 and graphs == [graphs[0]] * 3

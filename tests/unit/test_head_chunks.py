@@ -11,7 +11,11 @@ from torch._dynamo.utils import counters
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from marlow import models
-from marlow.algo.estimators import head_logprobs_and_entropy, token_logprobs_and_entropy
+from marlow.algo.estimators import (
+    EAGER_HEAD,
+    head_logprobs_and_entropy,
+    token_logprobs_and_entropy,
+)
 from marlow.algo.policy_loss import policy_loss_names
 from marlow.policy.adapters import LoraSpec, attach_adapters
 from marlow.training.batch import Chunk
@@ -49,6 +53,86 @@ def test_head_logprobs_equal_the_whole_log_softmax(temperature, dtype):
     for t, e in zip((hidden, weight, bias), expect, strict=True):
         torch.testing.assert_close(t.grad, e, **tol)
     assert float(expect[0].abs().max()) > 0.1  # a real gradient
+
+
+def _no_recompute(*args):
+    raise AssertionError("a chunk's logits were computed again in the backward")
+
+
+@pytest.mark.parametrize("entropy", [True, False])
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0, 1.3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_frozen_heads_hidden_gradient_comes_from_the_forwards_slopes(dtype, temperature, entropy):
+    """Where only the hidden state needs a gradient (the head frozen, as LoRA leaves it), each
+    token's slope (the gradient of its log-prob with respect to its hidden state) is taken from
+    the forward's softmax, and the backward scales the slopes: no chunk's logits are computed
+    again, and autograd keeps nothing but the (N, H) slopes. Log-probs and entropies are the
+    whole log-softmax's; the hidden state's gradient is as close to a float64 computation as
+    float32 round-off (a bfloat16 rounding of the largest in bfloat16), on 37 tokens in chunks
+    of 5."""
+    gen = torch.Generator().manual_seed(0)
+    n, h, v = 37, 16, 1000
+    hidden = torch.randn(n, h, generator=gen).to(dtype).requires_grad_()
+    weight = (torch.randn(v, h, generator=gen) * 0.3).to(dtype)
+    bias = torch.randn(v, generator=gen).to(dtype)
+    targets = torch.randint(0, v, (n,), generator=gen)
+    upstream = torch.randn(n, generator=gen)
+    exact = hidden.detach().double().requires_grad_()
+    z = torch.nn.functional.linear(exact, weight.double(), bias.double())
+    z = z / temperature if temperature > 0 else z
+    (
+        torch.log_softmax(z, -1).gather(-1, targets[:, None])[:, 0] * upstream.double()
+    ).sum().backward()
+    whole = torch.nn.functional.linear(hidden, weight, bias)[None]
+    logp, ent = token_logprobs_and_entropy(whole, targets[None], temperature)
+    ops = EAGER_HEAD._replace(backward=_no_recompute)
+    out = []
+    saved = saved_shapes(
+        lambda: out.extend(
+            head_logprobs_and_entropy(hidden, weight, bias, targets, temperature, 5, entropy, ops)
+        )
+    )
+    assert saved == [(n, h)]
+    ours, our_ent = out
+    (ours * upstream).sum().backward()
+    torch.testing.assert_close(ours, logp[0], atol=3e-6, rtol=0)
+    if entropy:
+        torch.testing.assert_close(our_ent, ent[0], atol=3e-6, rtol=0)
+    else:
+        assert our_ent is None
+    largest = float(exact.grad.abs().max())
+    assert largest > 0.5  # a real gradient
+    tol = 2e-6 if dtype == torch.float32 else 2**-7
+    assert hidden.grad.dtype == dtype
+    assert float((hidden.grad.double() - exact.grad).abs().max()) <= tol * largest
+
+
+def test_the_slopes_serve_only_a_pass_whose_head_is_frozen():
+    """A head whose weight or bias needs a gradient keeps the chunked backward (its logits'
+    gradient is what the head's own gradient is made of); a pass without gradients takes the
+    plain forward."""
+    gen = torch.Generator().manual_seed(3)
+    hidden = torch.randn(9, 8, generator=gen).requires_grad_()
+    weight, bias = torch.randn(40, 8, generator=gen), torch.randn(40, generator=gen)
+    targets = torch.randint(0, 40, (9,), generator=gen)
+    calls = []
+    ops = EAGER_HEAD._replace(
+        **{
+            name: partial(lambda f, name, *a: calls.append(name) or f(*a), fn, name)
+            for name, fn in EAGER_HEAD._asdict().items()
+        }
+    )
+    for needs in ("weight", "bias", None):
+        calls.clear()
+        w = weight.clone().requires_grad_(needs == "weight")
+        b = bias.clone().requires_grad_(needs == "bias")
+        logp, _ = head_logprobs_and_entropy(hidden, w, b, targets, 0.7, 4, False, ops)
+        logp.sum().backward()
+        assert set(calls) == ({"slopes"} if needs is None else {"forward", "backward"})
+    calls.clear()
+    with torch.no_grad():
+        head_logprobs_and_entropy(hidden, weight, bias, targets, 0.7, 4, False, ops)
+    assert set(calls) == {"forward"}
 
 
 def test_without_entropy_the_log_probs_and_gradients_are_the_same_bits():
@@ -164,10 +248,11 @@ def test_scoring_through_the_head_equals_the_whole_logits(
     assert_same_scoring(ours, theirs, chunk.mask, logp_atol=2e-5)
 
 
-def compiled_against_eager(dtype, temperature, monkeypatch) -> tuple[list, list]:
-    """Log-probs, entropies and the gradients of the hidden state, weight and bias through
-    ``models.compiled_head()`` (inductor, made anew) and through the eager chunks; chunks of 5
-    over 37 tokens (the last of 2: dynamic shapes), a vocabulary of 1,000."""
+def compiled_against_eager(dtype, temperature, monkeypatch, frozen=False) -> tuple[list, list]:
+    """Log-probs, entropies and the gradients of the hidden state, weight and bias (``frozen``:
+    the hidden state's alone, through the slopes) through ``models.compiled_head()`` (inductor,
+    made anew) and through the eager chunks; chunks of 5 over 37 tokens (the last of 2: dynamic
+    shapes), a vocabulary of 1,000."""
     monkeypatch.setattr(models, "_COMPILED_HEAD", [])
     monkeypatch.setattr(models, "_GAVE_UP", [])
     torch._dynamo.reset()
@@ -183,23 +268,26 @@ def compiled_against_eager(dtype, temperature, monkeypatch) -> tuple[list, list]
     upstream = torch.randn(n, generator=gen)
     results = []
     for ops in (models.compiled_head(), None):
-        leaves = [t.clone().requires_grad_() for t in inputs]
+        leaves = [t.clone().requires_grad_(i == 0 or not frozen) for i, t in enumerate(inputs)]
         logp, ent = head_logprobs_and_entropy(*leaves, targets, temperature, 5, ops=ops)
         (logp * upstream).sum().backward()
-        results.append([logp.detach(), ent, *(t.grad for t in leaves)])
-    # compiled for real (the forward and the gradient), not fallen back to eager
-    assert counters["stats"]["unique_graphs"] == 2 and not models._GAVE_UP
+        results.append([logp.detach(), ent, *(t.grad for t in leaves if t.requires_grad)])
+    # compiled for real (the forward and the gradient, or the forward with the slopes), not
+    # fallen back to eager
+    assert counters["stats"]["unique_graphs"] == (1 if frozen else 2) and not models._GAVE_UP
     return results[0], results[1]
 
 
+@pytest.mark.parametrize("frozen", [False, True], ids=["head-trained", "head-frozen"])
 @pytest.mark.parametrize(
     "dtype, temperature", [(torch.float32, 0.7), (torch.bfloat16, 1.0), (torch.float32, 0.0)]
 )
-def test_the_compiled_head_gives_the_eager_heads_values(dtype, temperature, monkeypatch):
+def test_the_compiled_head_gives_the_eager_heads_values(dtype, temperature, frozen, monkeypatch):
     """``compile_layers``' head (``models.compiled_head``): float32 round-off apart, the eager
-    chunks' log-probs, entropies and gradients; in bfloat16 the logits' gradient is rounded
-    to bfloat16 once either way, so the products that follow agree to its rounding."""
-    ours, eager = compiled_against_eager(dtype, temperature, monkeypatch)
+    chunks' log-probs, entropies and gradients, through the chunked backward and through the
+    slopes; in bfloat16 the logits' gradient is rounded to bfloat16 once either way, so the
+    products that follow agree to its rounding."""
+    ours, eager = compiled_against_eager(dtype, temperature, monkeypatch, frozen)
     torch.testing.assert_close(ours[0], eager[0], atol=2e-5, rtol=0)  # log-probs
     torch.testing.assert_close(ours[1], eager[1], atol=2e-5, rtol=0)  # entropies
     tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0.02, "rtol": 0.01}
@@ -229,7 +317,7 @@ def test_the_compiled_head_serves_temperature_1_with_the_runs_compilations(monke
             )
             logp.sum().backward()
             seen[temperature, ops is None] = (logp.detach(), leaf.grad)
-        assert counters["stats"]["unique_graphs"] == 2  # the forward and the gradient, at 0.8
+        assert counters["stats"]["unique_graphs"] == 1  # the forward with the slopes, at 0.8
         for ours, eager in zip(seen[temperature, False], seen[temperature, True], strict=True):
             assert torch.equal(ours, eager)
     assert not torch.equal(seen[0.8, True][0], seen[1.0, True][0])

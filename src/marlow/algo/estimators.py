@@ -37,6 +37,7 @@ __all__ = [
     "chi2_token",
     "chunk_logit_grads",
     "chunk_logprobs",
+    "chunk_logprobs_and_slopes",
     "clip_fractions",
     "head_logprobs_and_entropy",
     "k3_tokens",
@@ -130,9 +131,19 @@ def head_logprobs_and_entropy(
 ) -> tuple[Tensor, Tensor | None]:
     """:func:`token_logprobs_and_entropy` of the logits ``hidden @ weight.T + bias`` (an LM head),
     computed ``chunk_tokens`` tokens at a time, so that the (tokens, vocabulary) logits never
-    exist at once: not in the forward, and not kept for the backward, which computes each chunk's
-    logits again (the hidden state's gradient, and the head's where it requires one, taken chunk
-    by chunk: Liger-Kernel's fused linear cross-entropy, in plain torch).
+    exist at once, in the forward or the backward (Liger-Kernel's fused linear cross-entropy,
+    in plain torch).
+
+    Where only ``hidden`` needs a gradient (the head frozen, as a LoRA run leaves it, and
+    gradients enabled), each chunk's forward also takes each token's slope, the gradient of its
+    log-prob with respect to its hidden state (:func:`chunk_logprobs_and_slopes`: one product of
+    the chunk's softmax with the head's weight), and autograd keeps the (N, H) slopes in place
+    of the hidden state; the backward multiplies them by the incoming gradient. A log-prob is a
+    scalar a token, so its gradient is known before the loss is: the backward computes no logits,
+    where recomputing them would cost the head's product and its log-softmax once more per
+    chunk. Where the head's weight or bias needs a gradient, the backward computes each chunk's
+    logits again and takes the hidden state's and the head's gradients from them
+    (:func:`chunk_logit_grads`). A choice of marlow; the same values to float round-off (tests).
 
     Args:
         hidden: (N, H) the last hidden state at each scored token's predicting position.
@@ -151,7 +162,8 @@ def head_logprobs_and_entropy(
         logp (N,) with gradient, entropy (N,) detached (or None); float32. Each chunk makes the
         operations of :func:`token_logprobs_and_entropy` in its order (the head in its dtype,
         the upcast, the temperature, the log-softmax), so the two agree to float round-off.
-        Peak memory beyond the inputs: two (chunk, V) float32 tensors.
+        Peak memory beyond the inputs: two (chunk, V) float32 tensors, and the (N, H) slopes
+        where they are taken.
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature}")
@@ -162,8 +174,23 @@ def head_logprobs_and_entropy(
         )
     if chunk_tokens is None:
         chunk_tokens = max(1, HEAD_CHUNK_BYTES // (4 * weight.shape[0]))
+    # only the hidden state needs a gradient (a frozen head): its slopes, from the forward
+    slopes = (
+        torch.is_grad_enabled()
+        and hidden.requires_grad
+        and not weight.requires_grad
+        and (bias is None or not bias.requires_grad)
+    )
     logp, ent = _HeadLogprobs.apply(
-        hidden, weight, bias, targets.long(), temperature, chunk_tokens, entropy, ops or EAGER_HEAD
+        hidden,
+        weight,
+        bias,
+        targets.long(),
+        temperature,
+        chunk_tokens,
+        entropy,
+        ops or EAGER_HEAD,
+        slopes,
     )
     return logp, ent if entropy else None
 
@@ -215,9 +242,10 @@ def chunk_logit_grads(
     grad_logp: Tensor,
     temperature: float,
 ) -> Tensor:
-    """One chunk's backward for :func:`head_logprobs_and_entropy`: the gradient of the head's
-    (c, V) logits, in the head's dtype, from ``grad_logp`` (c,), the log-probs' (float32): the
-    chunk's logits computed again, ``(onehot(target) - softmax) * grad_logp / temperature``."""
+    """One chunk's backward for :func:`head_logprobs_and_entropy` where the head takes a
+    gradient: the gradient of the head's (c, V) logits, in the head's dtype, from ``grad_logp``
+    (c,), the log-probs' (float32): the chunk's logits computed again,
+    ``(onehot(target) - softmax) * grad_logp / temperature``."""
     p = _chunk_log_softmax(h, weight, bias, temperature).exp_()  # (c, V) softmax
     # d logp / d logits = onehot(target) - softmax, times the incoming gradient
     dz = p.mul_(-grad_logp[:, None])
@@ -227,15 +255,46 @@ def chunk_logit_grads(
     return dz.to(weight.dtype)  # the upcast's backward: back to the head's dtype
 
 
+def chunk_logprobs_and_slopes(
+    h: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    targets: Tensor,
+    temperature: float,
+    with_entropy: bool,
+) -> tuple[Tensor, Tensor | None, Tensor]:
+    """:func:`chunk_logprobs` and each token's slope: the gradient of its log-prob with respect
+    to its hidden state, ``((onehot(target) - softmax) / temperature) @ weight`` (c, H), in the
+    head's dtype. The logits' gradient of :func:`chunk_logit_grads` is this bracket times the
+    incoming gradient, so the hidden state's gradient is the incoming gradient times the slope:
+    taken from the forward's own softmax, the backward needs no logits at all. While compiled,
+    the entropies are taken whatever ``with_entropy`` says (a reduction fused into the kernel
+    that writes the logits' gradient), so that one compilation serves the update passes that
+    read them and those that do not; the caller drops what it did not ask for."""
+    log_probs = _chunk_log_softmax(h, weight, bias, temperature)
+    logp = log_probs.gather(-1, targets[:, None])[:, 0]
+    p = log_probs.exp_()  # (c, V) softmax, in place: the chunk's log-softmax is done with
+    ent = None  # compiling is asked first: no guard on with_entropy
+    if torch.compiler.is_compiling() or with_entropy:
+        ent = torch.special.entr(p).sum(-1)
+    dz = p.neg_()
+    dz.scatter_add_(-1, targets[:, None], torch.ones_like(logp)[:, None])
+    if _scales(temperature):
+        dz.div_(temperature)
+    return logp, ent, mm(dz.to(weight.dtype), weight)
+
+
 class HeadOps(NamedTuple):
     """What computes one chunk of :func:`head_logprobs_and_entropy`: its forward (as
-    :func:`chunk_logprobs`) and its logits' gradient (as :func:`chunk_logit_grads`)."""
+    :func:`chunk_logprobs`), its logits' gradient (as :func:`chunk_logit_grads`) and its forward
+    with the slopes (as :func:`chunk_logprobs_and_slopes`)."""
 
     forward: Callable[..., tuple[Tensor, Tensor | None]]
     backward: Callable[..., Tensor]
+    slopes: Callable[..., tuple[Tensor, Tensor | None, Tensor]]
 
 
-EAGER_HEAD = HeadOps(chunk_logprobs, chunk_logit_grads)
+EAGER_HEAD = HeadOps(chunk_logprobs, chunk_logit_grads, chunk_logprobs_and_slopes)
 """The chunk functions run as they are (``marlow.models.compile_layers`` compiles them)."""
 
 
@@ -243,7 +302,7 @@ class _HeadLogprobs(torch.autograd.Function):
     """:func:`head_logprobs_and_entropy`'s forward and its chunked backward."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, chunk, with_entropy, ops):  # noqa: D102
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk, with_entropy, ops, slopes):  # noqa: D102
         n = hidden.shape[0]
         # the chunk functions take no part in autograd: detached, whatever needs a gradient
         # outside (one compilation for every pass where they are compiled)
@@ -251,20 +310,33 @@ class _HeadLogprobs(torch.autograd.Function):
         b = None if bias is None else bias.detach()
         logp = hidden.new_empty(n, dtype=torch.float32)
         entropy = hidden.new_empty(n if with_entropy else 0, dtype=torch.float32)
+        slope = hidden.new_empty(n, hidden.shape[1]) if slopes else None
         for start in range(0, n, chunk):
             end = min(n, start + chunk)
-            lp, ent = ops.forward(h[start:end], w, b, targets[start:end], temperature, with_entropy)
+            args = (h[start:end], w, b, targets[start:end], temperature, with_entropy)
+            if slopes:
+                lp, ent, slope[start:end] = ops.slopes(*args)
+            else:
+                lp, ent = ops.forward(*args)
             logp[start:end] = lp
             if with_entropy:
                 entropy[start:end] = ent
             del lp, ent  # freed before the next chunk's logits are made, not after
-        ctx.save_for_backward(hidden, weight, bias, targets)
-        ctx.temperature, ctx.chunk, ctx.ops = temperature, chunk, ops
+        if slopes:  # the backward scales them: the hidden state, the head and targets not kept
+            ctx.save_for_backward(slope)
+        else:
+            ctx.save_for_backward(hidden, weight, bias, targets)
+        ctx.temperature, ctx.chunk, ctx.ops, ctx.slopes = temperature, chunk, ops, slopes
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
     @staticmethod
     def backward(ctx, grad_logp, _grad_entropy):  # noqa: D102
+        if ctx.slopes:
+            (slope,) = ctx.saved_tensors
+            # computed in float32 and rounded once into the slopes' dtype, without a float32 copy
+            grad_h = torch.mul(slope, grad_logp[:, None], out=torch.empty_like(slope))
+            return grad_h, None, None, None, None, None, None, None, None
         hidden, weight, bias, targets = (
             None if t is None else t.detach() for t in ctx.saved_tensors
         )
@@ -285,7 +357,7 @@ class _HeadLogprobs(torch.autograd.Function):
             if need_b:
                 grad_b += dz.sum(0)
             del dz  # freed before the next chunk's
-        return grad_h, grad_w, grad_b, None, None, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None, None, None
 
 
 def chi2_token(log_ratio: Tensor, mask: Tensor) -> Tensor:

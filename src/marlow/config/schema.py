@@ -627,8 +627,8 @@ class GRPOConfig(_Section):
     )
     compile: Switch = Field(
         "auto",
-        description="run the decoder layers, and the LM head's log-softmax and gradient chunk "
-        "by chunk, through torch.compile in scoring and the update "
+        description="run the decoder layers, and the LM head's log-softmax and the update's "
+        "slopes of the log-probs chunk by chunk, through torch.compile in scoring and the update "
         "(marlow.models.compile_layers: each layer's elementwise work fused into a few "
         "kernels, and the head's float32 logits never written whole; the same log-probs and "
         "gradients up to float round-off; one compilation serves every layer, one per kind of "

@@ -143,10 +143,11 @@ The parts, each recorded whatever became of the others:
    checkpointed pass's seconds; always in the dry run, so that CI runs that path) and plan's
    peak fits the card (:func:`time_unchecked`; the 4B's 32,768 tokens would not fit an H200).
    Then the first micro-batch once more, checkpointed, through transformers' own rotary
-   embedding, and once more through ``torch.utils.checkpoint`` (the row's ``side_by_side``),
-   each beside the row's, which runs marlow's own (:func:`marlow.models.fuse_rotary`, as a run's
-   loaded base does; marlow's recomputation of checkpointed layers): :func:`time_instead`,
-   :data:`SIDE_BY_SIDE`. Last, every micro-batch once more with its decoder layers and its LM
+   embedding, once more through ``torch.utils.checkpoint`` and once more with an LM head whose
+   backward computes its chunks' logits again (the row's ``side_by_side``), each beside the
+   row's, which runs marlow's own (:func:`marlow.models.fuse_rotary`, as a run's loaded base
+   does; marlow's recomputation of checkpointed layers; the head's slopes taken in the
+   forward): :func:`time_instead`, :data:`SIDE_BY_SIDE`. Last, every micro-batch once more with its decoder layers and its LM
    head's chunks compiled (``grpo.compile=on``), checkpointed and, where its eager layers were
    timed so, not checkpointed, beside the eager figures, the first's compiled pass profiled:
    :func:`time_compiled`.
@@ -202,6 +203,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import importlib.metadata
 import json
 import os
@@ -1318,8 +1320,8 @@ def time_update(
             plan = update_plan(model, b, result, ran[0]["tokens"], checkpointed=False)
             time_unchecked(ran, plan, *args)
             write_json(out, result)
-        for key, what in SIDE_BY_SIDE if done else ():  # the first once more each
-            time_instead(done[0], key, what, *args)
+        for module, key, what in SIDE_BY_SIDE if done else ():  # the first once more each
+            time_instead(done[0], getattr(importlib.import_module(module), key), key, what, *args)
             write_json(out, result)
         if done:  # each once more with its layers compiled, last: the compilation takes longest
             time_compiled(done, partial(write_json, out, result), *args)
@@ -1374,18 +1376,27 @@ def time_unchecked(
 
 
 SIDE_BY_SIDE = (
-    ("transformers_rotary", "transformers' own rotary embedding"),
-    ("torch_checkpoint", "torch.utils.checkpoint"),
+    ("marlow.models", "transformers_rotary", "transformers' own rotary embedding"),
+    ("marlow.models", "torch_checkpoint", "torch.utils.checkpoint"),
+    (
+        "marlow.algo.estimators",
+        "recomputed_head",
+        "an LM head whose backward computes each chunk's logits again",
+    ),
 )
-"""The first micro-batch's re-timings (:func:`time_instead`): the ``marlow.models`` context
-manager that runs something instead of marlow's own (also the key of its figures), and what it
-runs: transformers' rotary embedding in place of :func:`marlow.models.fuse_rotary`'s (the same
-values in fewer kernels), ``torch.utils.checkpoint`` in place of marlow's recomputation of
-checkpointed layers (the same values with less of the host's work a layer)."""
+"""The first micro-batch's re-timings (:func:`time_instead`): the module and name of the context
+manager that runs something instead of marlow's own (the name also the key of its figures), and
+what it runs: transformers' rotary embedding in place of :func:`marlow.models.fuse_rotary`'s (the
+same values in fewer kernels), ``torch.utils.checkpoint`` in place of marlow's recomputation of
+checkpointed layers (the same values with less of the host's work a layer), the head's chunks
+computed again in the backward in place of the slopes its forward takes
+(:func:`marlow.algo.estimators.head_logprobs_and_entropy`: one head product and log-softmax a
+chunk fewer)."""
 
 
 def time_instead(
     ran: tuple[dict[str, Any], Chunk],
+    instead: Callable[[], contextlib.AbstractContextManager],
     key: str,
     what: str,
     model: PeftModel,
@@ -1395,14 +1406,11 @@ def time_instead(
     dry_run: bool,
     deadline: float,
 ) -> None:
-    """A micro-batch's passes (``ran``: its row and chunk) timed once more inside
-    ``marlow.models``' context manager ``key`` (:data:`SIDE_BY_SIDE`: ``what`` in place of
-    marlow's own), appended to its row's ``side_by_side`` (``key`` and ``what`` with the
-    figures), side by side: what marlow's saves; its layers checkpointed as the row's. Where the
-    time left passes 2 x the row's pass's seconds (always in the dry run, so that CI runs that
-    path)."""
-    import marlow.models
-
+    """A micro-batch's passes (``ran``: its row and chunk) timed once more inside the context
+    manager ``instead()`` (:data:`SIDE_BY_SIDE`'s ``key``: ``what`` in place of marlow's own),
+    appended to its row's ``side_by_side`` (``key`` and ``what`` with the figures), side by
+    side: what marlow's saves; its layers checkpointed as the row's. Where the time left passes
+    2 x the row's pass's seconds (always in the dry run, so that CI runs that path)."""
     row, chunk = ran
     entry = {"key": key, "what": what, "against": "through marlow's"}
     row.setdefault("side_by_side", []).append(entry)
@@ -1411,7 +1419,7 @@ def time_instead(
         return
     print(f"update: {what}", flush=True)
     try:
-        with getattr(marlow.models, key)():
+        with instead():
             timed = time_passes(model, chunk, optimizer, temperature, dev)
         entry.update(status="ok", **timed)
     except Exception as err:

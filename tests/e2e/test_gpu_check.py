@@ -259,14 +259,20 @@ def test_the_dry_run_times_the_update_alone_beside_plans_prediction(dry_run):
             assert unchecked["plan"]["activations_gib"] == pytest.approx(activations / 2**30)
             checked = m["plan"]["activations_gib"]
             assert unchecked["plan"]["activations_gib"] > checked  # every layer's own, kept
-        # the first once more through transformers' own rotary embedding and once more
-        # through torch's checkpoint; then each with its layers compiled, checkpointed and not
-        # (the first's profiled), side by side with the eager figures
+        # the first once more through transformers' own rotary embedding, through torch's
+        # checkpoint and with the head's logits computed again in the backward; then each with
+        # its layers compiled, checkpointed and not (the first's profiled), side by side with
+        # the eager figures
         first, second = part["micro_batches"]
         compiled = gpu_check.COMPILED
         assert [(r["key"], r["what"], r["against"]) for r in first["side_by_side"]] == [
             ("transformers_rotary", "transformers' own rotary embedding", "through marlow's"),
             ("torch_checkpoint", "torch.utils.checkpoint", "through marlow's"),
+            (
+                "recomputed_head",
+                "an LM head whose backward computes each chunk's logits again",
+                "through marlow's",
+            ),
             ("compiled_layers", compiled, "with eager layers"),
             (
                 "compiled_layers",
@@ -289,11 +295,11 @@ def test_the_dry_run_times_the_update_alone_beside_plans_prediction(dry_run):
                 assert ("profile" in own) == profiled
             eager = [m["tokens_per_s"], m["unchecked"]["tokens_per_s"]]
             assert [r["against_tokens_per_s"] for r in m["side_by_side"][-2:]] == eager
-        profile = first["side_by_side"][2]["profile"]
+        profile = first["side_by_side"][3]["profile"]
         assert profile["count"] > 0 and profile["top"] and profile["operations"]
         # the first compiled pass compiles; the larger micro-batch, both ways, nothing more
         # (dynamic shapes; the layers not checkpointed run the recompute's graphs)
-        assert first["side_by_side"][2]["graphs"] > 0
+        assert first["side_by_side"][3]["graphs"] > 0
         assert [r["graphs"] for r in second["side_by_side"]] == [0, 0]
         for m in part["micro_batches"]:
             assert m["status"] == "ok" and m["rows"] * update.row == m["tokens"], m

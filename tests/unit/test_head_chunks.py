@@ -3,6 +3,7 @@ without holding the (tokens, vocabulary) logits."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from functools import partial
 
 import pytest
@@ -14,6 +15,7 @@ from marlow import models
 from marlow.algo.estimators import (
     EAGER_HEAD,
     head_logprobs_and_entropy,
+    recomputed_head,
     token_logprobs_and_entropy,
 )
 from marlow.algo.policy_loss import policy_loss_names
@@ -109,8 +111,9 @@ def test_a_frozen_heads_hidden_gradient_comes_from_the_forwards_slopes(dtype, te
 
 def test_the_slopes_serve_only_a_pass_whose_head_is_frozen():
     """A head whose weight or bias needs a gradient keeps the chunked backward (its logits'
-    gradient is what the head's own gradient is made of); a pass without gradients takes the
-    plain forward."""
+    gradient is what the head's own gradient is made of), and so does a frozen one inside
+    ``recomputed_head`` (what the GPU check times beside the slopes), with the slopes' values;
+    a pass without gradients takes the plain forward."""
     gen = torch.Generator().manual_seed(3)
     hidden = torch.randn(9, 8, generator=gen).requires_grad_()
     weight, bias = torch.randn(40, 8, generator=gen), torch.randn(40, generator=gen)
@@ -122,13 +125,19 @@ def test_the_slopes_serve_only_a_pass_whose_head_is_frozen():
             for name, fn in EAGER_HEAD._asdict().items()
         }
     )
-    for needs in ("weight", "bias", None):
+    grads = {}
+    for needs in ("weight", "bias", None, "recomputed"):
         calls.clear()
+        hidden.grad = None
         w = weight.clone().requires_grad_(needs == "weight")
         b = bias.clone().requires_grad_(needs == "bias")
-        logp, _ = head_logprobs_and_entropy(hidden, w, b, targets, 0.7, 4, False, ops)
-        logp.sum().backward()
+        with recomputed_head() if needs == "recomputed" else nullcontext():
+            logp, _ = head_logprobs_and_entropy(hidden, w, b, targets, 0.7, 4, False, ops)
+            (logp * torch.arange(9.0)).sum().backward()
         assert set(calls) == ({"slopes"} if needs is None else {"forward", "backward"})
+        grads[needs] = hidden.grad
+    torch.testing.assert_close(grads[None], grads["recomputed"], atol=1e-6, rtol=1e-6)
+    assert float(grads[None].abs().max()) > 0.5
     calls.clear()
     with torch.no_grad():
         head_logprobs_and_entropy(hidden, weight, bias, targets, 0.7, 4, False, ops)

@@ -20,7 +20,8 @@ pi, and is >= 0 term by term.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -45,6 +46,7 @@ __all__ = [
     "masked_mean",
     "max_ratio",
     "perplexity",
+    "recomputed_head",
     "token_logprobs_and_entropy",
 ]
 
@@ -176,7 +178,8 @@ def head_logprobs_and_entropy(
         chunk_tokens = max(1, HEAD_CHUNK_BYTES // (4 * weight.shape[0]))
     # only the hidden state needs a gradient (a frozen head): its slopes, from the forward
     slopes = (
-        torch.is_grad_enabled()
+        not _RECOMPUTED
+        and torch.is_grad_enabled()
         and hidden.requires_grad
         and not weight.requires_grad
         and (bias is None or not bias.requires_grad)
@@ -193,6 +196,21 @@ def head_logprobs_and_entropy(
         slopes,
     )
     return logp, ent if entropy else None
+
+
+_RECOMPUTED: list[bool] = []
+
+
+@contextmanager
+def recomputed_head() -> Iterator[None]:
+    """Inside the ``with`` block, a frozen head's backward computes each chunk's logits again
+    (:func:`chunk_logit_grads`) instead of scaling the slopes its forward took (the same values:
+    so that the two can be timed side by side, ``bench/gpu_check.py``)."""
+    _RECOMPUTED.append(True)
+    try:
+        yield
+    finally:
+        _RECOMPUTED.pop()
 
 
 def _chunk_log_softmax(

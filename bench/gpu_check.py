@@ -175,9 +175,13 @@ The parts, each recorded whatever became of the others:
    a second call (``--skip sampler --skip update --skip runs``).
 
 Lengths: the study's Voting math sampled up to 5,120 new tokens for 64 problems x 8 episodes a
-step; here one step of 4 problems x 4 episodes (48 generator turns: one rollout batch of 48) of
+step; here two steps of 4 problems x 4 episodes (48 generator turns: one rollout batch of 48) of
 64 new tokens, validated on 1 problem before and after, with stand-ins of the 0.6B (both
-routings), the 1.7B and the 4B (IP). Sized from the first checks on one H100 (HF rollout loop,
+routings), the 1.7B and the 4B (IP). The second step is what a run's steps cost once the first
+has warmed up (on an H200 the first learn phase of the 0.6B's IP run took 9.0 s, its SP run's
+3.2 s, with one step each; on the CPU's Python-bound stand-in, 28 layers at width 64, the IP
+learn phases took no longer than SP's), and shows whether the first left memory behind
+(``learn_start_allocated_gib``); it costs each run its second step's seconds. Sized from the first checks on one H100 (HF rollout loop,
 bfloat16), where sampling is bound by the Python of each forward: a 0.6B IP run of two 256-token
 steps with 2 validation problems took 248 s (its second step 35 s of rollout and 4 s of learning,
 its first 62 s and 18 s: warm-up), and of one 128-token step with 1 validation problem 140 s
@@ -278,9 +282,9 @@ class Size:
 
 
 SIZES = (
-    Size("qwen3-0.6b", "qwen3-0.6b", ("ip", "sp"), 1, 4, 4, 64, 1, min_s=60),
-    Size("qwen3-1.7b", "qwen3-1.7b", ("ip",), 1, 4, 4, 64, 1, min_s=75, update_s=110),
-    Size("qwen3-4b", "qwen3-4b", ("ip",), 1, 4, 4, 64, 1, min_s=90, update_s=120),
+    Size("qwen3-0.6b", "qwen3-0.6b", ("ip", "sp"), 2, 4, 4, 64, 1, min_s=60),
+    Size("qwen3-1.7b", "qwen3-1.7b", ("ip",), 2, 4, 4, 64, 1, min_s=75, update_s=110),
+    Size("qwen3-4b", "qwen3-4b", ("ip",), 2, 4, 4, 64, 1, min_s=90, update_s=120),
 )
 DRY_SIZES = (
     # The 0.6B's vocabulary (which the stand-in's tokenizer needs) on 2 narrow layers; short

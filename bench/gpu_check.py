@@ -147,10 +147,10 @@ The parts, each recorded whatever became of the others:
    backward computes its chunks' logits again (the row's ``side_by_side``), each beside the
    row's, which runs marlow's own (:func:`marlow.models.fuse_rotary`, as a run's loaded base
    does; marlow's recomputation of checkpointed layers; the head's slopes taken in the
-   forward): :func:`time_instead`, :data:`SIDE_BY_SIDE`. Last, every micro-batch once more with its decoder layers and its LM
-   head's chunks compiled (``grpo.compile=on``), checkpointed and, where its eager layers were
-   timed so, not checkpointed, beside the eager figures, the first's compiled pass profiled:
-   :func:`time_compiled`.
+   forward): :func:`time_instead`, :data:`SIDE_BY_SIDE`. Last, every micro-batch once more with
+   its decoder layers and its LM head's chunks compiled (``grpo.compile=on``), checkpointed
+   and, where its eager layers were timed so, not checkpointed, beside the eager figures, the
+   first's compiled pass profiled: :func:`time_compiled`.
 
    Time: the child takes at most the size's ``update_s`` (100 s for the 0.6B, 110 for the
    1.7B, 120 for the 4B: the child's start, the load, the matmuls, the passes and the
@@ -181,11 +181,11 @@ routings), the 1.7B and the 4B (IP). The second step is what a run's steps cost 
 has warmed up (on an H200 the first learn phase of the 0.6B's IP run took 9.0 s, its SP run's
 3.2 s, with one step each; on the CPU's Python-bound stand-in, 28 layers at width 64, the IP
 learn phases took no longer than SP's), and shows whether the first left memory behind
-(``learn_start_allocated_gib``); it costs each run its second step's seconds. Sized from the first checks on one H100 (HF rollout loop,
-bfloat16), where sampling is bound by the Python of each forward: a 0.6B IP run of two 256-token
-steps with 2 validation problems took 248 s (its second step 35 s of rollout and 4 s of learning,
-its first 62 s and 18 s: warm-up), and of one 128-token step with 1 validation problem 140 s
-(42 s of rollout, 17 s of learning). The budget, not the estimate, bounds the check; a size starts
+(``learn_start_allocated_gib``); it costs each run its second step's seconds. Sized from the
+first checks on one H100 (HF rollout loop, bfloat16), where sampling is bound by the Python of
+each forward: a 0.6B IP run of two 256-token steps with 2 validation problems took 248 s (its
+second step 35 s of rollout and 4 s of learning, its first 62 s and 18 s: warm-up), and of one
+128-token step with 1 validation problem 140 s (42 s of rollout, 17 s of learning). The budget, not the estimate, bounds the check; a size starts
 only with its ``min_s`` left, so that no run is started to be stopped half-way. A stand-in's noise
 almost never samples the end token, so nearly every turn runs to its limit and every run's steps
 have the same size.

@@ -244,6 +244,8 @@ def test_close_leaves_no_process_and_refuses_later_calls():
     out = engine.generate([GenRequest(tokenizer.encode("1+1="), BASE)], SamplingParams(0, 4, 0))
     assert len(out[0].token_ids) == 4
     workdir = engine.workdir
+    # vLLM's ZMQ sockets are in the work folder, which close() removes, not in the temp folder
+    assert any(p.is_socket() for p in workdir.iterdir()), sorted(workdir.iterdir())
     engine.close()
     engine.close()  # twice is fine
     gone, alive = psutil.wait_procs(started, timeout=30)

@@ -8,7 +8,8 @@ code). What it does, and the choices marlow made where vLLM leaves one open:
   processes (started with ``spawn``: a script that builds a run with this backend needs the usual
   ``if __name__ == "__main__":`` guard; the ``marlow`` command has it). The trainer's process keeps
   its torch threads and environment; the children are stopped by :meth:`VLLMEngine.close`, which
-  the trainer calls on every exit path, and by an interpreter-exit hook as a backstop.
+  the trainer calls on every exit path, and by an interpreter-exit hook as a backstop. Their ZMQ
+  sockets live in the engine's work folder, which closing removes (:func:`_engine_env`).
 * **The base from a folder.** vLLM loads weights from files: the folder (or hub id) the trainer's
   base was loaded from, in the run's dtype. A base built in memory (tests) is saved once into the
   engine's work folder. vLLM's tokenizer is never loaded (``skip_tokenizer_init``): requests are
@@ -237,7 +238,7 @@ class VLLMEngine:
         _quiet_renderer()
         try:
             threads = settings.cpu_threads or os.cpu_count() or 1
-            with _engine_env(threads if on_cpu else None):
+            with _engine_env(self.workdir, threads if on_cpu else None):
                 self.llm = vllm.LLM(**options)
             self._procs = [p for p in _children() if p.pid not in before]  # the engine's
             self._watchdog = _watch([p.pid for p in self._procs], self.workdir)
@@ -615,17 +616,33 @@ def _watch(pids: list[int], workdir: Path):
 CPU_STEP_TIMEOUT_S = 3600
 
 
+# The longest path an AF_UNIX socket can have on Linux is 107 bytes (``sun_path``); vLLM names
+# each of its sockets by a 36-character UUID inside VLLM_RPC_BASE_PATH.
+SOCKET_PATH_MAX = 107
+
+
 @contextmanager
-def _engine_env(threads: int | None) -> Iterator[None]:
-    """The environment the engine's processes start with (they copy it when spawned): on the CPU
-    build (``threads`` given), cores 0..threads-1 and a model-step timeout for slow CPUs."""
-    if threads is None:
-        yield
-        return
-    values = {
-        "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}",
-        "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": str(CPU_STEP_TIMEOUT_S),
-    }
+def _engine_env(workdir: Path, threads: int | None) -> Iterator[None]:
+    """The environment the engine's processes start with (they copy it when spawned).
+
+    Its ZMQ sockets go into ``workdir`` (``VLLM_RPC_BASE_PATH``), which :meth:`VLLMEngine.close`
+    and the watchdog remove: vLLM names them by UUID in the system's temporary folder, and its
+    shutdown left them there (seven per engine with vllm-cpu 0.32). Not where the user set
+    ``VLLM_RPC_BASE_PATH``, where vLLM runs its engine core in this process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, which caches vLLM's environment for the process's
+    life, so a later engine would look for a removed folder), or where a socket's path would be
+    too long. On the CPU build (``threads`` given): cores 0..threads-1 and a model-step timeout for
+    slow CPUs."""
+    values = {}
+    if (
+        "VLLM_RPC_BASE_PATH" not in os.environ
+        and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0"
+        and len(f"{workdir}/{'0' * 36}".encode()) <= SOCKET_PATH_MAX
+    ):
+        values["VLLM_RPC_BASE_PATH"] = str(workdir)
+    if threads is not None:
+        values["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}"
+        values["VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"] = str(CPU_STEP_TIMEOUT_S)
     before = {key: os.environ.get(key) for key in values}
     os.environ.update(values)
     try:

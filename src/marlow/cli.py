@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -341,7 +342,10 @@ def _launch_data_parallel(
     nproc: int, args: list[str], out: Path, resume: bool, resume_from: int | None
 ) -> None:
     """``marlow train --nproc N``: check the settings here (one line, nothing launched), then run
-    ``torchrun --standalone --nproc_per_node N -m marlow train ...`` and exit with its code."""
+    ``torchrun --standalone --nproc_per_node N -m marlow train ...`` and exit with its code.
+    torchrun's log folder (its per-rank folders, empty: the ranks' output is not redirected) is a
+    temporary one removed when it ends, where torchrun would leave a ``torchelastic_*`` folder in
+    the system's temporary folder at every launch."""
     from marlow.training.distributed import check_ranks
 
     try:
@@ -349,13 +353,15 @@ def _launch_data_parallel(
         check_ranks(cfg, nproc)
     except _user_errors() as err:
         _fail(str(err))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += ["--nproc_per_node", str(nproc), "-m", "marlow", "train", *args, "--out", str(out)]
-    if resume:
-        command.append("--resume")
-    if resume_from is not None:
-        command += ["--resume-from", str(resume_from)]
-    code = subprocess.run(command).returncode
+    with tempfile.TemporaryDirectory(prefix="marlow-torchrun-") as logs:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--log_dir", logs]
+        command += ["--nproc_per_node", str(nproc), "-m", "marlow", "train", *args]
+        command += ["--out", str(out)]
+        if resume:
+            command.append("--resume")
+        if resume_from is not None:
+            command += ["--resume-from", str(resume_from)]
+        code = subprocess.run(command).returncode
     if code:
         raise typer.Exit(code)
 

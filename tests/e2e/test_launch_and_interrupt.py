@@ -94,6 +94,7 @@ def test_torchrun_with_two_processes_needs_no_seeding_setting(tiny_cache, tmp_pa
         port = s.getsockname()[1]
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
     launcher += ["--master_addr", "127.0.0.1", "--master_port", str(port)]
+    launcher += ["--log_dir", str(tmp_path / "torchrun")]  # not the machine's /tmp
     command = [*launcher, "-m", "marlow", "train", *TINY, "steps=1", "--out", "run"]
     done = subprocess.run(
         command, capture_output=True, text=True, env=env(tiny_cache), cwd=tmp_path, timeout=900

@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -49,6 +50,7 @@ def train(out, *extra: str, nproc: int = 1) -> subprocess.CompletedProcess:
     if nproc > 1:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
         launcher += ["--master_addr", "127.0.0.1", "--master_port", str(free_port())]
+        launcher += ["--log_dir", str(out.parent / "torchrun")]  # not the machine's /tmp
         marlow = [*launcher, "-m", "marlow", "train", *SETTINGS, *extra, "--out", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(marlow, capture_output=True, text=True, timeout=900, env=env)
@@ -139,11 +141,41 @@ def test_torchrun_and_nproc_launch_marlow_train_and_rank_0_writes_the_run(tiny_c
     assert done.returncode == 0, done.stderr[-3000:]
     cli = [sys.executable, "-m", "marlow", "train", "--nproc", "2", *SETTINGS]
     cli += ["policy.routing=ip", "steps=1", "ckpt_every=1", "--out", str(tmp_path / "nproc")]
-    launched = subprocess.run(cli, capture_output=True, text=True, timeout=900)
+    temp = tmp_path / "temp"  # the launch's temporary folder: torchrun's logs would be left here
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp)}
+    launched = subprocess.run(cli, capture_output=True, text=True, timeout=900, env=env)
     assert launched.returncode == 0, launched.stderr[-3000:]
+    assert list(temp.iterdir()) == []
     for run in (tmp_path / "two", tmp_path / "nproc"):
         assert [r["step"] for r in records(run)] == [0, 1]
         assert (run / "checkpoints" / "step_000001").is_dir()
+
+
+def test_nproc_gives_torchrun_a_log_folder_it_removes_after(tmp_path, monkeypatch):
+    """torchrun leaves a ``torchelastic_*`` folder in the temporary folder at every launch unless
+    it is given one: ``--nproc`` gives it one that is removed when it ends, failed or not."""
+    from typer.testing import CliRunner
+
+    import marlow.cli
+    from marlow.cli import app
+
+    launched = []
+
+    def torchrun(command, **kwargs):
+        logs = Path(command[command.index("--log_dir") + 1])
+        assert logs.is_dir()
+        launched.append((command, logs))
+        return subprocess.CompletedProcess(command, returncode=len(launched) - 1)
+
+    monkeypatch.setattr(marlow.cli.subprocess, "run", torchrun)
+    args = ["train", "--nproc", "2", *SETTINGS, "--out", str(tmp_path / "run")]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    assert CliRunner().invoke(app, args).exit_code == 1  # torchrun's code, passed on
+    assert len(launched) == 2
+    for command, logs in launched:
+        assert command[1:4] == ["-m", "torch.distributed.run", "--standalone"]
+        assert not logs.exists()
 
 
 def test_nproc_refuses_call_seeding_before_launching(tmp_path):

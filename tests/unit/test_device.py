@@ -151,6 +151,53 @@ def test_scored_logprobs_and_entropies_are_float32_arithmetic_on_bfloat16_logits
     torch.testing.assert_close(scored.entropy[0].double(), entropy, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("dtype, temperature", [(torch.float32, 0.7), (torch.bfloat16, 1.0)])
+def test_a_frozen_heads_slopes_give_float64s_gradient_on_the_device(
+    device, dtype, temperature, monkeypatch
+):
+    """The LM head's chunks on the device, frozen as LoRA leaves it (37 tokens in chunks of 5, a
+    vocabulary of 1,000): log-probs, entropies and the hidden state's gradient through the
+    forward's slopes, eager and, on CUDA, compiled (``marlow.models.compiled_head``: inductor's
+    own kernels there), against float64 on the CPU (the CPU's compiled head is held to its eager
+    one in tests/unit/test_head_chunks.py). Float32 within round-off; bfloat16 within a rounding
+    of its logits (log-probs) and of the largest slope (the gradient)."""
+    from marlow import models
+    from marlow.algo.estimators import head_logprobs_and_entropy
+
+    gen = torch.Generator().manual_seed(0)
+    n, h, v = 37, 16, 1000
+    hidden = torch.randn(n, h, generator=gen).to(dtype)
+    weight = (torch.randn(v, h, generator=gen) * 0.3).to(dtype)
+    bias = torch.randn(v, generator=gen).to(dtype)
+    targets = torch.randint(0, v, (n,), generator=gen)
+    upstream = torch.randn(n, generator=gen)
+    exact = hidden.double().requires_grad_()
+    z = torch.nn.functional.linear(exact, weight.double(), bias.double()) / temperature
+    logp = torch.log_softmax(z, -1)
+    (logp.gather(-1, targets[:, None])[:, 0] * upstream.double()).sum().backward()
+    want_logp = logp.gather(-1, targets[:, None])[:, 0].detach()
+    want_ent = -(logp.exp() * logp).sum(-1).detach()
+    largest = float(exact.grad.abs().max())
+    assert largest > 0.5  # a real gradient
+    monkeypatch.setattr(models, "_COMPILED_HEAD", [])  # compiled anew, its fallbacks counted
+    monkeypatch.setattr(models, "_GAVE_UP", [])
+    ways = {"eager": None}
+    if device.type == "cuda":
+        ways["compiled"] = models.compiled_head()
+    for way, ops in ways.items():
+        leaf = hidden.to(device, copy=True).requires_grad_()
+        on = [t.to(device) for t in (weight, bias, targets)]
+        ours, ent = head_logprobs_and_entropy(leaf, *on, temperature, 5, ops=ops)
+        (ours * upstream.to(device)).sum().backward()
+        assert ours.device == leaf.grad.device == device and leaf.grad.dtype == dtype, way
+        tol = 1e-5 if dtype == torch.float32 else 0.05  # bfloat16: logits under 8, steps of 2^-5
+        torch.testing.assert_close(ours.cpu().double(), want_logp, atol=tol, rtol=0)
+        torch.testing.assert_close(ent.cpu().double(), want_ent, atol=tol, rtol=0)
+        error = float((leaf.grad.cpu().double() - exact.grad).abs().max())
+        assert error <= (1e-5 if dtype == torch.float32 else 2**-7) * largest, (way, error)
+    assert not models._GAVE_UP  # compiled for real, not fallen back to eager
+
+
 def test_sampler_logprobs_are_float32_on_a_bfloat16_base(make_model, tokenizer, device):
     """bfloat16 log-probs would all be bfloat16 numbers; float32 arithmetic gives values that
     bfloat16 cannot hold (a float32 log-softmax of the bfloat16 logits)."""

@@ -26,6 +26,10 @@ Everything else a step logs (rewards, accuracy, lengths, clip fractions, kl_to_b
 step) is equal: the episodes are the same. Sampled end to end, the two runs draw different tokens
 where their logits differ, so the runs' own episodes diverge: there only the aggregate entropy
 and NLL are compared (measured over 2 steps: 0.42 % and 0.83 %; tolerance 5 %).
+
+On an accelerator, a bfloat16 base's decoder layers compiled (``grpo.compile``: inductor's own
+kernels there) are held no farther from float32 than its eager ones, as
+tests/unit/test_compile_layers.py holds them on the CPU.
 """
 
 from __future__ import annotations
@@ -35,11 +39,14 @@ import math
 import pytest
 import torch
 
-from marlow.policy.adapters import adapter_parameters
+from marlow import models
+from marlow.models import checkpoint_layers, compile_layers, completion_logprobs
+from marlow.policy.adapters import adapter_parameters, use_adapter
 from marlow.training import checkpoint
 from marlow.training.trainer import Trainer, read_metrics
 from tests.conftest import TEST_DEVICE
 from tests.integration.reference import vary_rewards
+from tests.unit.test_compile_layers import lora_model, rows
 
 RTOL = {"entropy": 2e-3, "nll": 2e-3, "perplexity": 2e-3, "ratio_max": 6e-2}
 RTOL |= dict.fromkeys(("grad_norm", "grad_norm_max", "grad_norm_own"), 6e-2)
@@ -142,3 +149,47 @@ def test_bfloat16_tiny_run_end_to_end_against_float32(small_config, tmp_path):
     for a in fresh.adapters:
         for k, p in adapter_parameters(fresh.model, a).items():
             assert p.dtype == torch.float32 and torch.equal(p, adapter_parameters(b16.model, a)[k])
+
+
+def test_compiled_bfloat16_layers_on_the_device_are_no_farther_from_float32(device, monkeypatch):
+    """``grpo.compile`` on the device (on CUDA inductor's own kernels): a bfloat16 base's decoder
+    layers, checkpointed as a run's, compiled, give log-probs and LoRA gradients no farther from
+    the float32 model's than its eager layers do, and never fall back to eager. On the CPU
+    tests/unit/test_compile_layers.py holds them so (its compilations are the CPU's slow tests)."""
+    if device.type == "cpu":
+        pytest.skip("on the CPU: tests/unit/test_compile_layers.py (slow)")
+
+    monkeypatch.setattr(models, "_GAVE_UP", [])
+
+    def run(model) -> list:
+        out = []
+        for n, length in ((3, 20), (5, 27)):
+            batch = [t.to(device) for t in rows(n, n, length)]
+            model.zero_grad(set_to_none=True)
+            with use_adapter(model, "gen"):
+                logp, _ = completion_logprobs(model, *batch, 0.8)
+                (-(logp * batch[-1]).sum()).backward()
+            grads = {k: p.grad.float() for k, p in model.named_parameters() if p.grad is not None}
+            out.append((logp.detach().float(), grads))
+        return out
+
+    exact = run(lora_model().to(device))
+    model = lora_model(torch.bfloat16).to(device)
+    checkpoint_layers(model)
+    eager = run(model)
+    compile_layers(model)
+    compiled = run(model)
+    compile_layers(model, on=False)
+    assert not models._GAVE_UP
+
+    def gap(ours) -> float:  # the largest relative error of a log-prob or a gradient
+        worst = 0.0
+        for (logp, grads), (ref_logp, ref_grads) in zip(ours, exact, strict=True):
+            worst = max(worst, float((logp - ref_logp).abs().max() / ref_logp.abs().max()))
+            assert grads.keys() == ref_grads.keys()
+            for k, g in ref_grads.items():
+                worst = max(worst, float((grads[k] - g).norm() / g.norm()))
+        return worst
+
+    assert gap(eager) > 0  # bfloat16 is not float32
+    assert gap(compiled) <= 1.5 * gap(eager), (gap(compiled), gap(eager))

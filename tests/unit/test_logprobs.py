@@ -144,7 +144,7 @@ def test_padded_rows_learn_as_each_row_alone_and_the_model_sees_no_mask(make_mod
         ):
             loss = s.logp.sum()
             loss.backward()
-            total += float(loss)
+            total += loss.item()
         return total, {n: p.grad.clone() for n, p in model.named_parameters()}
 
     together, g_together = grads(range(len(turns)), 10**6)

@@ -539,7 +539,9 @@ def test_the_compiled_step_samples_what_the_eager_step_samples(
     gc.disable()  # no forward of a finished call is left for the cyclic collector to free
     try:
         same(compiled.generate(shorter, params), eager.generate(shorter, params))
-        assert not [x for x in gc.get_objects() if isinstance(x, (LeanQwen3, lean._Graph))]
+        # type(), not isinstance: isinstance reads every object's __class__, and torch's
+        # deprecated module aliases warn when read
+        assert not [x for x in gc.get_objects() if type(x) in (LeanQwen3, lean._Graph)]
     finally:
         gc.enable()
     assert not lean._GAVE_UP
@@ -715,6 +717,7 @@ def test_a_failing_flex_attention_leaves_the_compiled_layers(mixed_ranks, tokeni
     assert calls["attention"] == 1
 
 
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile:UserWarning")
 def test_within_attention_by_blocks_the_graphed_step_reads_each_rows_blocks(
     mixed_ranks, tokenizer, monkeypatch
 ):

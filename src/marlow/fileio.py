@@ -1,5 +1,6 @@
-"""Result files are written atomically: to a ``.tmp`` sibling, then ``os.replace``d into place, so a
-reader (or a run killed mid-write) sees the old file or the new one, never half of one."""
+"""Result files written atomically (to a ``.tmp`` sibling, then ``os.replace``d into place, so a
+reader, or a run killed mid-write, sees the old file or the new one, never half of one), a file's
+hash, and whether a path is short enough for a Unix socket."""
 
 from __future__ import annotations
 
@@ -40,3 +41,13 @@ def sha256_file(path: str | Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+SOCKET_PATH_MAX = 107
+"""The longest path a Unix socket (``AF_UNIX``) can have on Linux: ``sun_path``'s 108 bytes, less
+its closing NUL. A socket made under a long temporary folder (``TMPDIR``) can pass it."""
+
+
+def socket_path_fits(path: str | Path) -> bool:
+    """Whether a Unix socket can be made at ``path`` (:data:`SOCKET_PATH_MAX`)."""
+    return len(os.fsencode(path)) <= SOCKET_PATH_MAX

@@ -16,10 +16,12 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -160,12 +162,15 @@ def grid_at_step_1(cache: str, tmp_path: Path):
     cell's folder and every process below it once the cell has logged step 1; killed at the end
     if it still runs."""
     (tmp_path / "grid.yaml").write_text(GRID % PRETRAIN_STEPS)
+    # a temp folder of its own, removed here: a grid process killed outright leaves
+    # multiprocessing's pymp-* folder (short: under a deep one it would go to /tmp)
+    tmpdir = tempfile.mkdtemp(prefix="grid")
     proc = subprocess.Popen(
         [sys.executable, "-m", "marlow", "grid", "grid.yaml", "--out", "res", "--workers", "1"],
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
-        env=env(cache),
+        env={**env(cache), "TMPDIR": tmpdir},
         cwd=tmp_path,
     )
     cell = tmp_path / "res" / "cells" / "Single-SA-tiny-s-Math"
@@ -177,6 +182,8 @@ def grid_at_step_1(cache: str, tmp_path: Path):
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.wait()
+        shutil.rmtree(tmpdir)
 
 
 def test_sigint_to_the_grid_process_stops_its_cells_and_leaves_the_index_true(tiny_cache, tmp_path):

@@ -1,9 +1,16 @@
-"""Grid expansion and naming, bad grids, and the runner's skip / retry / dependency logic (driven
-here by an in-process pool that only pretends to train)."""
+"""Grid expansion and naming, bad grids, the runner's skip / retry / dependency logic (driven
+here by an in-process pool that only pretends to train), and where the local pool's fork server
+puts its socket."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -129,6 +136,61 @@ def test_workers_follow_cores_and_memory():
     assert plan_workers(cells, cores=16, mem_gib=24) == 12  # 24 * 0.8 / 1.5 GiB per tiny cell
     assert plan_workers(cells[:1], cores=16, mem_gib=24) == 1
     assert plan_workers(cells, cores=2, mem_gib=1) == 1
+
+
+POOL_PROBE = """
+import json, os, tempfile
+from multiprocessing import util
+from marlow.grids import pools
+pools.PRELOAD.clear()  # a fork server that imports nothing: fast to start
+pool = pools.LocalPool(1)
+print(json.dumps({
+    "method": pool._pool._mp_context.get_start_method(),
+    "folder": util.get_temp_dir(),
+    "tempdir": tempfile.gettempdir(),
+    "other_process": pool._pool.submit(os.getpid).result() != os.getpid(),
+}))
+pool.close()
+"""
+
+
+@pytest.mark.parametrize("deep", [False, True], ids=["short-tmpdir", "deep-tmpdir"])
+def test_the_local_pool_forks_its_cells_under_a_temp_folder_too_deep_for_a_socket(deep, tmp_path):
+    """The fork server's socket goes in multiprocessing's pymp-* folder, made in the temporary
+    folder: where that path is too long for a socket (a deep TMPDIR), the folder is made under
+    /tmp instead, and only that folder: the process keeps its TMPDIR. Removed at exit."""
+    tmpdir = tmp_path / ("d" * 80) if deep else Path(tempfile.mkdtemp(prefix="mp"))
+    tmpdir.mkdir(exist_ok=True)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", POOL_PROBE],
+            env={**os.environ, "TMPDIR": str(tmpdir)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        seen = json.loads(done.stdout.splitlines()[-1])
+        assert seen["method"] == "forkserver" and seen["other_process"]
+        assert seen["tempdir"] == str(tmpdir)
+        folder = Path(seen["folder"])
+        assert folder.parent == (Path("/tmp") if deep else tmpdir)
+        assert folder.name.startswith("pymp-") and not folder.exists()
+        assert not list(tmpdir.iterdir())
+    finally:
+        if not deep:
+            shutil.rmtree(tmpdir)
+
+
+def test_the_local_pool_spawns_its_cells_where_no_folder_holds_a_socket(monkeypatch):
+    from marlow.grids import pools
+
+    monkeypatch.setattr(pools, "socket_path_fits", lambda path: False)
+    pool = pools.LocalPool(1)  # no process starts before a cell is submitted
+    try:
+        assert pool._pool._mp_context.get_start_method() == "spawn"
+    finally:
+        pool.close()
 
 
 class FakePool:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from marlow.rollout.vllm import CPU_STEP_TIMEOUT_S, SOCKET_PATH_MAX, _engine_env
+from marlow.fileio import SOCKET_PATH_MAX
+from marlow.rollout.vllm import CPU_STEP_TIMEOUT_S, _engine_env
 
 WORK = Path("/dev/shm/marlow-vllm-a1b2c3d4")  # a work folder as the engine makes one
 KEYS = (

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Protocol
 
+from marlow.fileio import socket_path_fits
 from marlow.grids.cell_process import run_cell
 from marlow.grids.grid import Cell, CellResources
 
@@ -40,7 +41,8 @@ the trainer: 9-10 s of a spawned cell's start on a 2-core AMD EPYC)."""
 
 class LocalPool:
     """Worker processes, one cell each at a time, forked from a fork server that imported
-    :data:`PRELOAD` once (spawned where the platform has no fork server). The server is started
+    :data:`PRELOAD` once (spawned where the platform has no fork server, or where no folder
+    holds its socket: :func:`_socket_folder`). The server is started
     with one OpenMP thread, so that no torch thread team exists to be forked, and has run no
     torch operation; each cell sets its own threads and takes the grid process's environment as
     it was when the cell was submitted (the server's is the one it was started with). Every
@@ -52,7 +54,7 @@ class LocalPool:
         from concurrent.futures import ProcessPoolExecutor
 
         self.workers = workers
-        if "forkserver" in multiprocessing.get_all_start_methods():
+        if "forkserver" in multiprocessing.get_all_start_methods() and _socket_folder():
             ctx = multiprocessing.get_context("forkserver")
             ctx.set_forkserver_preload(PRELOAD)
             _start_fork_server()
@@ -91,6 +93,37 @@ class LocalPool:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+SOCKET_NAME = "listener-XXXXXXXX"
+"""The name multiprocessing gives the fork server's socket in its temporary folder, as long as
+Python 3.11's (8 random characters; newer Pythons' are shorter)."""
+
+
+def _socket_folder() -> str | None:
+    """multiprocessing's temporary folder (``pymp-XXXXXXXX``, made once a process and removed at
+    its exit), where the fork server's Unix socket goes; None where no socket fits there.
+
+    multiprocessing makes it in the temporary folder, whose path may be too long for a socket
+    (``TMPDIR`` set deep in a job's scratch space: the server would not start, with
+    ``OSError: AF_UNIX path too long``). There it is made under the first of /tmp and /var/tmp
+    that is short enough and writable instead (as newer Pythons' multiprocessing does itself);
+    the rest of the grid keeps the temporary folder the user set. Where this process made the
+    folder already (an earlier pool), it stays where it is."""
+    import tempfile
+    from multiprocessing import util
+
+    before = tempfile.tempdir
+    for base in (tempfile.gettempdir(), "/tmp", "/var/tmp"):
+        room = socket_path_fits(f"{base}/pymp-XXXXXXXX/{SOCKET_NAME}")
+        if room and os.access(base, os.W_OK | os.X_OK):
+            tempfile.tempdir = base  # where util makes its folder, if it has none yet
+            try:
+                folder = util.get_temp_dir()
+            finally:
+                tempfile.tempdir = before
+            return folder if socket_path_fits(f"{folder}/{SOCKET_NAME}") else None
+    return None
 
 
 def _start_fork_server() -> None:

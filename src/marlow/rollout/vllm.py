@@ -59,6 +59,7 @@ from pathlib import Path
 import torch
 
 from marlow.config import ConfigError, VLLMConfig
+from marlow.fileio import socket_path_fits
 from marlow.policy.adapters import WEIGHTS_NAME, adapter_names, save_adapters
 from marlow.rollout.base import check_requests
 from marlow.types import BASE, Completion, FinishReason, GenRequest, SamplingParams
@@ -616,11 +617,6 @@ def _watch(pids: list[int], workdir: Path):
 CPU_STEP_TIMEOUT_S = 3600
 
 
-# The longest path an AF_UNIX socket can have on Linux is 107 bytes (``sun_path``); vLLM names
-# each of its sockets by a 36-character UUID inside VLLM_RPC_BASE_PATH.
-SOCKET_PATH_MAX = 107
-
-
 @contextmanager
 def _engine_env(workdir: Path, threads: int | None) -> Iterator[None]:
     """The environment the engine's processes start with (they copy it when spawned).
@@ -637,7 +633,7 @@ def _engine_env(workdir: Path, threads: int | None) -> Iterator[None]:
     if (
         "VLLM_RPC_BASE_PATH" not in os.environ
         and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0"
-        and len(f"{workdir}/{'0' * 36}".encode()) <= SOCKET_PATH_MAX
+        and socket_path_fits(f"{workdir}/{'0' * 36}")  # vLLM names a socket by a UUID
     ):
         values["VLLM_RPC_BASE_PATH"] = str(workdir)
     if threads is not None:

@@ -1023,7 +1023,9 @@ def serve(
         list[str] | None, typer.Argument(help="key=value settings", show_default=False)
     ] = None,
     host: Annotated[str, typer.Option(help="the address to listen on")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=0, max=65535, help="the port")] = 8000,
+    port: Annotated[
+        int, typer.Option(min=0, max=65535, help="the port (0: one the system picks)")
+    ] = 8000,
     api_key: Annotated[
         str | None,
         typer.Option(envvar="MARLOW_API_KEY", help="require this key (Authorization: Bearer)"),
@@ -1053,6 +1055,7 @@ def serve(
         import uvicorn  # noqa: F401
     except ImportError:
         _fail("marlow serve needs FastAPI and uvicorn: pip install 'marlow[serve]'")
+    from marlow.serving.server import bound_socket
     from marlow.serving.server import serve as serve_app
     from marlow.serving.trained import load_workflow
 
@@ -1060,15 +1063,22 @@ def serve(
     if bad:
         _fail(f"{bad[0]!r} is not a key=value setting")
     try:
+        sock = bound_socket(host, port)
+    except ValueError as err:
+        _fail(str(err))
+    try:
         workflow = load_workflow(run, settings or [], log=_log)
     except (*_user_errors(), ValueError) as err:
+        sock.close()
         _fail(str(err))
     if host not in ("127.0.0.1", "localhost", "::1"):
         _log(f"WARNING listening on {host}: reachable from other machines"
              + ("" if api_key else "; no --api-key is set"))  # fmt: skip
-    _log(f"serving {workflow.name} ({workflow.source.label}) on http://{host}:{port}/v1")
+    where = f"[{host}]" if ":" in host else host
+    url = f"http://{where}:{sock.getsockname()[1]}/v1"
+    _log(f"serving {workflow.name} ({workflow.source.label}) on {url}")
     limits = Limits(max_body_bytes, max_tokens, max_waiting, timeout_s)
-    serve_app(workflow, host=host, port=port, api_key=api_key, limits=limits, quiet=quiet)
+    serve_app(workflow, sock, api_key=api_key, limits=limits, quiet=quiet)
 
 
 def _is_setting(arg: str) -> bool:

@@ -219,3 +219,53 @@ def test_a_signal_drains_answering_the_request_in_flight_and_refusing_new_ones(t
         assert "Traceback" not in err, err
         assert "stopping: answering the 1 request(s) in flight" in err, err[-600:]
         assert "1 request(s) were answered and 1 told 503" in err
+
+
+def test_a_port_in_use_is_one_line_before_the_model_loads(trained_voting):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "marlow", "serve", str(trained_voting), "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "COLUMNS": "300"},
+        )
+    assert done.returncode == 2
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()  # no line of the model's loading, no "serving"
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"error: --host 127.0.0.1 --port {port}: cannot listen there (")
+    assert "in use" in lines[0]
+
+
+def test_port_0_serves_on_a_port_the_system_picks_and_says_which(trained_voting):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "marlow", "serve", str(trained_voting), "--port", "0"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLUMNS": "300"},
+    )
+    try:
+        said = next(line for line in iter(proc.stderr.readline, "") if "serving" in line)
+        url = said.split(" on ")[-1].strip()
+        port = int(url.removesuffix("/v1").rsplit(":", 1)[1])
+        assert port > 0 and url == f"http://127.0.0.1:{port}/v1", said
+        for _ in range(600):  # it listens once uvicorn has started
+            try:
+                with urllib.request.urlopen(f"{url.removesuffix('/v1')}/health", timeout=1) as r:
+                    assert json.loads(r.read())["status"] == "ok"
+                break
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.1)
+        else:
+            raise AssertionError(f"nothing answered on {url}")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -47,6 +47,7 @@ import copy
 import json
 import secrets
 import signal
+import socket
 import sys
 import time
 import uuid
@@ -568,19 +569,38 @@ def _event(obj: dict) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
+def bound_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host``:``port`` (port 0: one the system picks), not yet
+    listening, for :func:`serve`: bound before the model loads, so that a port in use or an
+    address not of this machine is one line (a ValueError naming ``--host``/``--port``) before
+    anything is loaded, never a server that says it serves and then cannot. As uvicorn binds:
+    IPv6 where the host has a colon, ``SO_REUSEADDR`` (a restarted server takes its port back
+    at once)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise ValueError(
+            f"--host {host} --port {port}: cannot listen there ({err.strerror or err}); give a "
+            "free port (0: any), and an address of this machine (127.0.0.1, 0.0.0.0)"
+        ) from None
+    return sock
+
+
 def serve(
     workflow: TrainedWorkflow,
+    sock: socket.socket,
     *,
-    host: str,
-    port: int,
     api_key: str | None = None,
     limits: Limits | None = None,
     quiet: bool = False,
 ) -> None:
-    """Serve until SIGINT or SIGTERM, then drain (module docstring), close the engine (the
-    app's lifespan) and return. uvicorn hands the signal back to the handler it found once it is
-    done; a handler that does nothing makes that a plain return (exit 0), where Python's own
-    would raise KeyboardInterrupt or kill the process."""
+    """Serve on ``sock`` (:func:`bound_socket`) until SIGINT or SIGTERM, then drain (module
+    docstring), close the engine (the app's lifespan) and return. uvicorn hands the signal back
+    to the handler it found once it is done; a handler that does nothing makes that a plain
+    return (exit 0), where Python's own would raise KeyboardInterrupt or kill the process."""
     import uvicorn
 
     class Draining(uvicorn.Server):
@@ -602,7 +622,7 @@ def serve(
     app = create_app(workflow, api_key=api_key, limits=limits, quiet=quiet, drain=drain)
     previous = {s: signal.signal(s, _done) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        Draining(uvicorn.Config(app, host=host, port=port, log_level="warning")).run()
+        Draining(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

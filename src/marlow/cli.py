@@ -623,7 +623,8 @@ def grid(
         str | None, typer.Option(help="Ray cluster address (default: start a local Ray)")
     ] = None,
     workers: Annotated[
-        int | None, typer.Option(help="cells at once (default: sized to cores and memory)")
+        int | None,
+        typer.Option(help="cells at once (default: sized to cores and memory)", min=1),
     ] = None,
     dry_run: Annotated[bool, typer.Option(help="list the cells, say how many, and stop")] = False,
 ) -> None:

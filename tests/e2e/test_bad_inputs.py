@@ -407,6 +407,18 @@ CASES: list[Case] = [
     Case("grid-missing-file", ["grid", "nope.yaml"], ["nope.yaml"]),
     Case("grid-without-file", ["grid"], ["Missing argument", "grid --help"]),
     Case(
+        "grid-workers-negative",
+        ["grid", "g.yaml", "--workers", "-3"],
+        ["--workers", "greater than or equal to 1"],
+        {"g.yaml": "workflows: [single]\ncontrols: []\n"},
+    ),
+    Case(
+        "grid-workers-zero",
+        ["grid", "g.yaml", "--workers", "0"],
+        ["--workers", "greater than or equal to 1"],
+        {"g.yaml": "workflows: [single]\ncontrols: []\n"},
+    ),
+    Case(
         "grid-out-under-file",
         ["grid", "g.yaml", "--out", "f/g"],
         ["f is a file"],

@@ -402,6 +402,8 @@ def test_cells_get_the_threads_asked_for_and_the_quickstart_asks_for_one(tmp_pat
     assert seen == [3, max(1, os.cpu_count() or 1)]
     with pytest.raises(ValueError, match="threads per cell must be >= 1"):
         runner.run_grid(parse_grid(grid), tmp_path / "c", workers=1, threads=0)
+    with pytest.raises(ValueError, match=r"workers \(cells at once\) must be >= 1, got 0"):
+        runner.run_grid(parse_grid(grid), tmp_path / "c", workers=0)
 
     class Stop(Exception):
         pass

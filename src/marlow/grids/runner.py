@@ -53,6 +53,8 @@ def run_grid(
         from marlow.config import ConfigError
 
         raise ConfigError(f"runner {runner!r} is unknown; valid: {', '.join(RUNNERS)}")
+    if workers is not None and workers < 1:
+        raise ValueError(f"workers (cells at once) must be >= 1, got {workers}")
     if threads is not None and threads < 1:
         raise ValueError(f"threads per cell must be >= 1, got {threads}")
     log = log or (lambda _m: None)
@@ -71,7 +73,7 @@ def run_grid(
         if todo and runner == "local":
             pretrain_worlds(todo, log)
         if todo:
-            n = workers or plan_workers(todo)
+            n = workers if workers is not None else plan_workers(todo)
             if threads is None:
                 threads = max(1, (os.cpu_count() or 1) // n)
             log(f"running {len(todo)} cells, {n} at a time, {threads} thread(s) each ({runner})")

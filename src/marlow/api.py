@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from marlow.config import ConfigError, RunConfig, load_config, merge, resolve
+from marlow.diagnostics.runstats import series
 from marlow.diagnostics.sinks import read_jsonl
 from marlow.logs import quiet
 
@@ -166,7 +167,8 @@ class Metrics(Sequence[dict]):
     """A run's ``metrics.jsonl`` as a table: one record (dict) per logged step, in file order.
 
     ``metrics[i]`` is record i; ``metrics["val/all/accuracy"]`` is that column, None where a
-    record lacks it; :meth:`series` gives the (step, value) pairs where it is present;
+    record lacks it; :meth:`series` gives the (step, value) pairs where it is present (both a
+    KeyError for a metric no record holds);
     :meth:`to_pandas` makes a DataFrame (pandas is not a marlow dependency)."""
 
     def __init__(self, records: list[dict]) -> None:
@@ -177,10 +179,14 @@ class Metrics(Sequence[dict]):
 
     def __getitem__(self, key):  # type: ignore[override]
         if isinstance(key, str):
-            if key not in self.columns:
-                raise KeyError(f"no metric {key!r}; e.g. {', '.join(self.columns[:5])}")
+            self._check(key)
             return [r.get(key) for r in self.records]
         return self.records[key]
+
+    def _check(self, key: str) -> None:
+        """A KeyError naming a few metrics where no record holds ``key`` (a misspelt name)."""
+        if key not in self.columns:
+            raise KeyError(f"no metric {key!r}; e.g. {', '.join(self.columns[:5])}")
 
     @property
     def columns(self) -> list[str]:
@@ -190,7 +196,8 @@ class Metrics(Sequence[dict]):
         return list(seen)
 
     def series(self, key: str) -> list[tuple[int, float]]:
-        return [(int(r["step"]), r[key]) for r in self.records if key in r and "step" in r]
+        self._check(key)
+        return series(self.records, key)
 
     def to_pandas(self):
         try:

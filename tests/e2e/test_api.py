@@ -60,6 +60,8 @@ def test_the_docs_python_example_runs_as_written(tmp_path):
     assert [c.name for c in run.checkpoints][-1] == "step_000002"
     with pytest.raises(KeyError, match="no metric"):
         run.metrics["val/all/acuracy"]
+    with pytest.raises(KeyError, match="no metric 'val/all/acuracy'"):
+        run.metrics.series("val/all/acuracy")
 
 
 def test_load_run_refuses_a_folder_that_is_not_a_run(tmp_path):

@@ -114,6 +114,27 @@ def test_marlow_answer_answers_a_file_in_batches_and_never_overwrites(trained_vo
     assert [json.loads(line) for line in out.read_text().splitlines()] == written
 
 
+def test_an_input_file_that_is_not_utf8_is_one_line_and_a_line_separator_is_not_a_row_break(
+    trained_voting, tmp_path
+):
+    binary = tmp_path / "in.bin"
+    binary.write_bytes(b'{"prompt": "1+2"}\n\xa6\xff\n')
+    result = in_process(
+        ["answer", trained_voting, "--input", binary, "--out", tmp_path / "o.jsonl"], tmp_path
+    )
+    assert isinstance(result.exception, SystemExit) and result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert lines == [
+        f"error: --input {binary}: not UTF-8 text (byte 0xa6 at offset 18); give a JSON-lines file"
+    ]
+    assert not (tmp_path / "o.jsonl").exists()
+    # U+2028 inside a JSON string, written raw: one row, not two halves of bad JSON
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"prompt": "1+2", "note": "a\u2028b"}, ensure_ascii=False))
+    done = cli("answer", str(trained_voting), "--input", str(source), "--out", str(tmp_path / "o"))
+    assert "read 1, answered 1, skipped none" in done.stdout, done.stdout + done.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -52,23 +52,30 @@ def answer_file(
         raise ValueError(f"--batch must be >= 1, got {batch}")
     report = FileReport()
     rows: list[dict] = []
-    with source.open(encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            report.read += 1
-            try:
-                row = json.loads(line)
-            except ValueError:
-                row = None
-            if not isinstance(row, dict):
-                report.skipped["bad_json"] += 1
-            elif not isinstance(row.get(field), str) or not row[field].strip():
-                report.skipped[f"missing_field:{field}"] += 1
-            elif workflow.unreadable(row[field]):
-                report.skipped["outside_vocabulary"] += 1
-            else:
-                rows.append(row)
+    try:
+        # "\n" only: a JSON string may hold U+2028, which splitlines() would split at
+        lines = source.read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"--input {source}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
+            f"{err.start}); give a JSON-lines file"
+        ) from None
+    for line in lines:
+        if not line.strip():
+            continue
+        report.read += 1
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if not isinstance(row, dict):
+            report.skipped["bad_json"] += 1
+        elif not isinstance(row.get(field), str) or not row[field].strip():
+            report.skipped[f"missing_field:{field}"] += 1
+        elif workflow.unreadable(row[field]):
+            report.skipped["outside_vocabulary"] += 1
+        else:
+            rows.append(row)
     partial = out.with_name(out.name + ".partial")
     out.parent.mkdir(parents=True, exist_ok=True)
     try:

@@ -152,7 +152,19 @@ def test_a_ray_request_larger_than_the_cluster_is_refused_in_one_line(tiny_cache
     grid = {**GRID, "resources": {"gpus": 1}}  # a local Ray instance on this CPU-only machine
     with pytest.raises(ConfigError, match=r"'resources\.gpus' asks 1 per cell .* has 0"):
         run_grid(parse_grid(grid), tmp_path / "grid", runner="ray", workers=1)
-    assert not (tmp_path / "grid" / "cells").exists()
+    assert not (tmp_path / "grid").exists()  # a failed start leaves no results folder
+
+
+def test_a_ray_address_where_nothing_answers_is_one_line_at_once(tmp_path):
+    pytest.importorskip("ray", reason="the ray extra is not installed")
+    import socket
+
+    with socket.socket() as closed:  # a port that was free a moment ago: nothing listens
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    with pytest.raises(ConfigError, match=rf"--address 127.0.0.1:{port}: no Ray cluster answers"):
+        run_grid(parse_grid(GRID), tmp_path / "grid", runner="ray", address=f"127.0.0.1:{port}")
+    assert not (tmp_path / "grid").exists()
 
 
 def test_a_grid_and_its_report_take_a_custom_task(tiny_cache, tmp_path):

@@ -193,6 +193,21 @@ def test_the_local_pool_spawns_its_cells_where_no_folder_holds_a_socket(monkeypa
         pool.close()
 
 
+def test_a_local_ray_under_a_temp_folder_too_deep_for_its_sockets_keeps_its_files_in_tmp(
+    monkeypatch,
+):
+    from marlow.grids.pools import _ray_folder
+
+    monkeypatch.delenv("RAY_TMPDIR", raising=False)
+    monkeypatch.setenv("TMPDIR", "/scratch/" + "j" * 40)  # Ray's folder would be TMPDIR/ray
+    assert _ray_folder() == "/tmp/ray"
+    monkeypatch.setenv("TMPDIR", "/scratch/job")
+    assert _ray_folder() is None  # Ray's own choice fits
+    monkeypatch.setenv("TMPDIR", "/scratch/" + "j" * 40)
+    monkeypatch.setenv("RAY_TMPDIR", "/scratch/" + "j" * 40)
+    assert _ray_folder() is None  # the user's own choice for Ray stands
+
+
 class FakePool:
     """Runs 'cells' in-process: writes DONE, or raises for the names in ``fail``."""
 

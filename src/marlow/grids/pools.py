@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from marlow.fileio import socket_path_fits
 from marlow.grids.cell_process import run_cell
 from marlow.grids.grid import Cell, CellResources
+from marlow.usercode import first_line
 
 TINY_CELL_GIB = 1.5
 OTHER_CELL_GIB = 16.0
@@ -173,7 +174,9 @@ def _run_in_environ(environ: dict[str, str], *args: Any) -> str:
 
 class RayPool:
     """Each cell a Ray task asking for ``resources`` (CPUs default to its threads); ``address``
-    None starts a local Ray."""
+    None starts a local Ray. Where Ray runs already in this process (the caller's own
+    ``ray.init``), the pool uses it, ``address`` unread, and leaves it running at the end;
+    otherwise it connects, and disconnects when it closes or fails to start."""
 
     def __init__(
         self,
@@ -191,15 +194,28 @@ class RayPool:
                 "--runner ray needs Ray; install it with: pip install 'marlow[ray]'"
             ) from None
         self._ray = ray
-        if not ray.is_initialized():
+        self._owned = not ray.is_initialized()
+        if self._owned:
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
             if address is None:
                 kwargs["num_cpus"] = os.cpu_count() or 1
-            ray.init(address=address, **kwargs)
+                if (folder := _ray_folder()) is not None:
+                    kwargs["_temp_dir"] = folder
+            else:
+                _check_address(address)
+            try:
+                ray.init(address=address, **kwargs)
+            except Exception as err:  # Ray's own types, several lines each: one line
+                where = "a local Ray" if address is None else f"Ray at --address {address}"
+                raise RuntimeError(f"could not start {where}: {first_line(err)}") from None
         self.workers = workers
         res = resources or CellResources()
         ask = {"CPU": float(res.cpus or threads), "GPU": res.gpus, **res.custom}
-        _check_cluster(ask, ray.cluster_resources())
+        try:
+            _check_cluster(ask, ray.cluster_resources())
+        except BaseException:
+            self.close()
+            raise
         self._task = ray.remote(
             num_cpus=ask["CPU"], num_gpus=res.gpus, resources=dict(res.custom), max_retries=0
         )(run_cell)
@@ -220,7 +236,54 @@ class RayPool:
             self._ray.cancel(handle, force=True)
 
     def close(self) -> None:
-        self._ray.shutdown()
+        if self._owned:
+            self._ray.shutdown()
+
+
+RAY_SOCKET = "ray/session_2026-12-01_00-00-00_000000_4194304/sockets/plasma_store"
+"""The longest socket path a local Ray makes in its temporary folder: its session folder is named
+by the date, the time and its process id (at most 4,194,304 on Linux)."""
+
+
+def _ray_folder() -> str | None:
+    """Where a local Ray keeps its files, where Ray's own choice would not do: its default folder
+    (``RAY_TMPDIR``, else ``TMPDIR``, else /tmp) made so deep by ``TMPDIR`` that its sockets'
+    paths pass the Unix socket limit (Ray would fail to start). Then ``ray`` under the first of
+    /tmp and /var/tmp that is short enough and writable; None keeps Ray's choice (a user's own
+    ``RAY_TMPDIR`` included)."""
+    if "RAY_TMPDIR" in os.environ or socket_path_fits(
+        f"{os.environ.get('TMPDIR') or '/tmp'}/{RAY_SOCKET}"
+    ):
+        return None
+    for base in ("/tmp", "/var/tmp"):
+        if socket_path_fits(f"{base}/{RAY_SOCKET}") and os.access(base, os.W_OK | os.X_OK):
+            return f"{base}/ray"
+    return None
+
+
+ADDRESS_TIMEOUT_S = 10.0
+"""How long a Ray cluster's address may take to accept a connection before the grid is refused
+(``ray.init`` itself would retry for minutes)."""
+
+
+def _check_address(address: str) -> None:
+    """Refuse, in one line, a ``host:port`` address (or ``ray://host:port``) where nothing
+    accepts a connection within :data:`ADDRESS_TIMEOUT_S`; other forms (``auto``) go to Ray as
+    they are."""
+    import socket
+
+    from marlow.config import ConfigError
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), ADDRESS_TIMEOUT_S).close()
+    except OSError as err:
+        raise ConfigError(
+            f"--address {address}: no Ray cluster answers there ({err.strerror or err}); start "
+            "one (ray start --head) or leave out --address to start a local Ray"
+        ) from None
 
 
 def _check_cluster(ask: dict[str, float], cluster: dict[str, float]) -> None:

@@ -20,8 +20,10 @@ and lock), :mod:`~marlow.grids.pools` (local processes or Ray, and how many at o
 from __future__ import annotations
 
 import os
+import shutil
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +62,7 @@ def run_grid(
     log = log or (lambda _m: None)
     cells = expand(grid)
     root = Path(out)
-    with locked(root):
+    with _left_as_found(root), locked(root):
         if grid_text is not None:
             write_text(root / "grid.yaml", grid_text)
         refuse_changed_cells(root, cells)
@@ -87,6 +89,20 @@ def run_grid(
             finally:
                 pool.close()
         return dict(index.state)
+
+
+@contextmanager
+def _left_as_found(root: Path) -> Iterator[None]:
+    """A results folder that this grid makes is removed again where the grid fails (or is
+    interrupted) before any cell began: a failed start, such as a Ray address where no cluster
+    answers, leaves nothing behind. A folder that existed, or where a cell began, stays."""
+    fresh = not root.exists()
+    try:
+        yield
+    except BaseException:
+        if fresh and not (root / "cells").exists():
+            shutil.rmtree(root, ignore_errors=True)
+        raise
 
 
 def _drive(

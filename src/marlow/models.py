@@ -313,11 +313,13 @@ def load_base(
             tokenizer = AutoTokenizer.from_pretrained(source, padding_side="left")
             with quiet_hf():
                 model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
-        except (OSError, ValueError) as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        except Exception as err:  # a damaged or foreign folder: OSError, ValueError, a config
+            # field of the wrong type (huggingface_hub's strict dataclasses), a negative size...
+            reason = " ".join(str(err).split())[:300].rstrip(".") or type(err).__name__
             raise ModelLoadError(
                 f"model.name {config.name!r} cannot be loaded (offline, or not a causal LM): "
-                f"{first}. Use a local path, a cached hub id, or a tiny scale: tiny-s, tiny-m, tiny-l"
+                f"{reason}. Use a local path, a cached hub id, or a tiny scale: tiny-s, tiny-m, "
+                "tiny-l"
             ) from None
     model.to(device)
     for p in model.parameters():

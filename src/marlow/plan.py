@@ -368,8 +368,11 @@ def plan_run(
     try:
         with torch.device("meta"):
             base = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    except ValueError as err:  # a config of no causal-LM class transformers knows
-        raise ConfigError(f"config field 'model.name': {source} is no causal LM ({err})") from None
+    except (ValueError, RuntimeError, TypeError) as err:  # no causal-LM class, a negative size
+        reason = " ".join(str(err).split())[:200]
+        raise ConfigError(
+            f"config field 'model.name': {source} is no causal LM ({reason})"
+        ) from None
     parameters = _distinct_numel(base.parameters())
     non_embedding = non_embedding_parameters(base)
     adapters, lora = _attach(base, cfg, workflow.roles)
@@ -561,7 +564,14 @@ def architecture(name: str) -> tuple[PretrainedConfig, str]:
         if not (path / "config.json").is_file():
             what = "has no config.json" if path.is_dir() else "is no such folder"
             raise ConfigError(f"config field 'model.name': {name!r} {what}; {valid}")
-        return AutoConfig.from_pretrained(path), f"folder {path}"
+        try:
+            return AutoConfig.from_pretrained(path), f"folder {path}"
+        except Exception as err:  # not JSON, no or an unknown model_type, a field of a wrong type
+            reason = " ".join(str(err).split())[:200]
+            raise ConfigError(
+                f"config field 'model.name': {path / 'config.json'} cannot be read as a model's "
+                f"config ({reason})"
+            ) from None
     try:
         return AutoConfig.from_pretrained(name, local_files_only=True), f"hub cache {name}"
     except (OSError, ValueError):

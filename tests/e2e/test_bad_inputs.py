@@ -64,6 +64,11 @@ def data(id: str, rows: str | bytes, *needles: str, name="d.jsonl", extra=()) ->
 
 
 ADAPTER = "checkpoints/step_000001/adapters/generator/adapter_model.safetensors"
+BAD_QWEN3 = (  # a Qwen3-0.6B's config.json with its hidden size replaced
+    '{"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": %s, '
+    '"intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16, '
+    '"num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936}'
+)
 
 
 def run_folder(checkpoint: dict[str, str | bytes] | None = None, metrics: str | None = None):
@@ -113,6 +118,22 @@ CASES: list[Case] = [
     value("model-missing-absolute-path", "model.name=/no/such/model", "no such folder"),
     value("model-missing-home-path", "model.name=~/no-such-model-x", "no such folder"),
     value("model-not-an-id", "model.name=not a model", "neither a folder nor a hub id"),
+    *(
+        Case(
+            f"{command}-model-folder-{what}",
+            train("model.name=./m") if command == "train" else ["plan", "model.name=./m"],
+            ["model.name", needle],
+            files={"m/config.json": config},
+            model=command == "train",  # the real loader reads the folder
+        )
+        for command in ("train", "plan")
+        for what, config, needle in (
+            ("config-not-json", '{"model_type": "qwen3"', "not a valid JSON file"),
+            ("config-field-of-a-wrong-type", BAD_QWEN3 % '"big"', "hidden_size"),
+            ("config-negative-size", BAD_QWEN3 % "-1024", "negative"),
+        )
+        if (command, what) != ("train", "config-negative-size")  # train: no weights, first
+    ),
     Case(
         "inspect-corrupted-metrics",
         ["inspect", "r"],

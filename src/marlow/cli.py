@@ -106,7 +106,8 @@ def _check_out(out: Path) -> None:
 
 def _run_folder(command: Callable) -> Callable:
     """Check ``--out`` first; when the command made it and then exits 2 before the run wrote its
-    first record, remove it (a failed start leaves nothing behind)."""
+    first record, remove it (a failed start leaves nothing behind), unless another process holds
+    it (a run that made the same folder a moment later, and trains there)."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
@@ -121,17 +122,30 @@ def _run_folder(command: Callable) -> Callable:
                 stop.exit_code == 2
                 and first
                 and not existed
+                and out.is_dir()
                 and not (out / "metrics.jsonl").exists()
             ):
-                shutil.rmtree(out, ignore_errors=True)
+                _remove_unheld(out)
             raise
 
     return wrapper
 
 
+def _remove_unheld(folder: Path) -> None:
+    """Remove ``folder`` while holding it (:func:`marlow.fileio.held`); leave it where another
+    process holds it."""
+    from marlow.fileio import FolderBusy, held
+
+    try:
+        with held(folder, "marlow command"):
+            shutil.rmtree(folder, ignore_errors=True)
+    except FolderBusy:
+        pass
+
+
 def _user_errors():
     from marlow.config import ConfigError
-    from marlow.fileio import DamagedFileError
+    from marlow.fileio import DamagedFileError, FolderBusy
     from marlow.models import ModelLoadError
     from marlow.rewards.user import RewardsMissing
     from marlow.rollout.vllm import VLLMEngineError
@@ -143,6 +157,7 @@ def _user_errors():
     return (
         ConfigError,
         DamagedFileError,
+        FolderBusy,
         ModelLoadError,
         FileExistsError,
         FileNotFoundError,

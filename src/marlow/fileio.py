@@ -1,12 +1,15 @@
 """Result files written atomically (to a ``.tmp`` sibling, then ``os.replace``d into place, so a
 reader, or a run killed mid-write, sees the old file or the new one, never half of one), a file's
-hash, and whether a path is short enough for a Unix socket."""
+hash, a folder held by one process at a time, and whether a path is short enough for a Unix
+socket."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,3 +54,30 @@ its closing NUL. A socket made under a long temporary folder (``TMPDIR``) can pa
 def socket_path_fits(path: str | Path) -> bool:
     """Whether a Unix socket can be made at ``path`` (:data:`SOCKET_PATH_MAX`)."""
     return len(os.fsencode(path)) <= SOCKET_PATH_MAX
+
+
+class FolderBusy(RuntimeError):
+    """Another process holds the folder (:func:`held`); the message is one line naming it."""
+
+
+@contextmanager
+def held(folder: str | Path, what: str) -> Iterator[None]:
+    """Hold ``folder`` (which must exist) while the block runs, or raise :class:`FolderBusy`, at
+    once, where another process holds it: ``another {what} is running in {folder}``. The lock is the
+    kernel's exclusive ``flock`` on the folder itself: nothing is written into the folder, and a
+    process that ends, however it ends (``kill -9`` included), lets go of it. Where the platform
+    has no ``flock``, nothing is held."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FolderBusy(f"another {what} is running in {folder}") from None
+        yield
+    finally:
+        os.close(fd)

@@ -584,3 +584,22 @@ def test_bad_input_is_one_clear_line_and_leaves_nothing(case: Case, tmp_path, mo
     for needle in case.needles:
         assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
     assert _snapshot(tmp_path) == before  # nothing new, removed or changed
+
+
+def test_a_run_folder_another_process_holds_is_refused_in_one_line_and_left_as_it_was(
+    tmp_path, monkeypatch, tiny_cache
+):
+    """A trainer holds its run folder while it trains: a second ``marlow train`` on it (here
+    while the first has made the folder and not yet written a record) is refused before it
+    writes anything there."""
+    from marlow.fileio import held
+
+    monkeypatch.setenv("MARLOW_CACHE", tiny_cache)
+    (tmp_path / "r").mkdir()
+    before = _snapshot(tmp_path)
+    with held(tmp_path / "r", "marlow train"):  # as the trainer of that run holds it
+        result = in_process(["train", TINY, "--out", "r"], tmp_path)
+    assert isinstance(result.exception, SystemExit) and result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert lines == ["error: another marlow train is running in r"], result.output
+    assert _snapshot(tmp_path) == before

@@ -14,19 +14,18 @@ The results folder::
 is a view the parent process rewrites atomically after every change (:class:`GridIndex`). A
 folder whose cells ran under other settings than the grid now gives them (their
 ``config.yaml`` differs) is refused, naming the cells and fields, so one table never mixes two
-grids; a lock file keeps two grid processes off one folder. ``marlow.report.results`` reads the
+grids; a lock on the folder keeps two grid processes off it. ``marlow.report.results`` reads the
 folder back.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from marlow.fileio import write_json
+from marlow.fileio import held, write_json
 from marlow.grids.grid import Cell, GridSpec
 
 
@@ -81,13 +80,10 @@ class GridIndex:
 
 @contextmanager
 def locked(root: Path) -> Iterator[None]:
-    """Hold the folder's lock file (created with the folder), or raise: one grid per folder."""
+    """Make the results folder and hold it (:func:`marlow.fileio.held`), or raise: one grid per
+    folder."""
     root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RuntimeError(f"another marlow grid is running in {root}") from None
+    with held(root, "marlow grid"):
         yield
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -44,7 +45,7 @@ from marlow.diagnostics.runstats import series
 from marlow.diagnostics.signatures import read_signatures, trajectory_signatures, write_signatures
 from marlow.diagnostics.sinks import JsonlSink, first_event, open_sinks, read_jsonl
 from marlow.diagnostics.truncation import truncation_warnings
-from marlow.fileio import write_json, write_text
+from marlow.fileio import held, write_json, write_text
 from marlow.logs import Phase
 from marlow.models import (
     checkpoint_layers,
@@ -128,6 +129,7 @@ class Trainer:
         config, seeding = resolve_seeding(config, launched_size())
         self.cfg = config
         self.out = Path(out_dir)
+        self._folder: ExitStack | None = None  # the run folder, held while a run trains
         self.log = log or (lambda _msg: None)
         if config.threads:
             torch.set_num_threads(config.threads)
@@ -219,7 +221,9 @@ class Trainer:
         self._truncation_warned: set[tuple[str, str]] = set()  # (split, role) warned of cut turns
 
     def close(self) -> None:
-        """Stop the rollout engine (a vLLM engine's processes); safe to call twice."""
+        """Stop the rollout engine (a vLLM engine's processes) and let go of the run folder; safe
+        to call twice."""
+        self._release_folder()
         engine = getattr(self, "engine", None)  # the agents' own, unless a caller swapped it
         if engine is None and getattr(self, "agents", None) is not None:
             engine = self.agents.engine
@@ -573,6 +577,7 @@ class Trainer:
             if self.step > first:
                 seconds = time.monotonic() - started
                 self.log(Phase(f"trained to step {self.step} in {seconds:.0f} s -> {self.out}"))
+        self._release_folder()
         self.ranks.leave()  # after rank 0 closed the run's files
         return self.out
 
@@ -608,7 +613,11 @@ class Trainer:
 
     def _open_run_folder(self, resume: bool, resume_from: int | None) -> int:
         """Create or reopen the run folder; returns the last step whose records stand (-1: none).
-        Every check comes before the first write: a refused resume leaves the folder as it was."""
+        Every check comes before the first write: a refused resume leaves the folder as it was.
+        The folder is held (:func:`marlow.fileio.held`) from here until the run ends: a second
+        trainer on it, a resume of a run still training included, is refused in one line."""
+        if self.out.is_dir():
+            self._hold_folder()
         if not resume and (self.out / "metrics.jsonl").exists():
             raise FileExistsError(
                 f"{self.out} already holds a run; pass --resume to continue it or choose another --out"
@@ -627,6 +636,7 @@ class Trainer:
                 checkpoint.remove(later)
         checkpoint.tidy(self.out)
         self.out.mkdir(parents=True, exist_ok=True)
+        self._hold_folder()
         runbase.record(self.out, self.cfg.model, self.family)  # once per run
         resume_lib.record_workflow_file(self.out, self.cfg)  # a file workflow's text, once
         write_text(self.out / "config.yaml", dump_config(self.cfg))
@@ -648,6 +658,18 @@ class Trainer:
             changed = f"; changed: {', '.join(changes)}" if changes else ""
             self.log(f"resumed from {found.name} (step {self.step}){changed}")
         return done
+
+    def _hold_folder(self) -> None:
+        """Hold the run folder until the run ends (:meth:`run`) or the trainer closes."""
+        if self._folder is None:
+            stack = ExitStack()
+            stack.enter_context(held(self.out, "marlow train"))
+            self._folder = stack
+
+    def _release_folder(self) -> None:
+        if self._folder is not None:
+            self._folder.close()
+            self._folder = None
 
     def _loop(self, on_step: Callable[[int, dict], None] | None) -> None:
         if self.step == 0:

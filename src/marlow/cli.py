@@ -2,14 +2,16 @@
 
 Errors a user can fix (config, model id, run folder, a command-line flag) print one line and
 exit 2, with rich markup escaped (a hint such as ``pip install 'marlow[data]'`` keeps its
-``[data]``). An interrupt (Ctrl-C, or SIGINT from a script) of ``train``, ``grid`` or
-``quickstart`` exits 130 after one line saying what was kept and how to go on. A run folder that ``train`` or ``eval`` created is removed again when the command
+``[data]``). An interrupt (Ctrl-C, or SIGINT or SIGTERM from a script or a scheduler) of
+``train``, ``grid`` or ``quickstart`` exits 130 after one line saying what was kept and how to go
+on. A run folder that ``train`` or ``eval`` created is removed again when the command
 then fails on such an error before the run wrote its first record (``metrics.jsonl``): a failed
 start leaves nothing behind, a run that trained keeps its files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect as pyinspect
 import json
@@ -19,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -267,11 +269,15 @@ def train(
         from marlow.training.trainer import Trainer
 
         started = time.monotonic()
-        with Trainer(cfg, out, log=_log) as trainer, _StepProgress(cfg.steps) as progress:
+        with (
+            _terminate_as_interrupt(),
+            Trainer(cfg, out, log=_log) as trainer,
+            _StepProgress(cfg.steps) as progress,
+        ):
             trainer.run(resume=resuming, resume_from=resume_from, on_step=progress.update)
     except _user_errors() as err:
         _fail(str(err))
-    except KeyboardInterrupt:  # Ctrl-C, or SIGINT from a script or a scheduler
+    except KeyboardInterrupt:  # Ctrl-C, SIGINT or SIGTERM from a script or a scheduler
         if os.environ.get("RANK", "0") == "0":
             _interrupted(out, started=trainer is not None)
         raise typer.Exit(130) from None
@@ -376,9 +382,49 @@ def _launch_data_parallel(
             command.append("--resume")
         if resume_from is not None:
             command += ["--resume-from", str(resume_from)]
-        code = subprocess.run(command).returncode
+        code = _run_forwarding_terminate(command)
     if code:
         raise typer.Exit(code)
+
+
+def _run_forwarding_terminate(command: list[str]) -> int:
+    """Run ``command`` and return its exit code; a SIGTERM to this process meanwhile is passed on
+    to it (torchrun passes it on to its ranks, which stop as on Ctrl-C, rank 0 saying what was
+    kept; torchrun then reports the signal in its own words) and its end awaited: then 130, as
+    an interrupted ``marlow train`` exits."""
+    import signal
+
+    forwarded = []
+
+    def forward(signum: int, _frame: object) -> None:
+        forwarded.append(signum)
+        proc.send_signal(signum)
+
+    with subprocess.Popen(command) as proc:
+        previous = signal.signal(signal.SIGTERM, forward)
+        try:
+            code = proc.wait()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    return 130 if forwarded and code else code
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a scheduler's stop, ``kill PID``) taken as Ctrl-C while the block runs: the
+    command stops as on an interrupt, saying what it kept and how to go on (exit 130), where
+    SIGTERM's default would end the process on the spot without a word."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread
+        return
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @app.command(
@@ -570,7 +616,7 @@ def quickstart(
 
     _check_out(out)
 
-    with _CellProgress(28) as bars:
+    with _CellProgress(28) as bars, _terminate_as_interrupt():
         try:
             settings = parse_overrides(overrides or [])
             summary = run_quickstart(
@@ -663,7 +709,7 @@ def grid(
             print(describe_cells(spec, cells))
             return
         started = time.monotonic()
-        with _CellProgress(34) as bars:
+        with _CellProgress(34) as bars, _terminate_as_interrupt():
             states = run_grid(
                 spec,
                 out,

@@ -2,10 +2,11 @@
 
 * ``torchrun --nproc_per_node 2 -m marlow train ...`` with no seeding setting: the default
   ``rollout.seeding=auto`` picks ``request``, the run records it and says so once;
-* SIGINT to ``marlow train`` mid-run: exit 130 and one line naming the step, the last checkpoint
-  and the resume command; no child process left;
-* SIGINT to the ``marlow grid`` process alone (``kill -INT``): its cells' processes stop too, and
-  ``index.json`` marks the stopped cell pending, not running;
+* SIGINT or SIGTERM to ``marlow train`` mid-run: exit 130 and one line naming the step, the last
+  checkpoint and the resume command; no child process left; the same for SIGTERM to
+  ``marlow train --nproc 2``, passed on to its ranks;
+* SIGINT or SIGTERM to the ``marlow grid`` process alone (``kill -INT``, ``kill``): its cells'
+  processes stop too, and ``index.json`` marks the stopped cell pending, not running;
 * SIGKILL to the ``marlow grid`` process: no process it started outlives it (its cells run in
   processes forked from its fork server, and die with it).
 """
@@ -25,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from marlow.training import checkpoint
@@ -108,7 +110,8 @@ def test_torchrun_with_two_processes_needs_no_seeding_setting(tiny_cache, tmp_pa
     assert len(said) == 1 and "request" in said[0], done.stderr[-3000:]
 
 
-def test_sigint_to_train_says_what_was_kept_and_how_to_resume(tiny_cache, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupt_of_train_says_what_was_kept_and_how_to_resume(sig, tiny_cache, tmp_path):
     command = [sys.executable, "-m", "marlow", "train", *TINY, "steps=50", "ckpt_every=2"]
     proc = subprocess.Popen(
         [*command, "val_every=50", "--out", "runs/x"],
@@ -122,7 +125,7 @@ def test_sigint_to_train_says_what_was_kept_and_how_to_resume(tiny_cache, tmp_pa
     try:
         wait_for(lambda: logged_step(run) >= 3 or proc.poll() is not None, "step 3")
         children = descendants(proc.pid)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         _, stderr = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
@@ -138,6 +141,36 @@ def test_sigint_to_train_says_what_was_kept_and_how_to_resume(tiny_cache, tmp_pa
     assert expected in " ".join(stderr.split()), stderr[-3000:]
     assert "Traceback" not in stderr
     wait_for(lambda: not any(alive(p) for p in children), "the run's children to end", 60)
+
+
+def test_sigterm_to_a_data_parallel_train_stops_every_rank_and_says_what_was_kept(
+    tiny_cache, tmp_path
+):
+    """``marlow train --nproc 2`` passes a SIGTERM on to torchrun, whose ranks stop as on
+    Ctrl-C: rank 0 says what was kept; the launcher exits 130 once every process has ended."""
+    command = [sys.executable, "-m", "marlow", "train", *TINY, "steps=50", "ckpt_every=2"]
+    proc = subprocess.Popen(
+        [*command, "val_every=50", "--nproc", "2", "--out", "runs/x"],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=env(tiny_cache),
+        cwd=tmp_path,
+    )
+    run = tmp_path / "runs" / "x"
+    try:
+        wait_for(lambda: logged_step(run) >= 3 or proc.poll() is not None, "step 3")
+        children = descendants(proc.pid)
+        proc.send_signal(signal.SIGTERM)  # the launcher alone, as `kill PID` sends it
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr[-3000:]
+    said = " ".join(stderr.split())
+    assert f"interrupted at step {logged_step(run) + 1}; the last checkpoint is step" in said, said
+    assert "resume with `marlow train --out runs/x --resume`" in said
+    wait_for(lambda: not any(alive(p) for p in children), "the ranks to end", 60)
 
 
 GRID = """\
@@ -186,9 +219,12 @@ def grid_at_step_1(cache: str, tmp_path: Path):
         shutil.rmtree(tmpdir)
 
 
-def test_sigint_to_the_grid_process_stops_its_cells_and_leaves_the_index_true(tiny_cache, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupt_of_the_grid_process_stops_its_cells_and_leaves_the_index_true(
+    sig, tiny_cache, tmp_path
+):
     with grid_at_step_1(tiny_cache, tmp_path) as (proc, cell, children):
-        os.kill(proc.pid, signal.SIGINT)  # the grid process alone, as `kill -INT PID` sends it
+        os.kill(proc.pid, sig)  # the grid process alone, as `kill -INT PID` or `kill PID` sends it
         _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 130, stderr[-3000:]
     assert "Traceback" not in stderr

@@ -427,17 +427,14 @@ CASES: list[Case] = [
     Case("pretrain-unknown-task", ["pretrain-tiny", "--task", "chess"], ["chess", "math"]),
     Case("grid-missing-file", ["grid", "nope.yaml"], ["nope.yaml"]),
     Case("grid-without-file", ["grid"], ["Missing argument", "grid --help"]),
-    Case(
-        "grid-workers-negative",
-        ["grid", "g.yaml", "--workers", "-3"],
-        ["--workers", "greater than or equal to 1"],
-        {"g.yaml": "workflows: [single]\ncontrols: []\n"},
-    ),
-    Case(
-        "grid-workers-zero",
-        ["grid", "g.yaml", "--workers", "0"],
-        ["--workers", "greater than or equal to 1"],
-        {"g.yaml": "workflows: [single]\ncontrols: []\n"},
+    *(
+        Case(
+            f"grid-workers-{name}",
+            ["grid", "g.yaml", "--workers", workers],
+            ["--workers", "greater than or equal to 1"],
+            {"g.yaml": "workflows: [single]\ncontrols: []\n"},
+        )
+        for name, workers in (("negative", "-3"), ("zero", "0"))
     ),
     Case(
         "grid-out-under-file",

@@ -110,27 +110,34 @@ def test_torchrun_with_two_processes_needs_no_seeding_setting(tiny_cache, tmp_pa
     assert len(said) == 1 and "request" in said[0], done.stderr[-3000:]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_an_interrupt_of_train_says_what_was_kept_and_how_to_resume(sig, tiny_cache, tmp_path):
+def interrupted_train(cache: str, tmp_path: Path, sig: int, *extra: str):
+    """``marlow train ... EXTRA --out runs/x`` sent ``sig`` once it has logged step 3; its exit
+    code, stderr, run folder and the processes below it then."""
     command = [sys.executable, "-m", "marlow", "train", *TINY, "steps=50", "ckpt_every=2"]
     proc = subprocess.Popen(
-        [*command, "val_every=50", "--out", "runs/x"],
+        [*command, "val_every=50", *extra, "--out", "runs/x"],
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
-        env=env(tiny_cache),
+        env=env(cache),
         cwd=tmp_path,
     )
     run = tmp_path / "runs" / "x"
     try:
         wait_for(lambda: logged_step(run) >= 3 or proc.poll() is not None, "step 3")
         children = descendants(proc.pid)
-        proc.send_signal(sig)
+        proc.send_signal(sig)  # the command's process alone, as `kill PID` sends it
         _, stderr = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, stderr[-3000:]
+    return proc.returncode, stderr, run, children
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupt_of_train_says_what_was_kept_and_how_to_resume(sig, tiny_cache, tmp_path):
+    code, stderr, run, children = interrupted_train(tiny_cache, tmp_path, sig)
+    assert code == 130, stderr[-3000:]
     done = logged_step(run)
     kept = checkpoint.latest(run)  # complete checkpoints, as the code reads them
     assert not list(run.glob("checkpoints/*.tmp"))  # a save in progress was finished first
@@ -148,25 +155,10 @@ def test_sigterm_to_a_data_parallel_train_stops_every_rank_and_says_what_was_kep
 ):
     """``marlow train --nproc 2`` passes a SIGTERM on to torchrun, whose ranks stop as on
     Ctrl-C: rank 0 says what was kept; the launcher exits 130 once every process has ended."""
-    command = [sys.executable, "-m", "marlow", "train", *TINY, "steps=50", "ckpt_every=2"]
-    proc = subprocess.Popen(
-        [*command, "val_every=50", "--nproc", "2", "--out", "runs/x"],
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-        env=env(tiny_cache),
-        cwd=tmp_path,
+    code, stderr, run, children = interrupted_train(
+        tiny_cache, tmp_path, signal.SIGTERM, "--nproc", "2"
     )
-    run = tmp_path / "runs" / "x"
-    try:
-        wait_for(lambda: logged_step(run) >= 3 or proc.poll() is not None, "step 3")
-        children = descendants(proc.pid)
-        proc.send_signal(signal.SIGTERM)  # the launcher alone, as `kill PID` sends it
-        _, stderr = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, stderr[-3000:]
+    assert code == 130, stderr[-3000:]
     said = " ".join(stderr.split())
     assert f"interrupted at step {logged_step(run) + 1}; the last checkpoint is step" in said, said
     assert "resume with `marlow train --out runs/x --resume`" in said

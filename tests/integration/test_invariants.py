@@ -14,6 +14,8 @@ from marlow.policy.adapters import adapter_parameters, use_adapter
 from marlow.training.trainer import Trainer
 from tests.integration.reference import completion_logp
 
+ADAM_EPS = 1e-8  # torch's default, as the trainer's AdamW
+
 
 def plain_grpo_step(model, episodes, params, *, lr, temperature, clip, eps=1e-6):
     """Textbook single-agent GRPO, one on-policy update, seq-mean-token-mean, no padding."""
@@ -32,9 +34,10 @@ def plain_grpo_step(model, episodes, params, *, lr, temperature, clip, eps=1e-6)
     loss = torch.stack(per_turn).mean()
     loss.backward()
     norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), weight_decay=0.0)
+    grads = [p.grad.detach().clone() for p in params]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), weight_decay=0.0, eps=ADAM_EPS)
     opt.step()
-    return float(loss.detach()), norm
+    return float(loss.detach()), norm, grads
 
 
 def test_single_sp_equals_plain_grpo(small_config, tmp_path, one_row_a_sequence):
@@ -54,7 +57,7 @@ def test_single_sp_equals_plain_grpo(small_config, tmp_path, one_row_a_sequence)
     start = {k: v.detach().clone() for k, v in named.items()}
 
     with use_adapter(trainer.model, "shared"):
-        ref_loss, ref_norm = plain_grpo_step(
+        ref_loss, ref_norm, ref_grads = plain_grpo_step(
             trainer.model,
             episodes,
             params,
@@ -74,10 +77,18 @@ def test_single_sp_equals_plain_grpo(small_config, tmp_path, one_row_a_sequence)
     assert record["train/shared/loss"] == pytest.approx(ref_loss, abs=1e-6)
     assert record["train/shared/grad_norm"] == pytest.approx(ref_norm, rel=1e-5)
     assert record["train/all/frac_reward_zero_std"] == pytest.approx(1 / 3)
-    # Adam's first step is about lr * sign(g): where |g| is near Adam's eps, round-off in g shows
-    # up at a fraction of lr. 1 % of lr still fails on any real difference in the update.
-    for k, v in named.items():
-        torch.testing.assert_close(v.detach(), ref[k], atol=0.01 * cfg.optim.lr, rtol=0)
+    # Adam's first step is lr * g / (|g| + eps): where |g| is within a few eps of 0, an absolute
+    # round-off of 1e-10 in g (sums cancelling to nearly nothing, added in another order on
+    # another CPU) moves the step by 1 % of lr, so those elements' steps say nothing. Past
+    # 1,000 eps the step moves by lr * round-off * eps / g^2 (under 1e-6 of lr): compared there
+    # within 1e-4 of lr (the reference's temperature 2 % off moved 25 elements by up to 2 lr).
+    lr = cfg.optim.lr
+    compared = 0
+    for (k, v), g in zip(named.items(), ref_grads, strict=True):
+        clear = (g.abs() > 1e3 * ADAM_EPS) | (g == 0)  # zero: LoRA's A under a B of zeros
+        compared += int(clear.sum())
+        torch.testing.assert_close(v.detach()[clear], ref[k][clear], atol=1e-4 * lr, rtol=0)
+    assert compared > 0.9 * sum(g.numel() for g in ref_grads)
 
 
 class Stop(Exception):

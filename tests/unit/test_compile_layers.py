@@ -12,6 +12,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from marlow import models
+from marlow.algo import matmul
 from marlow.config import ConfigError
 from marlow.models import checkpoint_layers, compile_layers, completion_logprobs, fuse_norms
 from marlow.policy.adapters import LoraSpec, attach_adapters, use_adapter
@@ -136,13 +137,19 @@ def test_compiled_bfloat16_layers_are_no_farther_from_float32_than_eager_ones(mo
     assert gap(unchecked) <= 1.5 * gap(eager)
 
 
-def test_compiled_bfloat16_layers_share_their_compilations(monkeypatch):
+@pytest.mark.parametrize("native", [True, False], ids=["native-bf16", "slow-bf16"])
+def test_compiled_bfloat16_layers_share_their_compilations(monkeypatch, native):
     """Over a bfloat16 base the norms and the LoRA linears compute through marlow's forwards
     (``fuse_norms``, ``lora_in_base_dtype``), by their class (``marlow.forwards``): every layer
     shares one compilation per kind of pass, however many layers, and a later pass (a new
     ``lora_in_base_dtype`` block, new factors held) compiles nothing more. Before, an object set
     on each module was guarded by its identity: a compilation per layer and per block, until
-    torch's limit, then eager. Dynamo alone (its guards decide; no code generated)."""
+    torch's limit, then eager. Dynamo alone (its guards decide; no code generated).
+
+    On both kinds of CPU, whichever this one is: with native bfloat16 products (AVX-512 BF16,
+    AMX) and without (AVX2), where :func:`marlow.algo.matmul.operands` re-lays out an operand of
+    each backward product without a guard on the tokens' count (with one, 7 graphs here)."""
+    monkeypatch.setattr(matmul, "_NATIVE", {**matmul._NATIVE, torch.bfloat16: native})
     monkeypatch.setattr(models, "_GAVE_UP", [])
     monkeypatch.setattr(models, "_COMPILED_HEAD", [])  # made anew with the eager backend
     monkeypatch.setattr(torch, "compile", partial(torch.compile, backend="eager"))

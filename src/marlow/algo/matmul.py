@@ -15,13 +15,17 @@ kernel), and are the plain product everywhere else: float32, a GPU, a CPU with n
 
 The copy changes only the order in which the product's float32 accumulator sums, so the result
 equals the plain product up to bfloat16 round-off (tests). A choice of marlow: the operand copied
-is the one with fewer elements.
+is the one with fewer elements. Under ``torch.compile`` with the tokens' count symbolic, where
+which is smaller is not known without a guard on that count, the second operand is copied (in a
+backward product, the weight): a guard would compile each graph again whenever a pass's tokens
+crossed the line.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 _HALF = (torch.bfloat16, torch.float16)
 
@@ -68,7 +72,7 @@ def operands(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
         return a, b
     if a.dim() != 2 or b.dim() != 2 or _row_major(a) != _row_major(b):
         return a, b
-    if a.numel() <= b.numel():
+    if statically_known_true(a.numel() <= b.numel()):  # no guard on symbolic sizes
         return _other_layout(a), b
     return a, _other_layout(b)
 

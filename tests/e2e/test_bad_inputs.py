@@ -427,6 +427,21 @@ CASES: list[Case] = [
     Case("pretrain-unknown-task", ["pretrain-tiny", "--task", "chess"], ["chess", "math"]),
     Case("grid-missing-file", ["grid", "nope.yaml"], ["nope.yaml"]),
     Case("grid-without-file", ["grid"], ["Missing argument", "grid --help"]),
+    Case(
+        "grid-binary", ["grid", "g.yaml"], ["g.yaml", "byte 2 is not UTF-8"], {"g.yaml": b"a:\xff"}
+    ),
+    Case(
+        "grid-bad-yaml",
+        ["grid", "g.yaml"],
+        ["g.yaml is not valid YAML at line 2", "expected ',' or ']'"],
+        {"g.yaml": "workflows: [single\n"},
+    ),
+    Case(
+        "workflow-file-binary",
+        train("workflow.name=w.yaml"),
+        ["workflow file w.yaml", "byte 0 is not UTF-8 text"],
+        {"w.yaml": b"\xff\xfe name: x\n"},
+    ),
     *(
         Case(
             f"grid-workers-{name}",

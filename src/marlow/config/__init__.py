@@ -14,6 +14,7 @@ from marlow.config.loading import (
     parse_overrides,
     preset_settings,
     resolve,
+    yaml_problem,
 )
 from marlow.config.preset_diff import PresetDiff, preset_diff, preset_diff_markdown
 from marlow.config.schema import (
@@ -81,4 +82,5 @@ __all__ = [
     "preset_diff_markdown",
     "preset_settings",
     "resolve",
+    "yaml_problem",
 ]

@@ -197,14 +197,21 @@ def load_config(
                 reason += "; give a .yaml file, and overrides as key=value"
             raise ConfigError(f"cannot read config {path}: {reason}") from None
         except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            where = f" at line {mark.line + 1}" if mark is not None else ""
-            problem = getattr(err, "problem", None) or type(err).__name__
+            line, problem = yaml_problem(err)
+            where = f" at line {line}" if line is not None else ""
             raise ConfigError(f"config {path} is not valid YAML{where}: {problem}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config {path} must be a YAML mapping, got {type(loaded).__name__}")
         data = merge(data, _shorthand(loaded))
     return resolve(merge(data, _shorthand(parse_overrides(overrides or []))))
+
+
+def yaml_problem(err: yaml.YAMLError) -> tuple[int | None, str]:
+    """Where a YAML file's error is (its line, from 1; None where PyYAML gives none) and what it
+    is, in one line, for an error message that names the file."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or (str(err).splitlines() or [type(err).__name__])[0]
+    return (mark.line + 1 if mark is not None else None), problem
 
 
 def dump_config(config: RunConfig) -> str:

@@ -71,7 +71,7 @@ from pydantic import (
     model_validator,
 )
 
-from marlow.config import ConfigError, RunConfig, merge, resolve
+from marlow.config import ConfigError, RunConfig, merge, resolve, yaml_problem
 from marlow.config.titles import POLICY_TITLES, scale_title
 from marlow.rollout.base import check_backend_name
 from marlow.training.distributed import resolve_seeding
@@ -267,8 +267,14 @@ def _read_grid(path: Path) -> GridSpec:
         raise FileNotFoundError(f"grid file {path} does not exist")
     try:
         data = yaml.safe_load(path.read_text()) or {}
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"grid file {path}: byte {err.start} is not UTF-8 text; save it as UTF-8"
+        ) from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"grid file {path} is not valid YAML: {err}") from None
+        line, problem = yaml_problem(err)
+        where = f" at line {line}" if line is not None else ""
+        raise ConfigError(f"grid file {path} is not valid YAML{where}: {problem}") from None
     return parse_grid(data, str(path))
 
 

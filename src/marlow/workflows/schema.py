@@ -66,6 +66,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from marlow.config import yaml_problem
 from marlow.prompts import TEMPLATES
 
 KINDS = {
@@ -294,6 +295,10 @@ def read_workflow_file(path: str | Path) -> tuple[WorkflowFile, _Errors]:
         raise WorkflowFileError(
             f"workflow file {source}: cannot read it ({err.strerror})"
         ) from None
+    except UnicodeDecodeError as err:
+        raise WorkflowFileError(
+            f"workflow file {source}: byte {err.start} is not UTF-8 text; save it as UTF-8"
+        ) from None
     return parse_workflow_text(text, source)
 
 
@@ -302,9 +307,8 @@ def parse_workflow_text(text: str, source: str) -> tuple[WorkflowFile, _Errors]:
         root = yaml.compose(text)
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{source}, line {mark.line + 1}" if mark else source
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        line, problem = yaml_problem(err)
+        where = f"{source}, line {line}" if line is not None else source
         raise WorkflowFileError(f"workflow file {where}: not valid YAML: {problem}") from None
     errors = _Errors(source, root)
     if not isinstance(data, dict):

@@ -13,8 +13,9 @@ import argparse
 from pathlib import Path
 
 from marlow.config import resolve
+from marlow.diagnostics.sinks import read_metrics
 from marlow.report.inspect import ROLE_METRICS, inspect_run
-from marlow.training.trainer import Trainer, read_metrics
+from marlow.training.trainer import Trainer
 
 CELLS = [
     ("single", "ip"),

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from marlow.config import ConfigError, RunConfig, load_config, merge, resolve
 from marlow.diagnostics.runstats import series
-from marlow.diagnostics.sinks import read_jsonl
+from marlow.diagnostics.sinks import read_metrics
+from marlow.fileio import read_json_object
 from marlow.logs import quiet
 
 if TYPE_CHECKING:
@@ -241,13 +242,11 @@ def load_run(path: str | Path) -> Run:
         raise ConfigError(f"{path} is not a run folder (no config.yaml)")
     config = load_config(path / "config.yaml")
     metrics = path / "metrics.jsonl"
-    records = list(read_jsonl(metrics)) if metrics.exists() else []
+    records = read_metrics(path) if metrics.exists() else []
     checkpoints = ckpt.all_done(path)
     adapters: dict[str, Path] = {}
     if checkpoints:
         root = checkpoints[-1] / "adapters"
         adapters = {p.name: p for p in sorted(root.iterdir()) if p.is_dir()}
-    evals = {
-        f.parent.name: json.loads(f.read_text()) for f in sorted(path.glob("evals/*/eval.json"))
-    }
+    evals = {f.parent.name: read_json_object(f) for f in sorted(path.glob("evals/*/eval.json"))}
     return Run(path, config, Metrics(records), checkpoints, adapters, evals)

@@ -289,8 +289,8 @@ def _interrupted(out: Path, started: bool) -> None:
     """What an interrupted ``marlow train`` kept and how to go on, in one line: the step it was
     in (one past the last step in ``metrics.jsonl``), the last checkpoint (a resume redoes the
     steps after it) and the command that resumes."""
+    from marlow.diagnostics.sinks import read_metrics
     from marlow.training import checkpoint as ckpt
-    from marlow.training.trainer import read_metrics
 
     if not started or not (out / "metrics.jsonl").exists():
         console.print(
@@ -323,8 +323,8 @@ def _interrupted(out: Path, started: bool) -> None:
 def _train_summary(out: Path, seconds: float) -> None:
     """The end of ``marlow train``: validation peak and final, time, and where things are."""
     from marlow.diagnostics.runstats import run_statistics
+    from marlow.diagnostics.sinks import read_metrics
     from marlow.training import checkpoint as ckpt
-    from marlow.training.trainer import read_metrics
 
     records = read_metrics(out)
     val = run_statistics(records).get("val")

@@ -37,6 +37,22 @@ def write_json(path: str | Path, obj: Any, *, sort_keys: bool = False) -> Path:
     return write_text(path, json.dumps(obj, indent=2, sort_keys=sort_keys) + "\n")
 
 
+def read_json_object(path: str | Path) -> dict:
+    """The JSON object a run's file holds (as :func:`write_json` wrote it); a file that is not
+    UTF-8 text, not JSON or not an object is :class:`DamagedFileError`, naming it."""
+    path = Path(path)
+    try:
+        value = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        reason = "not UTF-8 text" if isinstance(err, UnicodeDecodeError) else f"not JSON ({err})"
+        raise DamagedFileError(f"{path} is {reason}; the file is damaged") from None
+    if not isinstance(value, dict):
+        raise DamagedFileError(
+            f"{path} holds a JSON {type(value).__name__}, not an object; the file is damaged"
+        )
+    return value
+
+
 def sha256_file(path: str | Path) -> str:
     """The hex sha256 of a file's bytes, read in 1 MiB blocks (weights files run to gigabytes)."""
     digest = hashlib.sha256()

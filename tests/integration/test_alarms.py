@@ -7,8 +7,9 @@ import json
 import pytest
 import torch
 
+from marlow.diagnostics.sinks import read_metrics
 from marlow.policy.adapters import adapter_parameters
-from marlow.training.trainer import Trainer, read_metrics
+from marlow.training.trainer import Trainer
 
 ACCURACY = {0: 0.5, 1: 0.6, 2: 0.4, 3: 0.4, 4: 0.4, 5: 0.4}  # scripted validations: a cliff
 

@@ -25,8 +25,9 @@ import pytest
 
 from marlow.config import resolve
 from marlow.diagnostics.detectors import describe, gradient_amplification
+from marlow.diagnostics.sinks import read_metrics
 from marlow.tiny.pretrain import pretrain_tiny
-from marlow.training.trainer import Trainer, read_metrics
+from marlow.training.trainer import Trainer
 
 SLOTS = {"generator": 3, "aggregator": 1}
 

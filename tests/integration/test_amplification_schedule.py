@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from marlow.diagnostics.detectors import gradient_amplification
 from marlow.diagnostics.runstats import run_statistics
-from marlow.training.trainer import Trainer, read_metrics
+from marlow.diagnostics.sinks import read_metrics
+from marlow.training.trainer import Trainer
 from tests.integration.reference import vary_rewards
 
 SLOTS = {"generator": 3, "aggregator": 1}

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from marlow.diagnostics.sinks import read_metrics
 from marlow.policy.routing import make_routing
 from marlow.prompts.chat import chat_prompt_ids
 from marlow.rollout.hf import HFEngine
@@ -13,7 +14,7 @@ from marlow.tasks.base import CodeGrader
 from marlow.tiny import codegen
 from marlow.tiny.model import build_model
 from marlow.tiny.tokenizer import build_tokenizer
-from marlow.training.trainer import Trainer, read_metrics
+from marlow.training.trainer import Trainer
 from marlow.types import SamplingParams
 from marlow.workflows import build_workflow
 from marlow.workflows.engine import run_episodes

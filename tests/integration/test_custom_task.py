@@ -16,13 +16,14 @@ from pathlib import Path
 import pytest
 
 from marlow.config import ConfigError, dump_config, resolve
+from marlow.diagnostics.sinks import read_metrics
 from marlow.report.rescore import rescore
 from marlow.rewards.user import RewardsMissing
 from marlow.tasks.catalog import catalog
 from marlow.tiny import mathgen
 from marlow.training import checkpoint
 from marlow.training.taskcheck import check_task
-from marlow.training.trainer import Trainer, read_metrics
+from marlow.training.trainer import Trainer
 
 REWARDS = textwrap.dedent(
     """

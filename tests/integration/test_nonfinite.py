@@ -12,10 +12,11 @@ import math
 import pytest
 import torch
 
+from marlow.diagnostics.sinks import read_metrics
 from marlow.policy.adapters import adapter_parameters
 from marlow.training import checkpoint
 from marlow.training.nonfinite import NonFiniteRun
-from marlow.training.trainer import Trainer, read_metrics
+from marlow.training.trainer import Trainer
 from tests.integration.reference import VOTING_IP, vary_rewards
 
 SETTINGS = {**VOTING_IP, "train": {"keep_checkpoints": None}}  # every step's checkpoint

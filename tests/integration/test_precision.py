@@ -40,10 +40,11 @@ import pytest
 import torch
 
 from marlow import models
+from marlow.diagnostics.sinks import read_metrics
 from marlow.models import checkpoint_layers, compile_layers, completion_logprobs
 from marlow.policy.adapters import adapter_parameters, use_adapter
 from marlow.training import checkpoint
-from marlow.training.trainer import Trainer, read_metrics
+from marlow.training.trainer import Trainer
 from tests.conftest import TEST_DEVICE
 from tests.integration.reference import vary_rewards
 from tests.unit.test_compile_layers import lora_model, rows

@@ -8,9 +8,10 @@ import pytest
 
 from marlow.algo.policy_loss import policy_loss, register_policy_loss
 from marlow.config import ConfigError
+from marlow.diagnostics.sinks import read_metrics
 from marlow.rollout import register_backend
 from marlow.rollout.hf import HFEngine
-from marlow.training.trainer import Trainer, read_metrics
+from marlow.training.trainer import Trainer
 
 
 class CountingEngine:

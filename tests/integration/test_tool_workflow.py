@@ -9,9 +9,10 @@ import pytest
 from typer.testing import CliRunner
 
 from marlow.cli import app
+from marlow.diagnostics.sinks import read_metrics
 from marlow.tasks.loaders import load_humaneval
 from marlow.tiny import codegen
-from marlow.training.trainer import Trainer, read_metrics
+from marlow.training.trainer import Trainer
 from marlow.workflows.codetools import run_visible_tests
 from tests.conftest import DATA
 

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from marlow.training.trainer import Trainer, read_metrics
+from marlow.diagnostics.sinks import read_metrics
+from marlow.training.trainer import Trainer
 
 ROLES = {
     "single": ["generator"],

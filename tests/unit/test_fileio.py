@@ -1,4 +1,4 @@
-"""marlow.fileio: a folder held by one holder at a time."""
+"""marlow.fileio: a folder held by one holder at a time; a run's JSON files read back."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from marlow.fileio import FolderBusy, held
+from marlow.diagnostics.sinks import read_jsonl, read_metrics
+from marlow.fileio import DamagedFileError, FolderBusy, held, read_json_object, write_json
 
 
 def test_a_held_folder_refuses_a_second_holder_at_once_and_gets_nothing_written(tmp_path):
@@ -40,3 +41,58 @@ def test_a_process_killed_while_holding_a_folder_lets_go_of_it(tmp_path):
         holder.wait()
     with held(tmp_path, "x"):
         pass
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        (b"", "is not JSON"),
+        (b'{"a": 1', "is not JSON"),
+        (b"\xff\xfe{}", "is not UTF-8 text"),
+        (b"[1, 2]", "holds a JSON list, not an object"),
+        (b"null", "holds a JSON NoneType, not an object"),
+    ],
+)
+def test_a_damaged_json_object_is_one_line_naming_the_file(tmp_path, data, says):
+    path = tmp_path / "eval.json"
+    path.write_bytes(data)
+    with pytest.raises(DamagedFileError) as err:
+        read_json_object(path)
+    assert str(err.value).startswith(f"{path} {says}") and "\n" not in str(err.value)
+    assert read_json_object(write_json(path, {"a": [1.5]})) == {"a": [1.5]}
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        (b'{"step": 0}\n\xff\n{"step": 1}\n', "byte 12 is not UTF-8 text"),
+        (b'{"step": 0}\n[1, 2]\n', "line 2 of 2 is JSON but not an object"),
+        (b'{"step": 0}\n3\n{"step": 1}\n', "line 2 of 3 is JSON but not an object"),
+        (b'{"step": 0}\n{"step": 1\n{"step": 2}\n', "line 2 of 3 is not JSON"),
+        (b'{"step": 0}\n{"loss": 1.0}\n', "record 2 of 2 has no step"),
+        (b'{"step": "1"}\n', "record 1 of 1 has no step"),
+        (b'{"step": true}\n', "record 1 of 1 has no step"),
+        (b'{"step": -1}\n', "record 1 of 1 has no step"),
+    ],
+)
+def test_damaged_metrics_are_one_line_naming_the_file_and_what_is_wrong(tmp_path, data, says):
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(data)
+    with pytest.raises(DamagedFileError) as err:
+        read_metrics(tmp_path)
+    assert str(err.value) == f"{path}: {says}" + (
+        " (a whole number); the file is damaged"
+        if "no step" in says
+        else " (only a half-written last line is tolerated); the file is damaged"
+        if says.endswith("is not JSON")
+        else "; the file is damaged"
+    )
+
+
+def test_only_a_half_written_last_line_is_left_out(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 0}\n{"step": 1, "loss": 0.5}\n{"step": 2, "lo')
+    assert read_metrics(tmp_path) == [{"step": 0}, {"step": 1, "loss": 0.5}]
+    path.write_bytes(b'{"step": 0}\n[1, 2]\n')  # complete JSON, not half of an object
+    with pytest.raises(DamagedFileError):
+        list(read_jsonl(path))

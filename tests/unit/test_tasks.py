@@ -49,7 +49,8 @@ def test_val_size_must_leave_training_problems():
 
 
 def test_a_run_trains_on_a_dataset_file(small_config, tmp_path):
-    from marlow.training.trainer import Trainer, read_metrics
+    from marlow.diagnostics.sinks import read_metrics
+    from marlow.training.trainer import Trainer
 
     cfg = small_config(task={"source": GSM8K, "dataset": "gsm8k", "val_size": 4}, steps=1)
     out = Trainer(cfg, tmp_path / "run").run()

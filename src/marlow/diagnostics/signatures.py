@@ -58,7 +58,6 @@ Choices the spec leaves open, made here:
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Sequence
@@ -67,7 +66,7 @@ from pathlib import Path
 
 import numpy as np
 
-from marlow.fileio import write_json
+from marlow.fileio import DamagedFileError, read_json_object, write_json
 from marlow.parsers import strategies_of, verdict_of
 from marlow.rewards.math import last_boxed
 from marlow.types import Episode, Turn
@@ -295,8 +294,24 @@ def read_signatures(run_dir: str | Path) -> dict[int, Signatures]:
     for p in folder.iterdir():
         m = _STEP_FILE.fullmatch(p.name)
         if m:
-            found[int(m.group(1))] = json.loads(p.read_text())
+            found[int(m.group(1))] = _signatures(p)
     return dict(sorted(found.items()))
+
+
+def _signatures(path: Path) -> Signatures:
+    """The signatures a step's file holds (role -> name -> number or null); else
+    :class:`~marlow.fileio.DamagedFileError`."""
+    sigs = read_json_object(path)
+    for role, values in sigs.items():
+        if not isinstance(values, dict) or not all(
+            v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+            for v in values.values()
+        ):
+            raise DamagedFileError(
+                f"{path}: role {role!r:.40} has no mapping of signature names to numbers; the "
+                "file is damaged"
+            )
+    return sigs
 
 
 def latest_signatures(run_dir: str | Path) -> tuple[int, Signatures] | None:

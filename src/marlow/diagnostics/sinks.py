@@ -79,14 +79,14 @@ class JsonlSink:
         for line in self.path.read_text().splitlines():
             record = _parse(line)
             torn += record is None and bool(line.strip())
-            if record is not None and record.get("step", 0) <= step:
+            if isinstance(record, dict) and record.get("step", 0) <= step:
                 kept.append(line)
         write_text(self.path, "".join(line + "\n" for line in kept))
         return torn
 
 
-def _parse(line: str) -> dict | None:
-    """A record, or None for a blank or half-written line."""
+def _parse(line: str) -> Any:
+    """A line's JSON value, or None for a blank or half-written line."""
     try:
         return json.loads(line) if line.strip() else None
     except json.JSONDecodeError:
@@ -95,8 +95,16 @@ def _parse(line: str) -> dict | None:
 
 def read_jsonl(path: Path) -> Iterable[dict]:
     """The records of a JSONL file. A half-written last line (a run being written or killed
-    mid-write) is left out; a malformed line anywhere else is an error."""
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    mid-write) is left out; a malformed line anywhere else, a line whose JSON is not an object
+    (marlow writes no other: it is not half of one either) or bytes that are not UTF-8 text
+    (marlow writes ASCII) are an error."""
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError as err:
+        raise DamagedFileError(
+            f"{path}: byte {err.start} is not UTF-8 text; the file is damaged"
+        ) from None
+    lines = [line for line in text.splitlines() if line.strip()]
     for n, line in enumerate(lines, 1):
         record = _parse(line)
         if record is None and n < len(lines):
@@ -104,8 +112,27 @@ def read_jsonl(path: Path) -> Iterable[dict]:
                 f"{path}: line {n} of {len(lines)} is not JSON (only a half-written last line is "
                 "tolerated); the file is damaged"
             )
+        if record is not None and not isinstance(record, dict):
+            raise DamagedFileError(
+                f"{path}: line {n} of {len(lines)} is JSON but not an object; the file is damaged"
+            )
         if record is not None:
             yield record
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """Every record of a run's ``metrics.jsonl``, in file order (:func:`read_jsonl`); a record
+    without a step (a whole number, as the trainer writes every one) is an error."""
+    path = Path(run_dir) / "metrics.jsonl"
+    records = list(read_jsonl(path))
+    for n, record in enumerate(records, 1):
+        step = record.get("step")
+        if type(step) is not int or step < 0:
+            raise DamagedFileError(
+                f"{path}: record {n} of {len(records)} has no step (a whole number); the file is "
+                "damaged"
+            )
+    return records
 
 
 def first_event(run: Path, action: str) -> dict | None:

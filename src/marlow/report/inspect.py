@@ -27,7 +27,7 @@ from marlow.diagnostics.detectors import describe, run_detectors
 from marlow.diagnostics.metrics import TOOL_METRICS
 from marlow.diagnostics.runstats import run_statistics
 from marlow.diagnostics.signatures import latest_signatures, read_signatures
-from marlow.diagnostics.sinks import read_jsonl
+from marlow.diagnostics.sinks import read_jsonl, read_metrics
 from marlow.policy.routing import make_routing
 from marlow.types import REWARD_MISSING
 from marlow.workflows.validate import run_workflow
@@ -93,7 +93,7 @@ def inspect_run(run_dir: str | Path, overrides: list[str] | None = None) -> dict
     cfg = load_config(run / "config.yaml", overrides)
     workflow = run_workflow(run, cfg)  # a file workflow: the run's own copy
     adapters = make_routing(cfg.policy.routing, workflow.roles, cfg.policy.role_map).adapters
-    records = list(read_jsonl(metrics))
+    records = read_metrics(run)
     train, val = _latest(records, "train/"), _latest(records, "val/")
     stats = run_statistics(records)
     roles = {}

@@ -26,7 +26,7 @@ from typing import Any
 
 from marlow.config import ConfigError, load_config
 from marlow.diagnostics.answers import read_answers
-from marlow.diagnostics.sinks import first_event, read_jsonl
+from marlow.diagnostics.sinks import first_event, read_metrics
 from marlow.fileio import write_json
 from marlow.models import vocabulary
 from marlow.rewards.user import UserReward, load_reward
@@ -78,7 +78,7 @@ def rescore(
         source=config.task.source,
     )
     at = config.task.correct_threshold if threshold is None else threshold
-    old = {r["step"]: r for r in read_jsonl(run / "metrics.jsonl")}
+    old = {r["step"]: r for r in read_metrics(run)}
     steps = []
     for step, rows in stored.items():
         missing = [r["problem"] for r in rows if r["problem"] not in problems]

@@ -32,7 +32,7 @@ from marlow.config.titles import scale_title
 from marlow.diagnostics.detectors import Verdict, run_detectors
 from marlow.diagnostics.runstats import run_statistics
 from marlow.diagnostics.signatures import read_signatures
-from marlow.diagnostics.sinks import read_jsonl
+from marlow.diagnostics.sinks import read_jsonl, read_metrics
 from marlow.workflows.spec import is_workflow_file
 from marlow.workflows.validate import run_workflow
 
@@ -180,7 +180,7 @@ def load_cell(cid: CellId, path: Path) -> CellRun:
     metrics = path / "metrics.jsonl"
     if not metrics.is_file():
         raise FileNotFoundError(f"no metrics.jsonl in {path}")
-    records = list(read_jsonl(metrics))
+    records = read_metrics(path)
     stats = run_statistics(records)
     if "val" not in stats:
         raise ValueError("metrics.jsonl holds no val/all/accuracy")

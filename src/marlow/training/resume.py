@@ -8,9 +8,9 @@ the grid and the Python API reach directly), :func:`preflight` checks:
 * the config against the stored one (:func:`resume_changes`): any difference outside
   :data:`RESUME_SAFE` is refused in one line listing what would change (``optim.lr: 0.001 ->
   0.002``); the accepted ones are recorded in ``events.jsonl`` (``action: resume``);
-* the JSONL records (:func:`check_records`): a half-written *last* line is the mark of a killed
-  run and is dropped with a log line; an unreadable line before it is an error naming file and
-  line;
+* the records (:func:`check_records`): a half-written *last* JSONL line is the mark of a killed
+  run and is dropped with a log line; an unreadable line before it, a metrics record without
+  its step or a step's damaged signatures file is an error naming the file;
 * the base model (:func:`marlow.training.runbase.changed`): weights whose sha256 differs from the
   one ``RUN/base.json`` recorded when the run started are refused. Before the model loads, a base
   not on disk yet (a tiny world whose cache was deleted, a hub id not downloaded) cannot be
@@ -37,7 +37,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from marlow.config import ConfigError, RunConfig, differences, load_config
-from marlow.diagnostics.sinks import read_jsonl
+from marlow.diagnostics.signatures import read_signatures
+from marlow.diagnostics.sinks import read_jsonl, read_metrics
 from marlow.fileio import DamagedFileError, write_text
 from marlow.models import task_family
 from marlow.training import checkpoint, runbase
@@ -111,7 +112,10 @@ def preflight(
     accepted changes."""
     changes = resume_changes(run_dir, stored, new)
     check_records(run_dir)
-    base_changed = runbase.changed(run_dir, new.model, task_family(new.model, new.task))
+    try:
+        base_changed = runbase.changed(run_dir, new.model, task_family(new.model, new.task))
+    except DamagedFileError as err:  # removed, it is written again from the base loaded
+        raise ResumeError(f"{err}; repair or remove it, then resume") from None
     if base_changed:
         raise ResumeError(base_changed)
     found = pick_checkpoint(run_dir, resume_from)
@@ -191,18 +195,15 @@ def last_good_before(run_dir: Path, damaged: Path) -> str:
 
 
 def check_records(run_dir: Path) -> None:
-    """Refuse a run whose JSONL records are damaged before their last line (which a kill may
-    leave half-written: that one is dropped and counted by the trainer)."""
-    for name in RECORDS:
-        path = run_dir / name
-        if not path.exists():
-            continue
-        try:
-            for _ in read_jsonl(path):
-                pass
-        except UnicodeDecodeError:
-            raise ResumeError(
-                f"{path} is not UTF-8 text; restore it or remove it to resume without it"
-            ) from None
-        except DamagedFileError as err:
-            raise ResumeError(f"{err}; repair or remove that line, then resume") from None
+    """Refuse a run whose records are damaged: a JSONL line before the last (which a kill may
+    leave half-written: that one is dropped and counted by the trainer), a metrics record
+    without its step, a step's signatures file; before any step is trained again, since the
+    run's end reads them all."""
+    try:
+        for name in RECORDS:
+            path = run_dir / name
+            if path.exists():
+                read_metrics(run_dir) if name == "metrics.jsonl" else list(read_jsonl(path))
+        read_signatures(run_dir)
+    except DamagedFileError as err:
+        raise ResumeError(f"{err}; repair or remove it, then resume") from None

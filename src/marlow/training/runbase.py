@@ -29,16 +29,15 @@ checked before the model loads and again in the trainer, reads a large base once
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Literal
 
 from marlow.config import ModelConfig
-from marlow.fileio import sha256_file, write_json
+from marlow.fileio import DamagedFileError, read_json_object, sha256_file, write_json
 from marlow.models import is_tiny, tiny_world_folder
 
 BASE_DIR = "base"
@@ -62,7 +61,19 @@ class BaseRecord:
 
     @classmethod
     def read(cls, path: Path) -> BaseRecord:
-        return cls(**json.loads(path.read_text()))
+        """The record ``path`` holds; a file without this record's fields (of their types) is
+        :class:`~marlow.fileio.DamagedFileError`."""
+        data = read_json_object(path)
+        if (
+            not all(isinstance(data.get(k), str) for k in ("name", "kind", "path", "adapter_base"))
+            or not isinstance(data.get("weights"), dict)
+            or not data.keys() <= {f.name for f in fields(cls)}
+        ):
+            raise DamagedFileError(
+                f"{path} is not the record of a run's base (name, kind, path, weights, "
+                "adapter_base); the file is damaged"
+            )
+        return cls(**data)
 
 
 def _source(model: ModelConfig, task: str) -> tuple[Kind, Path | None]:

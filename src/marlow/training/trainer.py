@@ -43,7 +43,7 @@ from marlow.diagnostics.detectors import describe, run_detectors
 from marlow.diagnostics.metrics import Meter, episode_metrics
 from marlow.diagnostics.runstats import series
 from marlow.diagnostics.signatures import read_signatures, trajectory_signatures, write_signatures
-from marlow.diagnostics.sinks import JsonlSink, first_event, open_sinks, read_jsonl
+from marlow.diagnostics.sinks import JsonlSink, first_event, open_sinks, read_jsonl, read_metrics
 from marlow.diagnostics.truncation import truncation_warnings
 from marlow.fileio import held, write_json, write_text
 from marlow.logs import Phase
@@ -767,11 +767,6 @@ class Trainer:
         self.sinks.write({"step": step, **record})
         if on_step is not None:
             on_step(step, record)
-
-
-def read_metrics(run_dir: str | Path) -> list[dict]:
-    """Every record of a run's ``metrics.jsonl``, in file order."""
-    return list(read_jsonl(Path(run_dir) / "metrics.jsonl"))
 
 
 # -- the code reward's sandbox: its isolation, once per run ------------------------------

@@ -34,10 +34,10 @@ from typing import get_args
 from marlow.choices import BuiltinTask
 from marlow.config import ConfigError, RunConfig
 from marlow.diagnostics.runstats import run_statistics, series
+from marlow.diagnostics.sinks import read_metrics
 from marlow.fileio import write_json
 from marlow.grids.grid import GridSpec, expand
 from marlow.grids.runner import run_grid
-from marlow.training.trainer import read_metrics
 
 Log = Callable[[str], None]
 

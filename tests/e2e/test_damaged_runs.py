@@ -1,0 +1,72 @@
+"""A run folder damaged after its run (a disk, a sync tool, a hand edit): the commands that read
+it say so in one line naming the file (exit 2), never with a traceback, and write nothing; a
+resume refuses before it trains a step, not at the run's end."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from tests.conftest import in_process
+
+NOT_UTF8 = b"\xff\xfe\x00\x81 run\n"
+A_LIST = b"[1, 2]\n"
+
+
+def signatures_file(run) -> str:
+    found = sorted(run.glob("signatures/step_*.json"))
+    assert found, "the run stored no signatures"
+    return str(found[0].relative_to(run))
+
+
+CASES = [
+    # (id, file in the run (None: its first signatures file), damaged contents (None: half of
+    # it), command, what the line says)
+    ("metrics-not-utf8", "metrics.jsonl", NOT_UTF8, "inspect", "byte 0 is not UTF-8 text"),
+    ("metrics-list", "metrics.jsonl", A_LIST, "inspect", "line 1 of 1 is JSON but not an object"),
+    ("metrics-no-step", "metrics.jsonl", b'{"x": 1}\n', "inspect", "record 1 of 1 has no step"),
+    ("signatures-empty", None, b"", "inspect", "is not JSON"),
+    ("signatures-half", None, None, "inspect", "is not JSON"),
+    ("signatures-not-utf8", None, NOT_UTF8, "inspect", "is not UTF-8 text"),
+    ("signatures-list", None, A_LIST, "inspect", "holds a JSON list, not an object"),
+    ("signatures-role", None, b'{"generator": 3}', "inspect", "role 'generator' has no mapping"),
+    ("base-empty", "base.json", b"", "export", "is not JSON"),
+    ("base-not-utf8", "base.json", NOT_UTF8, "export", "is not UTF-8 text"),
+    ("base-list", "base.json", A_LIST, "export", "holds a JSON list, not an object"),
+    ("base-fields", "base.json", b'{"name": "tiny-s"}', "export", "is not the record of a run's"),
+    ("resume-base", "base.json", b'{"name": 1}', "resume", "is not the record of a run's"),
+    ("resume-metrics", "metrics.jsonl", b'{"x": 1}\n', "resume", "record 1 of 1 has no step"),
+    ("resume-signatures", None, b"", "resume", "is not JSON"),
+]
+
+
+@pytest.mark.parametrize(
+    ("file", "data", "command", "says"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_a_damaged_run_file_is_one_line_naming_it(
+    trained_voting, tmp_path, file, data, command, says
+):
+    run = tmp_path / "run"
+    shutil.copytree(trained_voting, run)
+    file = file or signatures_file(run)
+    damaged = run / file
+    damaged.write_bytes(
+        damaged.read_bytes()[: damaged.stat().st_size // 2] if data is None else data
+    )
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    args = {
+        "inspect": ["inspect", run],
+        "export": ["export", run, tmp_path / "exported"],
+        "resume": ["train", "--resume", "--out", run, "steps=3"],
+    }[command]
+    result = in_process(args, tmp_path)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
+    assert lines[-1].startswith(f"error: {damaged}") and says in lines[-1]
+    if command == "resume":  # refused before a step was trained
+        assert not any(line.startswith("step ") for line in lines)
+        assert "repair or remove it, then resume" in lines[-1]
+    else:
+        assert len(lines) == 1
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before

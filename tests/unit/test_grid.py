@@ -17,7 +17,7 @@ import pytest
 from marlow.config import ConfigError
 from marlow.grids.grid import cell_name, expand, load_grid, parse_grid
 from marlow.grids.pools import plan_workers
-from marlow.grids.results_folder import GridIndex
+from marlow.grids.results_folder import GridIndex, last_step
 from marlow.grids.runner import _drive
 from marlow.types import BASE
 
@@ -432,3 +432,18 @@ def test_cells_get_the_threads_asked_for_and_the_quickstart_asks_for_one(tmp_pat
     with pytest.raises(Stop):
         quickstart.quickstart(tmp_path / "qs")
     assert seen[-1] == 1
+
+
+@pytest.mark.parametrize(
+    ("tail", "step"),
+    [
+        (b'{"step": 3, "loss": 1.0}\n', 3),
+        (b'{"step": 4, "lo', 0),  # half-written: 0 while it is written
+        (b"[1, 2]\n", 0),  # damaged: the cell's resume names it
+        (b'{"loss": 1.0}\n', 0),
+        (b"\xff\xfe\n", 0),
+    ],
+)
+def test_a_cells_last_step_reads_its_last_record_whatever_it_holds(tmp_path, tail, step):
+    (tmp_path / "metrics.jsonl").write_bytes(b'{"step": 2}\n' + tail)
+    assert last_step(tmp_path) == step

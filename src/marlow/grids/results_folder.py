@@ -116,5 +116,5 @@ def last_step(run_dir: Path) -> int:
     tail = path.read_bytes().rstrip(b"\n").rsplit(b"\n", 1)[-1]
     try:
         return int(json.loads(tail)["step"])
-    except (ValueError, KeyError):
-        return 0  # a line being written
+    except (ValueError, KeyError, TypeError):
+        return 0  # a line being written (or damaged: the cell's resume names it)

@@ -73,6 +73,8 @@ def test_a_damaged_json_object_is_one_line_naming_the_file(tmp_path, data, says)
         (b'{"step": "1"}\n', "record 1 of 1 has no step"),
         (b'{"step": true}\n', "record 1 of 1 has no step"),
         (b'{"step": -1}\n', "record 1 of 1 has no step"),
+        (b'{"step": 1, "loss": "x"}\n', "record 1 of 1 holds 'loss', which is not a number"),
+        (b'{"step": 1, "loss": [1]}\n', "record 1 of 1 holds 'loss', which is not a number"),
     ],
 )
 def test_damaged_metrics_are_one_line_naming_the_file_and_what_is_wrong(tmp_path, data, says):
@@ -80,19 +82,17 @@ def test_damaged_metrics_are_one_line_naming_the_file_and_what_is_wrong(tmp_path
     path.write_bytes(data)
     with pytest.raises(DamagedFileError) as err:
         read_metrics(tmp_path)
-    assert str(err.value) == f"{path}: {says}" + (
-        " (a whole number); the file is damaged"
-        if "no step" in says
-        else " (only a half-written last line is tolerated); the file is damaged"
-        if says.endswith("is not JSON")
-        else "; the file is damaged"
-    )
+    assert str(err.value).startswith(f"{path}: {says}")
+    assert str(err.value).endswith("; the file is damaged") and "\n" not in str(err.value)
 
 
 def test_only_a_half_written_last_line_is_left_out(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_bytes(b'{"step": 0}\n{"step": 1, "loss": 0.5}\n{"step": 2, "lo')
     assert read_metrics(tmp_path) == [{"step": 0}, {"step": 1, "loss": 0.5}]
+    path.write_bytes(b'{"step": 0, "a": NaN, "b": null, "c": true, "d": -Infinity}\n')
+    (record,) = read_metrics(tmp_path)  # what the trainer writes besides plain numbers
+    assert record["a"] != record["a"] and record["b"] is None and record["c"] is True
     path.write_bytes(b'{"step": 0}\n[1, 2]\n')  # complete JSON, not half of an object
     with pytest.raises(DamagedFileError):
         list(read_jsonl(path))

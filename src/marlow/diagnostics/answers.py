@@ -43,6 +43,20 @@ def write_answers(run_dir: str | Path, step: int, episodes: list[Episode]) -> Pa
     return write_bytes(answers_dir(run_dir) / f"step_{step:06d}.jsonl.gz", data)
 
 
+ROW = ("problem", "final", "answers", "reward", "correct")
+"""The fields of a row, as :func:`write_answers` writes them."""
+
+
+def _is_row(row: Any) -> bool:
+    return (
+        isinstance(row, dict)
+        and row.keys() >= set(ROW)
+        and isinstance(row["answers"], list)
+        and isinstance(row["correct"], bool)
+        and (row["reward"] is None or isinstance(row["reward"], (int, float)))
+    )
+
+
 def read_answers(run_dir: str | Path) -> dict[int, list[dict[str, Any]]]:
     """step -> that validation's rows, in step order ({} when none are stored)."""
     out: dict[int, list[dict[str, Any]]] = {}
@@ -52,6 +66,12 @@ def read_answers(run_dir: str | Path) -> dict[int, list[dict[str, Any]]]:
             rows = [json.loads(line) for line in text.splitlines() if line.strip()]
         except (OSError, EOFError, ValueError) as err:
             raise DamagedFileError(f"{path}: not a readable answers file ({err})") from None
+        bad = next((n for n, row in enumerate(rows, 1) if not _is_row(row)), None)
+        if bad is not None:
+            raise DamagedFileError(
+                f"{path}: row {bad} is not an answer's record ({', '.join(ROW)}); the file is "
+                "damaged"
+            )
         out[int(path.name[len("step_") :].split(".")[0])] = rows
     return out
 

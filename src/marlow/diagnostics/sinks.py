@@ -122,16 +122,20 @@ def read_jsonl(path: Path) -> Iterable[dict]:
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
     """Every record of a run's ``metrics.jsonl``, in file order (:func:`read_jsonl`); a record
-    without a step (a whole number, as the trainer writes every one) is an error."""
+    without a step (a whole number, as the trainer writes every one) or with a value that is not
+    a number, true, false or null (the trainer writes no other) is an error."""
     path = Path(run_dir) / "metrics.jsonl"
     records = list(read_jsonl(path))
     for n, record in enumerate(records, 1):
         step = record.get("step")
+        wrong = [k for k, v in record.items() if v is not None and not isinstance(v, (int, float))]
         if type(step) is not int or step < 0:
-            raise DamagedFileError(
-                f"{path}: record {n} of {len(records)} has no step (a whole number); the file is "
-                "damaged"
-            )
+            what = "has no step (a whole number)"
+        elif wrong:
+            what = f"holds {wrong[0]!r:.80}, which is not a number"
+        else:
+            continue
+        raise DamagedFileError(f"{path}: record {n} of {len(records)} {what}; the file is damaged")
     return records
 
 

@@ -68,6 +68,15 @@ def odd_report(reads, problem, episode):
     }
 
 
+class Trap(dict):  # a mapping whose reading raises: the user's object, read under the guard
+    def get(self, key, default=None):
+        raise RuntimeError("trap")
+
+
+def trapped(reads, problem, episode):
+    return Trap(text="t")
+
+
 async def later(reads, problem, episode):
     await asyncio.sleep(0)
     return "awaited"
@@ -144,6 +153,7 @@ def test_the_tool_gets_its_reads_the_problem_and_the_episode_and_the_next_role_r
     [
         ("boom", "error", "tool check failed: ValueError: boom"),
         ("number", "error", "tool check returned a int, not text"),
+        ("trapped", "error", "tool check failed: RuntimeError: trap"),
         ("later", "ok", "awaited"),
     ],
 )

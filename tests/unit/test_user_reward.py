@@ -140,6 +140,36 @@ def test_a_wrong_length_or_type_is_an_error_naming_what_was_expected_and_returne
     assert message in event["error"] and event["function"].endswith("odd")
 
 
+class Trap(float):  # a number whose reading raises or hangs: the user's object, read under guard
+    def __float__(self):
+        raise RuntimeError("trap")
+
+
+class Spinning(list):
+    def __len__(self):
+        while True:
+            pass
+
+
+@pytest.mark.parametrize(
+    ("returned", "message"),
+    [
+        ([1.0, Trap(1.0), 0.0], "returned a value that could not be read: RuntimeError: trap"),
+        (Spinning([1.0, 1.0, 1.0]), "returned a value that could not be read: took longer"),
+    ],
+)
+def test_a_returned_object_that_raises_or_hangs_when_read_fails_the_call_not_the_run(
+    returned, message
+):
+    def hostile(prompts, completions, **kwargs):
+        return returned
+
+    reward = reward_of(hostile, timeout_s=0.5)
+    assert reasons(grade(reward, ["1", "2", "3"])) == ["reward_error"] * 3
+    (event,) = reward.events
+    assert message in event["error"]
+
+
 def test_a_reward_past_its_timeout_is_no_reward_and_does_not_hang():
     def slow(prompts, completions, **kwargs):
         time.sleep(30)

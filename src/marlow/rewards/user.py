@@ -150,6 +150,26 @@ def _trl_rewards(returned: Any, count: int) -> list[float]:
     return out
 
 
+def _read_rewards(returned: Any, count: int, timeout_s: float) -> list[float]:
+    """:func:`_trl_rewards` of what a call returned, read under the call's guard: the returned
+    object is the user's too, and one whose ``tolist``, ``len``, ``float`` or ``item`` raises
+    or hangs fails the call (``reward_error``), never the run."""
+
+    def read() -> list[float] | _Failed:
+        try:
+            return _trl_rewards(returned, count)
+        except _Failed as failed:
+            return failed
+
+    try:
+        rewards = call_guarded(read, timeout_s, "marlow-reward")
+    except (CallFailed, CallTimedOut) as err:
+        raise _Failed("reward_error", f"returned a value that could not be read: {err}") from None
+    if isinstance(rewards, _Failed):
+        raise rewards
+    return rewards
+
+
 class UserReward:
     """A grader (``(text, problem) -> reward``) over a user's function, called in batches.
 
@@ -232,7 +252,7 @@ class UserReward:
             if not failed.raised or len(items) == 1:
                 raise
             return self._grade_trl_each(items, str(failed))
-        return _trl_rewards(returned, len(items))
+        return _read_rewards(returned, len(items), self.timeout_s)
 
     def _grade_trl_each(self, items: list[tuple[str, Problem]], error: str) -> list[float]:
         """The items of a batch whose call raised, graded one call each (in one guarded thread,

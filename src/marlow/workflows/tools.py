@@ -23,7 +23,8 @@ Fields are kept as plain JSON values (a numpy bool as a bool, an object as its r
 What can go wrong costs one call, never the run: an exception gives the text
 ``tool NAME failed: Type: first line``, a call past ``workflow.tool_timeout_s`` the text ``tool
 NAME timed out after S s``, and a return that is neither text nor such a mapping ``tool NAME
-returned a TYPE, not text``; each is counted (the call's status, and the episode counters
+returned a TYPE, not text`` (a returned object is read under the call's guard: one whose
+methods raise or hang is a failed or timed-out call too); each is counted (the call's status, and the episode counters
 ``tool_error`` / ``tool_timeout``). Calls run in threads, each with its own time limit,
 :data:`TOOL_WORKERS` at a time (a timed-out call's thread is abandoned:
 :mod:`marlow.usercode`).
@@ -39,7 +40,7 @@ import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -168,7 +169,11 @@ def call_tools(
                 timeout_s,
                 f"marlow-tool-{tool}",
             )
-            text, fields, status = _as_output(tool, value)
+            if type(value) is str:
+                text, fields, status = _as_output(tool, value)
+            else:  # the returned object is the user's too: read under the same guard
+                read = partial(_as_output, tool, value)
+                text, fields, status = call_guarded(read, timeout_s, f"marlow-tool-{tool}")
         except CallTimedOut:
             text, fields, status = f"tool {tool} timed out after {timeout_s:g} s", {}, "timeout"
         except CallFailed as err:

@@ -102,7 +102,7 @@ def load_callable(spec: str, setting: str) -> Callable[..., Any]:
             module = importlib.util.module_from_spec(found)
             sys.modules[module_name] = module  # dataclasses and pickling look modules up here
             found.loader.exec_module(module)
-        except Exception as err:  # the user's module failed to run: one line
+        except (Exception, SystemExit) as err:  # the user's module failed to run: one line
             sys.modules.pop(module_name, None)
             raise UserCodeError(
                 f"{setting} {spec!r}: {where} failed to import: {first_line(err)}"
@@ -110,7 +110,7 @@ def load_callable(spec: str, setting: str) -> Callable[..., Any]:
     else:
         try:
             module = importlib.import_module(where)
-        except Exception as err:
+        except (Exception, SystemExit) as err:
             raise UserCodeError(
                 f"{setting} {spec!r}: cannot import {where}: {first_line(err)}"
             ) from None

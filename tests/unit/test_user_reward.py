@@ -225,6 +225,7 @@ def test_a_reward_loads_from_a_file_and_from_a_module(tmp_path, monkeypatch):
         ("{dir}/r.py:nothere", "has no 'nothere'; its functions: score"),
         ("{dir}/r.py:VALUE", "VALUE is a int, not callable"),
         ("{dir}/bad.py:f", "failed to import: ZeroDivisionError"),
+        ("{dir}/leaves.py:f", "failed to import: SystemExit: 3"),  # not marlow's exit
     ],
 )
 def test_a_bad_reward_path_is_one_line_naming_what_is_wrong(tmp_path, spec, message):
@@ -232,6 +233,7 @@ def test_a_bad_reward_path_is_one_line_naming_what_is_wrong(tmp_path, spec, mess
         "VALUE = 3\ndef score(prompts, completions, **kw):\n    return []\n"
     )
     (tmp_path / "bad.py").write_text("x = 1 / 0\n")
+    (tmp_path / "leaves.py").write_text("import sys\nsys.exit(3)\n")
     with pytest.raises(RewardLoadError) as err:
         load_reward(spec.format(dir=tmp_path))
     assert message in str(err.value) and "\n" not in str(err.value)

@@ -93,6 +93,20 @@ def test_only_a_half_written_last_line_is_left_out(tmp_path):
     path.write_bytes(b'{"step": 0, "a": NaN, "b": null, "c": true, "d": -Infinity}\n')
     (record,) = read_metrics(tmp_path)  # what the trainer writes besides plain numbers
     assert record["a"] != record["a"] and record["b"] is None and record["c"] is True
+
+
+def test_events_need_their_step_and_a_hand_edited_event_still_reads(tmp_path):
+    from marlow.diagnostics.sinks import read_stepped
+    from marlow.report.inspect import event_line
+
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b'{"step": 0, "action": "data", "skipped": [1]}\n{"action": "resume"}\n')
+    with pytest.raises(DamagedFileError, match="record 2 of 2 has no step"):
+        read_stepped(path)
+    assert event_line({"step": 0, "action": "data", "skipped": [1]}).endswith("skipped none")
+    assert event_line({"step": 3, "action": "resume", "changed": [1, "steps: 4 -> 8"]}) == (
+        "resumed from None (changed: 1, steps: 4 -> 8)"
+    )
     path.write_bytes(b'{"step": 0}\n[1, 2]\n')  # complete JSON, not half of an object
     with pytest.raises(DamagedFileError):
         list(read_jsonl(path))

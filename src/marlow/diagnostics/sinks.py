@@ -120,22 +120,32 @@ def read_jsonl(path: Path) -> Iterable[dict]:
             yield record
 
 
-def read_metrics(run_dir: str | Path) -> list[dict]:
-    """Every record of a run's ``metrics.jsonl``, in file order (:func:`read_jsonl`); a record
-    without a step (a whole number, as the trainer writes every one) or with a value that is not
-    a number, true, false or null (the trainer writes no other) is an error."""
-    path = Path(run_dir) / "metrics.jsonl"
+def read_stepped(path: Path) -> list[dict]:
+    """The records of a run's ``metrics.jsonl`` or ``events.jsonl`` (:func:`read_jsonl`); a
+    record without its step (a whole number, as the trainer writes every one) is an error."""
     records = list(read_jsonl(path))
     for n, record in enumerate(records, 1):
         step = record.get("step")
-        wrong = [k for k, v in record.items() if v is not None and not isinstance(v, (int, float))]
         if type(step) is not int or step < 0:
-            what = "has no step (a whole number)"
-        elif wrong:
-            what = f"holds {wrong[0]!r:.80}, which is not a number"
-        else:
-            continue
-        raise DamagedFileError(f"{path}: record {n} of {len(records)} {what}; the file is damaged")
+            raise DamagedFileError(
+                f"{path}: record {n} of {len(records)} has no step (a whole number); the file "
+                "is damaged"
+            )
+    return records
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """Every record of a run's ``metrics.jsonl``, in file order (:func:`read_stepped`); a value
+    that is not a number, true, false or null (the trainer writes no other) is an error."""
+    path = Path(run_dir) / "metrics.jsonl"
+    records = read_stepped(path)
+    for n, record in enumerate(records, 1):
+        wrong = [k for k, v in record.items() if v is not None and not isinstance(v, (int, float))]
+        if wrong:
+            raise DamagedFileError(
+                f"{path}: record {n} of {len(records)} holds {wrong[0]!r:.80}, which is not a "
+                "number; the file is damaged"
+            )
     return records
 
 

@@ -27,7 +27,7 @@ from marlow.diagnostics.detectors import describe, run_detectors
 from marlow.diagnostics.metrics import TOOL_METRICS
 from marlow.diagnostics.runstats import run_statistics
 from marlow.diagnostics.signatures import latest_signatures, read_signatures
-from marlow.diagnostics.sinks import read_jsonl, read_metrics
+from marlow.diagnostics.sinks import read_metrics, read_stepped
 from marlow.policy.routing import make_routing
 from marlow.types import REWARD_MISSING
 from marlow.workflows.validate import run_workflow
@@ -111,7 +111,7 @@ def inspect_run(run_dir: str | Path, overrides: list[str] | None = None) -> dict
     signatures = read_signatures(run)
     slots = {role: workflow.slots_of(role) for role in workflow.roles}
     verdicts = run_detectors(records, signatures, slots, cfg.detect)
-    events = list(read_jsonl(run / "events.jsonl")) if (run / "events.jsonl").exists() else []
+    events = read_stepped(run / "events.jsonl") if (run / "events.jsonl").exists() else []
     latest_sigs = latest_signatures(run)
     n_val = val.get("val/all/n_problems")
     sig_problems = cfg.diagnostics.signature_problems
@@ -298,7 +298,9 @@ def event_line(event: dict) -> str:
     if "detector" in event:
         return f"alarm {event['detector']} (fired at step {event.get('fired_at')})"
     if action == "data":
-        skipped = ", ".join(f"{k} {v}" for k, v in event.get("skipped", {}).items()) or "none"
+        skipped = event.get("skipped")
+        kinds = skipped.items() if isinstance(skipped, dict) else ()  # a hand-edited record
+        skipped = ", ".join(f"{k} {v}" for k, v in kinds) or "none"
         return (
             f"data read {event.get('rows_read')} rows of {event.get('source')}, kept "
             f"{event.get('kept')}, skipped {skipped}"
@@ -306,7 +308,9 @@ def event_line(event: dict) -> str:
     if action == "resume":
         changed = event.get("changed") or []
         return f"resumed from {event.get('checkpoint')}" + (
-            f" (changed: {', '.join(changed)})" if changed else ""
+            f" (changed: {', '.join(map(str, changed))})"
+            if isinstance(changed, list) and changed
+            else ""
         )
     if action == "rollback":
         return f"rolled back to the checkpoint of step {event.get('to_step')} (detect.on_alarm)"

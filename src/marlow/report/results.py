@@ -32,7 +32,7 @@ from marlow.config.titles import scale_title
 from marlow.diagnostics.detectors import Verdict, run_detectors
 from marlow.diagnostics.runstats import run_statistics
 from marlow.diagnostics.signatures import read_signatures
-from marlow.diagnostics.sinks import read_jsonl, read_metrics
+from marlow.diagnostics.sinks import read_metrics, read_stepped
 from marlow.workflows.spec import is_workflow_file
 from marlow.workflows.validate import run_workflow
 
@@ -189,6 +189,6 @@ def load_cell(cid: CellId, path: Path) -> CellRun:
     slots = {role: workflow.slots_of(role) for role in workflow.roles}
     signatures = read_signatures(path)
     events_path = path / "events.jsonl"
-    events = list(read_jsonl(events_path)) if events_path.is_file() else []
+    events = read_stepped(events_path) if events_path.is_file() else []
     verdicts = run_detectors(records, signatures, slots, cfg.detect)
     return CellRun(cid, path, records, stats, signatures, slots, verdicts, events)

@@ -33,7 +33,15 @@ from rich.table import Table
 
 from marlow.serving.limits import Limits
 
-console = Console(stderr=True)
+
+def _console(stderr: bool = False) -> Console:
+    """A rich console for marlow's output, with rich's emoji codes off: a message quoting the
+    user's text (``not_text:question: ...``, a run folder's name) prints it as written, where
+    rich would turn ``:question:`` into an emoji."""
+    return Console(stderr=stderr, emoji=False)
+
+
+console = _console(stderr=True)
 
 
 class _OneLineErrors(typer.core.TyperGroup):
@@ -218,7 +226,7 @@ def _summary(
     table.add_column()
     for key, value in rows:
         table.add_row(escape(key), escape(value))
-    out = out or Console()
+    out = out or _console()
     out.print(table)
     for what, path in paths:
         out.print(f"{what}: {escape(str(path))}", highlight=False, soft_wrap=True)
@@ -340,7 +348,7 @@ def _train_summary(out: Path, seconds: float) -> None:
     if latest is not None:
         paths.append(("adapters", latest / "adapters"))
     _summary("training", rows, paths)
-    Console().print(
+    _console().print(
         f"next: marlow inspect {escape(str(out))} (per-role diagnostics), marlow eval "
         f"{escape(str(out))} (evaluate its latest checkpoint)",
         highlight=False,
@@ -649,14 +657,14 @@ def quickstart(
             f"{row['final_accuracy']:.3f}",
             str(row["n_val"]),
         )
-    Console().print(table)
+    _console().print(table)
     for name, gain in summary["voting_gain_over_base"].items():
-        Console().print(
+        _console().print(
             f"{name}: {gain['peak_minus_base']:+.1f} points over the base at its peak, "
             f"{gain['final_minus_base']:+.1f} at the end"
         )
     t = summary["timings_s"]
-    Console().print(
+    _console().print(
         f"total {t['total_s']:.0f} s (pretrain/cache {t['pretrain_or_cache_s']:.0f} s, "
         f"cells {t['cells_s']:.0f} s); summary.json and val_curves.png in {out}"
     )
@@ -737,7 +745,7 @@ def grid(
     rows.append(("time", _clock(time.monotonic() - started)))
     paths = [("results", out), ("index", out / "index.json")]
     _summary(f"grid: {len(states)} cells", rows, paths)
-    Console().print(f"next: marlow report {escape(str(out))}", highlight=False, soft_wrap=True)
+    _console().print(f"next: marlow report {escape(str(out))}", highlight=False, soft_wrap=True)
     if counts["failed"]:
         raise typer.Exit(1)
 
@@ -778,7 +786,7 @@ def inspect(
     if as_json:
         print(json.dumps(report, indent=2))
         return
-    out = Console()
+    out = _console()
     for part in render(report):
         out.print(part)
 
@@ -823,7 +831,7 @@ def plan(
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))
         return
-    out = Console()
+    out = _console()
     for part in render_plan(result):
         out.print(part)
 
@@ -898,7 +906,7 @@ def diff_presets(
     table = Table("field", "task", left, right, "what", f"source ({left})", f"source ({right})")
     for d in rows:
         table.add_row(*(escape(cell) for cell in d.cells()))
-    Console().print(table)
+    _console().print(table)
 
 
 @app.command(
@@ -924,7 +932,7 @@ def settings(
         rows = described(section)
     except ValueError as err:
         _fail(str(err))
-    out = Console()
+    out = _console()
     shown = None
     for row in rows:
         if row.section != shown:
@@ -945,7 +953,7 @@ def tasks() -> None:
     table = Table("name", "from", "what")
     for info in catalog():
         table.add_row(escape(info.name), escape(info.origin), escape(info.description))
-    Console().print(table)
+    _console().print(table)
     print("Your own file and reward: task.source=FILE task.reward=MODULE:FUNCTION (docs/tasks.md).")
 
 
@@ -987,7 +995,7 @@ def rescore(
     for s in result["steps"]:
         cells = [_number(s[w][k]) for k in FIGURES for w in ("old", "new")]
         table.add_row(str(s["step"]), *cells, str(s["new"]["no_reward"]))
-    Console().print(table)
+    _console().print(table)
     if result["failures"]:
         print(f"{len(result['failures'])} reward call(s) failed; last: {result['failures'][-1]}")
     print(f"written: {result['file']}")
@@ -1207,7 +1215,7 @@ def workflows(ctx: typer.Context) -> None:
     table = Table("name", "title", "roles (kind)", "params")
     for row in builtin_table():
         table.add_row(row["name"], row["title"], row["roles"], row["params"])
-    Console().print(table)
+    _console().print(table)
     print("A workflow file's path works wherever a name does (workflow.name=my.yaml).")
 
 

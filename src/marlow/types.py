@@ -200,6 +200,17 @@ class Episode:
         return turn.reward if turn.reward is not None else self.reward
 
 
+def unicode_text(text: str) -> bool:
+    """Whether ``text`` is valid unicode, which UTF-8 can write and a tokenizer can read: no lone
+    surrogate (JSON's ``"\\ud800"`` escape spells one, and a file's bytes that are not UTF-8
+    decode to them under ``errors="surrogateescape"``)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class Problem:
     """One task item: the prompt text and its ground truth."""

@@ -396,7 +396,14 @@ CASES: list[Case] = [
     ),
     data("data-not-parquet", b"not parquet", "not a readable parquet file", name="d.parquet"),
     data("data-bad-gzip", b"not gzip", "not a readable jsonl file", name="d.jsonl.gz"),
-    data("data-not-utf8", b'{"question": "\xff"}\n', "not a readable jsonl file"),
+    data("data-not-utf8", b'{"question": "\xff"}\n', "most rows: not_utf8", "save it as UTF-8"),
+    data("data-utf16", '{"question": "1"}\n'.encode("utf-16"), "is UTF-16 text", "as UTF-8"),
+    data(
+        "data-chat-messages",
+        '{"question": [{"role": "user", "content": "1+1"}], "answer": "#### 2"}\n',
+        "most rows: not_text:question",
+        "chat messages",
+    ),
     value("data-missing-file", "task.source=missing.jsonl", "task.dataset"),
     Case(
         "data-missing-file-with-dataset",

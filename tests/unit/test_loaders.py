@@ -145,6 +145,76 @@ def test_skipped_rows_are_located_by_line_and_id_and_blank_lines_counted(tmp_pat
         load_columns(path, prompt_field="q", strict=True)
 
 
+def test_a_byte_order_mark_is_no_part_of_the_first_row(tmp_path):
+    from marlow.tasks.loaders import load_columns
+
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"q": "1+1"}\n{"q": "2+2"}\n')
+    problems, report = load_columns(path, prompt_field="q")
+    assert [p.prompt for p in problems] == ["1+1", "2+2"] and report.n_skipped == 0
+    gz = tmp_path / "bom.jsonl.gz"
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    assert [p.prompt for p in load_columns(gz, prompt_field="q")[0]] == ["1+1", "2+2"]
+
+
+def test_a_line_that_is_not_utf8_is_skipped_and_the_rest_load(tmp_path):
+    from marlow.tasks.loaders import load_columns
+
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes(b'{"q": "1+1"}\n{"q": "caf\xe9"}\n{"q": "2+2"}\n')
+    problems, report = load_columns(path, prompt_field="q")
+    assert [p.prompt for p in problems] == ["1+1", "2+2"]
+    assert report.skipped == {"not_utf8": 1} and "not_utf8=1 (line 2)" in report.summary()
+    path.write_bytes(b'{"q": "caf\xe9"}\n')
+    with pytest.raises(DatasetError, match="most rows: not_utf8: .*save it as UTF-8"):
+        load_columns(path, prompt_field="q")
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-32"])
+def test_a_file_in_a_wide_encoding_is_named_in_one_line(tmp_path, encoding):
+    from marlow.tasks.loaders import load_columns
+
+    path = tmp_path / "wide.jsonl"
+    path.write_bytes('{"q": "1+1"}\n'.encode(encoding))  # with its byte-order mark
+    with pytest.raises(DatasetError) as e:
+        load_columns(path, prompt_field="q")
+    assert f"is {encoding.upper()} text" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_prompt_that_is_not_text_is_skipped_and_a_number_is_read_as_text(tmp_path):
+    from marlow.tasks.loaders import load_columns
+
+    lines = [
+        '{"id": "a", "q": "1+1", "gold": 2}',
+        '{"id": "b", "q": [{"role": "user", "content": "1+1"}]}',  # chat messages
+        '{"id": "c", "q": {"text": "1+1"}}',
+        '{"id": "d", "q": "1+\\ud800"}',  # JSON's escape of a lone surrogate
+        '{"id": "e", "q": 12345, "gold": "x"}',
+        '{"id": "f", "q": "3+3", "gold": ["6", "six"]}',
+    ]
+    path = tmp_path / "mine.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    problems, report = load_columns(path, prompt_field="q")
+    assert [(p.id, p.prompt) for p in problems] == [("a", "1+1"), ("e", "12345"), ("f", "3+3")]
+    assert report.skipped == {"not_text:q": 3}
+    assert "not_text:q=3 (line 2 (id b), line 3 (id c), line 4 (id d))" in report.summary()
+    problems, report = load_columns(path, prompt_field="q", answer_field="gold")
+    assert [(p.id, p.answer) for p in problems] == [("a", "2"), ("e", "x")]
+    assert report.skipped == {"not_text:q": 3, "not_text:gold": 1}
+
+
+def test_a_file_of_chat_messages_says_what_the_prompt_column_must_hold(tmp_path):
+    from marlow.tasks.loaders import load_columns
+
+    row = {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1"}]}
+    path = write_jsonl(tmp_path / "chat.jsonl", [row, row])
+    with pytest.raises(DatasetError) as e:
+        load_columns(path)
+    message = str(e.value)
+    assert "most rows: not_text:prompt" in message and "chat messages" in message
+    assert "must hold the problem's text" in message and "\n" not in message
+
+
 # ----------------------------------------------------------------------------- DAPO
 
 

@@ -4,9 +4,11 @@ Each row's question is its ``field`` column (default: the task's prompt column,
 :func:`marlow.tasks.loaders.prompt_column`). Rows go through the workflow ``batch`` at a time
 (every stage of a batch in one request list to the engine), and each row is written back as it
 was with ``answer`` added (and ``turns`` with ``trace``), in input order. A row that is not a JSON
-object, lacks the field as text, or holds characters the model cannot read (a tiny model:
-``outside_vocabulary``, as training skips such rows) is skipped and counted by reason, never
-written with a made-up answer. The output goes to a ``.partial`` sibling, renamed into place when every batch is done,
+object, lacks the field as text (:func:`marlow.tasks.loaders.column_text`, as training reads a
+prompt: a number is read as its text; a list, a mapping or a lone surrogate escape is
+``not_text``), or holds characters the model cannot read (a tiny model: ``outside_vocabulary``,
+as training skips such rows) is skipped and counted by reason, never written with a made-up
+answer. A UTF-8 byte-order mark opening the file is no part of its first row. The output goes to a ``.partial`` sibling, renamed into place when every batch is done,
 so an existing file is never half-overwritten; an existing output is refused without
 ``overwrite``.
 """
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from marlow.serving.trained import TrainedWorkflow
+from marlow.tasks.loaders import SkippedRow, column_text
 
 
 @dataclass
@@ -51,10 +54,10 @@ def answer_file(
     if batch < 1:
         raise ValueError(f"--batch must be >= 1, got {batch}")
     report = FileReport()
-    rows: list[dict] = []
+    rows: list[tuple[dict, str]] = []  # (row, its question)
     try:
         # "\n" only: a JSON string may hold U+2028, which splitlines() would split at
-        lines = source.read_text(encoding="utf-8").split("\n")
+        lines = source.read_text(encoding="utf-8-sig").split("\n")
     except UnicodeDecodeError as err:
         raise ValueError(
             f"--input {source}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
@@ -70,12 +73,16 @@ def answer_file(
             row = None
         if not isinstance(row, dict):
             report.skipped["bad_json"] += 1
-        elif not isinstance(row.get(field), str) or not row[field].strip():
-            report.skipped[f"missing_field:{field}"] += 1
-        elif workflow.unreadable(row[field]):
+            continue
+        try:
+            question = column_text(row, field)
+        except SkippedRow as skipped:
+            report.skipped[skipped.reason] += 1
+            continue
+        if workflow.unreadable(question):
             report.skipped["outside_vocabulary"] += 1
         else:
-            rows.append(row)
+            rows.append((row, question))
     partial = out.with_name(out.name + ".partial")
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -83,9 +90,9 @@ def answer_file(
             for start in range(0, len(rows), batch):
                 chunk = rows[start : start + batch]
                 answers = workflow.answer(
-                    [r[field] for r in chunk], trace=trace, temperature=temperature
+                    [question for _, question in chunk], trace=trace, temperature=temperature
                 )
-                for row, a in zip(chunk, answers, strict=True):
+                for (row, _), a in zip(chunk, answers, strict=True):
                     written = {**row, "answer": a.text}
                     if trace:
                         written["turns"] = a.turns

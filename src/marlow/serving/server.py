@@ -64,6 +64,7 @@ from starlette.exceptions import HTTPException
 from marlow.serving.batcher import Batcher, Overloaded, Pending, Settings
 from marlow.serving.limits import Limits
 from marlow.serving.trained import TrainedWorkflow, question_tokens
+from marlow.types import unicode_text
 
 UNSUPPORTED = {
     "top_p": 1,
@@ -502,12 +503,10 @@ def _text(content: Any) -> str:
             text = "\n".join(parts)
     if text is None:
         raise RequestError(400, "a user message's content must be text", "messages")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
+    if not unicode_text(text):
         raise RequestError(
             400, "a user message's content is not valid unicode (a lone surrogate)", "messages"
-        ) from None
+        )
     return text
 
 

@@ -37,7 +37,7 @@ from marlow.rollout.base import check_backend
 from marlow.training import checkpoint as ckpt
 from marlow.training.export import TOOLS_DIR
 from marlow.training.seeds import validation_seed
-from marlow.types import Problem, SamplingParams
+from marlow.types import Problem, SamplingParams, unicode_text
 from marlow.workflows.agents import build_agents
 from marlow.workflows.engine import run_episodes
 from marlow.workflows.validate import check_run_config, workflow_copy
@@ -219,9 +219,12 @@ class TrainedWorkflow:
         all through the engine at once; ``trace`` adds every turn."""
         one = isinstance(questions, str)
         items = [questions] if one else list(questions)
-        bad = [q for q in items if not isinstance(q, str) or not q.strip()]
+        bad = [q for q in items if not isinstance(q, str) or not q.strip() or not unicode_text(q)]
         if bad:
-            raise ValueError(f"a question must be non-empty text, got {bad[0]!r}")
+            raise ValueError(
+                f"a question must be non-empty text, valid unicode (no lone surrogate), got "
+                f"{bad[0]!r}"
+            )
         odd = next((q for q in items if self.unreadable(q)), None)
         if odd is not None:
             raise ValueError(

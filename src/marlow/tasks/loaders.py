@@ -51,8 +51,10 @@ Choices the spec leaves open:
   counted over all rows read, so skipping a row does not renumber the others). DeepCoder ids are
   ``deepcoder/<subset>/<row>``. A repeated id is skipped under ``duplicate_id``.
 * Skip reasons: ``blank_line`` (a jsonl line of whitespace; not a row: not in ``rows_read``),
-  ``bad_json`` (a jsonl line that is not a JSON object), ``missing_field:<name>``
-  (absent, null, or blank text), ``no_gold_marker`` (GSM8K), ``duplicate_prompt``,
+  ``bad_json`` (a jsonl line that is not a JSON object), ``not_utf8`` (a jsonl line whose bytes
+  are not UTF-8; the other lines still load), ``missing_field:<name>`` (absent, null, or blank
+  text), ``not_text:<name>`` (a list or a mapping, such as chat messages, or text with a lone
+  surrogate escape, which no tokenizer reads; a number is read as its text), ``no_gold_marker`` (GSM8K), ``duplicate_prompt``,
   ``duplicate_id``, ``empty_tests``, ``unparseable_tests``, ``no_passing_tests``,
   ``outside_vocabulary`` (custom, on the tiny world).
 * ``strict=True`` turns the first skipped row into a ``DatasetError`` naming its line (or table
@@ -77,6 +79,7 @@ Choices the spec leaves open:
 from __future__ import annotations
 
 import ast
+import codecs
 import gzip
 import hashlib
 import json
@@ -90,7 +93,7 @@ from typing import Any
 
 from marlow.config import CODE_DATASETS, DEEPCODER_SUBSETS, MATH_DATASETS
 from marlow.rewards.code import parse_tests
-from marlow.types import Problem
+from marlow.types import Problem, unicode_text
 
 DATASETS = (*MATH_DATASETS, *CODE_DATASETS)
 FILE_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
@@ -145,9 +148,13 @@ SHOWN = 3
 """Skipped rows a data line locates per reason (``line 12 (id sum-0011)``)."""
 BLANK = object()
 """What reading yields for a blank line of a jsonl file: counted under ``blank_line``."""
+NOT_UTF8 = object()
+"""What reading yields for a jsonl line whose bytes are not UTF-8: counted under ``not_utf8``."""
 
 
-class _Skip(Exception):  # noqa: N818 - control flow, never escapes this module
+class SkippedRow(Exception):  # noqa: N818 - control flow: a row skipped, and why
+    """A row left out of a dataset, for ``reason`` (a key of :attr:`LoadReport.skipped`)."""
+
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
@@ -161,7 +168,8 @@ def read_rows(
 ) -> Iterator[tuple[str, Any]]:
     """(where, row) of a local file or hub dataset: ``where`` is ``line N`` of a jsonl file (from
     1, as an editor numbers it) or ``row N`` of a table (from 1); a jsonl line that is not a JSON
-    object yields None, a blank one :data:`BLANK`."""
+    object yields None, a blank one :data:`BLANK`, one whose bytes are not UTF-8
+    :data:`NOT_UTF8`. A UTF-8 byte-order mark opening the file is no part of its first line."""
     path = Path(source)
     text = str(source)
     if path.exists() or text.endswith(FILE_SUFFIXES):
@@ -198,14 +206,36 @@ def _read_parquet(path: Path) -> list[dict]:
         raise DatasetError(f"{path}: not a readable parquet file ({_first_line(e)})") from None
 
 
+_WIDE_MARKS = (
+    (codecs.BOM_UTF32_LE, "UTF-32"),
+    (codecs.BOM_UTF32_BE, "UTF-32"),
+    (codecs.BOM_UTF16_LE, "UTF-16"),
+    (codecs.BOM_UTF16_BE, "UTF-16"),
+)
+"""The byte-order marks of encodings other than UTF-8 a file may open with (UTF-32's first:
+UTF-16's little-endian mark opens UTF-32's)."""
+
+
 def _read_jsonl(path: Path) -> Iterator[tuple[str, Any]]:
     opener = gzip.open if path.name.endswith(".gz") else open
     try:
-        with opener(path, "rt", encoding="utf-8") as f:
+        with opener(path, "rb") as f:
+            head = f.read(4)
+        for mark, name in _WIDE_MARKS:
+            if head.startswith(mark):
+                raise DatasetError(
+                    f"{path}: the file is {name} text (its byte-order mark says so); jsonl is read "
+                    "as UTF-8: save it as UTF-8"
+                )
+        # bytes that are not UTF-8 decode to lone surrogates, and cost that line only
+        with opener(path, "rt", encoding="utf-8-sig", errors="surrogateescape") as f:
             for number, line in enumerate(f, start=1):
                 where = f"line {number}"
                 if not line.strip():
                     yield where, BLANK
+                    continue
+                if not unicode_text(line):
+                    yield where, NOT_UTF8
                     continue
                 try:
                     row = json.loads(line)
@@ -250,11 +280,20 @@ def _first_line(e: BaseException) -> str:
 # ----------------------------------------------------------------------------- row helpers
 
 
-def _text(row: dict, key: str) -> str:
-    v = row.get(key)
-    if v is None or (isinstance(v, str) and not v.strip()):
-        raise _Skip(f"missing_field:{key}")
-    return v if isinstance(v, str) else str(v)
+def column_text(row: dict, key: str) -> str:
+    """The text of ``row``'s column ``key`` (a number is read as its text); raises
+    :class:`SkippedRow`: ``missing_field:KEY`` where it is absent, null or blank, ``not_text:KEY``
+    where it is a list or a mapping (chat messages, say) or not valid unicode (a lone surrogate
+    escape, which no tokenizer reads)."""
+    return _as_text(row.get(key), key)
+
+
+def _as_text(value: Any, key: str) -> str:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise SkippedRow(f"missing_field:{key}")
+    if isinstance(value, list | dict | tuple) or not unicode_text(str(value)):
+        raise SkippedRow(f"not_text:{key}")
+    return value if isinstance(value, str) else str(value)
 
 
 def _maybe_json(v: Any) -> Any:
@@ -270,18 +309,18 @@ def _maybe_json(v: Any) -> Any:
 
 
 def _gsm8k(row: dict, i: int) -> Problem:
-    question, answer = _text(row, "question"), _text(row, "answer")
+    question, answer = column_text(row, "question"), column_text(row, "answer")
     if "####" not in answer:
-        raise _Skip("no_gold_marker")
+        raise SkippedRow("no_gold_marker")
     solution, gold = answer.rsplit("####", 1)
     gold = gold.strip().replace(",", "")
     if not gold:
-        raise _Skip("no_gold_marker")
+        raise SkippedRow("no_gold_marker")
     return Problem(f"gsm8k/{i}", question, gold, {"solution": solution.strip()})
 
 
 def _math500(row: dict, i: int) -> Problem:
-    problem, answer = _text(row, "problem"), _text(row, "answer").strip()
+    problem, answer = column_text(row, "problem"), column_text(row, "answer").strip()
     meta = {k: row[k] for k in ("level", "subject", "unique_id", "solution") if k in row}
     uid = row.get("unique_id")
     return Problem(f"math500/{uid if uid else i}", problem, answer, meta)
@@ -329,7 +368,11 @@ def visible_examples(prompt: str, entry: str) -> dict | None:
 
 
 def _humaneval(row: dict, i: int) -> Problem:
-    prompt, entry, test = _text(row, "prompt"), _text(row, "entry_point"), _text(row, "test")
+    prompt, entry, test = (
+        column_text(row, "prompt"),
+        column_text(row, "entry_point"),
+        column_text(row, "test"),
+    )
     canonical = row.get("canonical_solution") or ""
     task_id = row.get("task_id") or f"HumanEval/{i}"
     meta = {
@@ -350,13 +393,11 @@ def _dapo(row: dict, i: int) -> Problem:
     if isinstance(prompt, list):  # raw form: chat messages
         users = [m for m in prompt if isinstance(m, dict) and m.get("role", "user") == "user"]
         prompt = users[0].get("content") if users else None
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise _Skip("missing_field:prompt")
+    prompt = _as_text(prompt, "prompt")
     answer = row.get("solution")
     if answer is None and isinstance(row.get("reward_model"), dict):
         answer = row["reward_model"].get("ground_truth")
-    if answer is None or not str(answer).strip():
-        raise _Skip("missing_field:solution")
+    answer = _as_text(answer, "solution")
     extra = row.get("extra_info")
     idx = extra.get("index") if isinstance(extra, dict) else None
     meta = {k: row[k] for k in ("data_source", "ability") if k in row}
@@ -364,17 +405,17 @@ def _dapo(row: dict, i: int) -> Problem:
 
 
 def _deepcoder_tests(raw: Any, metadata: dict) -> Any:
-    """Normalise DeepCoder tests (module docstring); raises ``_Skip``."""
+    """Normalise DeepCoder tests (module docstring); raises ``SkippedRow``."""
     try:
         tests = _maybe_json(raw)
     except ValueError:
-        raise _Skip("unparseable_tests") from None
+        raise SkippedRow("unparseable_tests") from None
     if not tests:
-        raise _Skip("empty_tests")
+        raise SkippedRow("empty_tests")
     default_fn = metadata.get("func_name") or metadata.get("fn_name") or ""
     if isinstance(tests, dict):
         if "inputs" not in tests and "outputs" not in tests:
-            raise _Skip("unparseable_tests")
+            raise SkippedRow("unparseable_tests")
         out = {"inputs": tests.get("inputs"), "outputs": tests.get("outputs")}
         fn = tests.get("fn_name") or default_fn
         if fn:
@@ -383,7 +424,7 @@ def _deepcoder_tests(raw: Any, metadata: dict) -> Any:
         out = []
         for t in tests:
             if not isinstance(t, dict) or "input" not in t or "output" not in t:
-                raise _Skip("unparseable_tests")
+                raise SkippedRow("unparseable_tests")
             kind = t.get("testtype") or t.get("type") or ""
             tmeta = _maybe_json(t.get("metadata")) or {}
             fn = t.get("fn_name") or (tmeta.get("func_name") if isinstance(tmeta, dict) else None)
@@ -392,26 +433,26 @@ def _deepcoder_tests(raw: Any, metadata: dict) -> Any:
             if functional:
                 row.update(testtype="functional", fn_name=fn or default_fn)
                 if not row["fn_name"]:
-                    raise _Skip("unparseable_tests")
+                    raise SkippedRow("unparseable_tests")
             else:
                 row["testtype"] = "stdin"
             out.append(row)
     else:
-        raise _Skip("unparseable_tests")
+        raise SkippedRow("unparseable_tests")
     try:
         cases = parse_tests(out)
     except (ValueError, TypeError, KeyError):
-        raise _Skip("unparseable_tests") from None
+        raise SkippedRow("unparseable_tests") from None
     if not cases:
-        raise _Skip("empty_tests")
+        raise SkippedRow("empty_tests")
     return out
 
 
 def _deepcoder(subset: str) -> Callable[[dict, int], Problem]:
     def convert(row: dict, i: int) -> Problem:
-        problem = _text(row, "problem")
+        problem = column_text(row, "problem")
         if "tests" not in row or row["tests"] is None:
-            raise _Skip("missing_field:tests")
+            raise SkippedRow("missing_field:tests")
         try:
             metadata = _maybe_json(row.get("metadata")) or {}
         except ValueError:
@@ -435,6 +476,14 @@ _FIELDS = {
     "dapo": ("prompt", "solution"),
     "deepcoder": ("problem", "tests"),
 }
+
+
+_HINTS = {
+    "not_text": "a list, a mapping (chat messages?) or a lone surrogate escape, where the column "
+    "must hold the problem's text",
+    "not_utf8": "the file's bytes are not UTF-8 text; save it as UTF-8",
+}
+"""What a skip reason means, said where no row of a source could be loaded for it."""
 
 
 def _run(
@@ -466,22 +515,24 @@ def _run(
         i += 1
         report.rows_read += 1
         try:
+            if row is NOT_UTF8:
+                raise SkippedRow("not_utf8")
             if row is None:
-                raise _Skip("bad_json")
+                raise SkippedRow("bad_json")
             keys.update(row)
             if prefilter is not None:
-                row = prefilter(row, i)  # raises _Skip: the row leaves the dataset itself
+                row = prefilter(row, i)  # raises SkippedRow: the row leaves the dataset itself
             position = report.n_positions
             report.n_positions += 1
             p = convert(row, i)
             if dedup_prompts:
                 key = p.prompt.strip()
                 if key in seen_prompts:
-                    raise _Skip("duplicate_prompt")
+                    raise SkippedRow("duplicate_prompt")
                 seen_prompts.add(key)
             if p.id in seen_ids:
-                raise _Skip("duplicate_id")
-        except _Skip as s:
+                raise SkippedRow("duplicate_id")
+        except SkippedRow as s:
             located = _located(where, row, needs)
             if strict:
                 raise DatasetError(
@@ -498,8 +549,10 @@ def _run(
         raise DatasetError(f"{source}: no rows to load as {dataset}")
     if not problems and limit != 0:
         reason = report.skipped.most_common(1)[0][0]
+        hint = _HINTS.get(reason.partition(":")[0])
         raise DatasetError(
-            f"{source}: no row could be loaded as {dataset} (most rows: {reason}); "
+            f"{source}: no row could be loaded as {dataset} (most rows: {reason}"
+            f"{f': {hint}' if hint else ''}); "
             f"{dataset} rows need fields: {', '.join(needs)}; "
             f"found: {', '.join(sorted(keys)) or 'none'}"
         )
@@ -592,7 +645,7 @@ def _passing_tests(results: dict[str, dict[str, str]]) -> Callable[[dict, int], 
             return row  # the converter counts it as unparseable
         passed = [k for k in range(_n_tests(tests)) if marks.get(str(k)) == "passed"]
         if not passed:
-            raise _Skip("no_passing_tests")
+            raise SkippedRow("no_passing_tests")
         if isinstance(tests, dict):
             kept = {**tests, **{f: [tests[f][k] for k in passed] for f in ("inputs", "outputs")}}
         else:
@@ -631,12 +684,12 @@ def load_columns(
                 f"{source}: column {clash[0]!r} has the name of a keyword marlow passes to the "
                 f"reward ({', '.join(reserved)}); rename the column"
             )
-        prompt = _text(row, prompt_field)
-        answer = _text(row, answer_field) if answer_field is not None else ""
+        prompt = column_text(row, prompt_field)
+        answer = column_text(row, answer_field) if answer_field is not None else ""
         if id_field is not None:
-            native = _text(row, id_field)
+            native = column_text(row, id_field)
         elif row.get("id") not in (None, ""):
-            native = str(row["id"])
+            native = column_text(row, "id")
         else:
             blob = json.dumps(row, sort_keys=True, default=str).encode()
             native = hashlib.sha256(blob).hexdigest()[:16]
@@ -645,7 +698,7 @@ def load_columns(
             if strange:
                 if outside is not None:
                     outside.update(strange)
-                raise _Skip("outside_vocabulary")
+                raise SkippedRow("outside_vocabulary")
         columns = {k: v for k, v in row.items() if k != prompt_field}
         return Problem(str(native), prompt, answer.strip(), {"columns": columns})
 

@@ -211,6 +211,33 @@ def unicode_text(text: str) -> bool:
     return True
 
 
+NOT_UNICODE = (
+    "holds a lone surrogate (an escape such as \\ud800): not valid unicode, which no tokenizer "
+    "reads"
+)
+"""What a file's text that is not :func:`unicode_text` is told, after where it sits."""
+
+
+def not_unicode(data: object, at: tuple = ()) -> tuple | None:
+    """Where in ``data`` (mappings and lists of a parsed YAML or JSON file) the first text that
+    is not :func:`unicode_text` sits, a key or a value: the keys and list indices that lead to
+    it (a key's own place is where its value sits); None where every text is valid unicode
+    (YAML's ``"\\ud800"`` escape, like JSON's, spells a lone surrogate)."""
+    if isinstance(data, str):
+        return None if unicode_text(data) else at
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if isinstance(key, str) and not unicode_text(key):
+                return (*at, key)
+            if (found := not_unicode(value, (*at, key))) is not None:
+                return found
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            if (found := not_unicode(value, (*at, i))) is not None:
+                return found
+    return None
+
+
 @dataclass(frozen=True)
 class Problem:
     """One task item: the prompt text and its ground truth."""

@@ -54,6 +54,16 @@ def swap(old: str, new: str, base: str = GOOD) -> str:
 ROWS = {
     "not yaml": ("roles: [unclosed\n", "line 2", "not valid YAML"),
     "not a mapping": ("- a list\n", "must be a mapping"),
+    "a prompt with a lone surrogate": (
+        swap('chat: "Solve: {problem}"', 'chat: "Solve \\ud800: {problem}"'),
+        "line 7",
+        "field 'roles.generator.prompts.say.chat'",
+        "lone surrogate",
+    ),
+    "a role named with a lone surrogate": (
+        swap("aggregator: {kind: select}", '"a\\udc00": {kind: select}'),
+        "not valid unicode",
+    ),
     "unknown top field": (GOOD + "extra: 1\n", "line 16", "field 'extra'", "valid: name, title"),
     "no roles field": (swap("roles:", "rolez:"), "field 'rolez'", "unknown field"),
     "no answer": (GOOD.replace("answer: selected\n", ""), "field 'answer'", "required"),

@@ -117,6 +117,7 @@ def test_a_set_of_ones_own_may_take_the_rest_from_a_builtin_base(tmp_path):
         ("base: gpt\ntemplates:\n  math:\n    a/b: x", "base 'gpt' is unknown; valid: marlow"),
         ("temlates:\n  math: {}", "unknown key 'temlates'"),
         ("templates: {math: [", "not readable YAML"),
+        ('templates:\n  math:\n    a/b: "x \\ud800 {problem}"', "math.a/b holds a lone surrogate"),
     ],
 )
 def test_a_bad_set_file_is_one_line_naming_the_problem(tmp_path, text, message):

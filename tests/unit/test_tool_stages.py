@@ -51,6 +51,14 @@ def number(reads, problem, episode):
     return 42
 
 
+def surrogate(reads, problem, episode):
+    return "ok \ud800"  # a lone surrogate: no tokenizer reads it in the next stage's prompt
+
+
+def surrogate_mapping(reads, problem, episode):
+    return {"text": "ok \udc80", "passed": True}
+
+
 class Opaque:
     def __repr__(self) -> str:
         raise RuntimeError("no repr")
@@ -155,6 +163,8 @@ def test_the_tool_gets_its_reads_the_problem_and_the_episode_and_the_next_role_r
         ("number", "error", "tool check returned a int, not text"),
         ("trapped", "error", "tool check failed: RuntimeError: trap"),
         ("later", "ok", "awaited"),
+        ("surrogate", "error", "tool check returned text that holds a lone surrogate"),
+        ("surrogate_mapping", "error", "tool check returned text that holds a lone surrogate"),
     ],
 )
 def test_a_raising_or_wrong_tool_is_one_counted_call_and_async_works(tmp_path, call, status, text):

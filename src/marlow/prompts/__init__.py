@@ -42,6 +42,8 @@ from types import MappingProxyType
 
 import yaml
 
+from marlow.types import NOT_UNICODE, not_unicode
+
 STYLES = ("chat", "tiny")
 SET_DIR = Path(__file__).parent / "sets"
 CHAT_SETS = ("marlow", "official")  # the built-in chat sets; ``tiny`` is the tiny style's
@@ -86,6 +88,8 @@ def _load(name: str) -> PromptSet:
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ValueError(f"prompt set {path}: not readable YAML ({first})") from None
+    if (at := not_unicode(data)) is not None:
+        raise ValueError(f"prompt set {path}: {'.'.join(map(str, at))} {NOT_UNICODE}")
     return _parse(data, path)
 
 

@@ -68,6 +68,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from marlow.config import yaml_problem
 from marlow.prompts import TEMPLATES
+from marlow.types import NOT_UNICODE, not_unicode
 
 KINDS = {
     "answer": "proposes or revises an answer to the problem",
@@ -313,6 +314,8 @@ def parse_workflow_text(text: str, source: str) -> tuple[WorkflowFile, _Errors]:
     errors = _Errors(source, root)
     if not isinstance(data, dict):
         raise errors((), "must be a mapping of name, title, params, roles, stages, answer, credit")
+    if (at := not_unicode(data)) is not None:
+        raise errors(at, NOT_UNICODE)
     try:
         return WorkflowFile.model_validate(data), errors
     except ValidationError as err:

@@ -45,7 +45,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from marlow.types import Episode, Problem, ToolCall
+from marlow.types import NOT_UNICODE, Episode, Problem, ToolCall, unicode_text
 from marlow.usercode import (
     CallFailed,
     CallTimedOut,
@@ -109,14 +109,19 @@ def _prepare(stage: ToolStage) -> None:
 
 def _as_output(tool: str, value: Any) -> tuple[str, dict[str, Any], str]:
     """A returned value as (text, fields, status): the text cut to :data:`MAX_TEXT` characters,
-    the fields as plain JSON values (:func:`_plain`)."""
-    if isinstance(value, str):
-        return _cut(value), {}, "ok"
+    the fields as plain JSON values (:func:`_plain`). Text that is not valid unicode (a lone
+    surrogate, which no tokenizer reads in a later stage's prompt) is an error call."""
+    text = value if isinstance(value, str) else None
+    fields: dict[str, Any] = {}
     if isinstance(value, Mapping) and isinstance(value.get("text"), str):
+        text = value["text"]
         fields = {_cut(str(k), 200): _plain(v) for k, v in value.items() if k != "text"}
-        return _cut(value["text"]), fields, "ok"
-    what = type(value).__name__
-    return f"tool {tool} returned a {what}, not text (or a mapping with 'text')", {}, "error"
+    if text is None:
+        what = type(value).__name__
+        return f"tool {tool} returned a {what}, not text (or a mapping with 'text')", {}, "error"
+    if not unicode_text(text):
+        return f"tool {tool} returned text that {NOT_UNICODE}", {}, "error"
+    return _cut(text), fields, "ok"
 
 
 def _cut(text: str, most: int | None = None) -> str:

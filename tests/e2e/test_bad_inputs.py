@@ -305,6 +305,12 @@ CASES: list[Case] = [
     value(
         "task-name", "task.name=physics", "'task.name' is 'physics'", "valid: math, code, custom"
     ),
+    value(
+        "task-name-a-dataset",
+        "task.name=humaneval",
+        "humaneval is a dataset: task.dataset=humaneval task.source=",
+        "under task.name=code",
+    ),
     value("task-val-size-0", "task.val_size=0", "task.val_size"),
     value("format-penalty-positive", "task.format_penalty=0.5", "task.format_penalty"),
     value("code-timeout-0", "task.code_timeout_s=0", "task.code_timeout_s"),

@@ -15,7 +15,15 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from marlow.config.presets import PER_TASK, PRESETS
-from marlow.config.schema import BOUNDS, BUILTIN_TASKS, ConfigError, RunConfig, TaskConfig
+from marlow.config.schema import (
+    BOUNDS,
+    BUILTIN_TASKS,
+    CODE_DATASETS,
+    MATH_DATASETS,
+    ConfigError,
+    RunConfig,
+    TaskConfig,
+)
 
 
 def preset_settings(preset: str, task: str) -> dict[str, Any]:
@@ -175,7 +183,16 @@ def _installed_settings(name: str) -> dict[str, Any]:
         raise ConfigError(f"config field 'task.name': {err}") from None
     if found is None:
         valid = ", ".join((*BUILTIN_TASKS, "custom", *installed_tasks()))
-        raise ConfigError(f"config field 'task.name' is {name!r}; valid: {valid} (marlow tasks)")
+        family = "math" if name in MATH_DATASETS else "code" if name in CODE_DATASETS else None
+        dataset = (
+            f"; {name} is a dataset: task.dataset={name} task.source=FILE (its .jsonl or "
+            f".parquet) or a hub id, under task.name={family}"
+            if family
+            else ""
+        )
+        raise ConfigError(
+            f"config field 'task.name' is {name!r}; valid: {valid} (marlow tasks){dataset}"
+        )
     return found
 
 

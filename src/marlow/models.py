@@ -311,16 +311,20 @@ def load_base(
         source = check_model_source(config.name)
         try:
             tokenizer = AutoTokenizer.from_pretrained(source, padding_side="left")
+        except Exception as err:  # noqa: BLE001 - any failure is _unloadable's one line
+            raise _unloadable(config.name, err) from None
+        if getattr(tokenizer, "chat_template", None) is None:  # checked before the weights load
+            raise ModelLoadError(
+                f"model.name {config.name!r}: its tokenizer has no chat template (a base model, "
+                "not a chat one?), and every role's prompt is sent through the model's chat "
+                "template. Use the model's chat (instruct) version, or give the folder a "
+                "chat_template.jinja"
+            )
+        try:
             with quiet_hf():
                 model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
-        except Exception as err:  # a damaged or foreign folder: OSError, ValueError, a config
-            # field of the wrong type (huggingface_hub's strict dataclasses), a negative size...
-            reason = " ".join(str(err).split())[:300].rstrip(".") or type(err).__name__
-            raise ModelLoadError(
-                f"model.name {config.name!r} cannot be loaded (offline, or not a causal LM): "
-                f"{reason}. Use a local path, a cached hub id, or a tiny scale: tiny-s, tiny-m, "
-                "tiny-l"
-            ) from None
+        except Exception as err:  # noqa: BLE001 - any failure is _unloadable's one line
+            raise _unloadable(config.name, err) from None
     model.to(device)
     for p in model.parameters():
         p.requires_grad_(False)
@@ -330,6 +334,17 @@ def load_base(
     if log is not None and (note := half_precision_note(torch_dtype, torch.device(device))):
         log(note)
     return model, tokenizer
+
+
+def _unloadable(name: str, err: Exception) -> ModelLoadError:
+    """The one line for a model ``name`` whose tokenizer or weights do not load: a damaged or
+    foreign folder (OSError, ValueError, a config field of the wrong type from huggingface_hub's
+    strict dataclasses, a negative size...), or a hub id not in the cache."""
+    reason = " ".join(str(err).split())[:300].rstrip(".") or type(err).__name__
+    return ModelLoadError(
+        f"model.name {name!r} cannot be loaded (offline, or not a causal LM): {reason}. Use a "
+        "local path, a cached hub id, or a tiny scale: tiny-s, tiny-m, tiny-l"
+    )
 
 
 def half_precision_note(dtype: torch.dtype, device: torch.device) -> str | None:

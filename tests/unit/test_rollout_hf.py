@@ -134,6 +134,39 @@ def test_finish_reason_length_and_stop_ids(make_model, tokenizer):
     assert cut.text == tokenizer.decode(cut.token_ids, skip_special_tokens=True)
 
 
+def test_a_completion_also_ends_at_the_eos_ids_of_the_models_generation_config(
+    make_model, tokenizer
+):
+    model = make_model(seed=0)
+    params = SamplingParams(temperature=0.0, max_new_tokens=10, seed=0)
+    req = GenRequest(encode(tokenizer, "1+2="), BASE)
+    model.generation_config.eos_token_id = None
+    (free,) = HFEngine(model, tokenizer).generate([req], params)
+    assert free.finish_reason == "length"  # the tokenizer's eos never comes
+    # a model whose turn ends with another id than the tokenizer's eos (Gemma's <end_of_turn>)
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, free.token_ids[3]]
+    engine = HFEngine(model, tokenizer)
+    assert engine.stop_ids == [tokenizer.eos_token_id, free.token_ids[3]]
+    (cut,) = engine.generate([req], params)
+    first = free.token_ids.index(free.token_ids[3])
+    assert cut.finish_reason == "stop" and cut.token_ids == free.token_ids[: first + 1]
+
+
+def test_default_stop_ids_take_each_eos_once_and_need_one():
+    from types import SimpleNamespace as NS
+
+    from marlow.rollout.base import default_stop_ids
+
+    def model(eos):
+        return NS(generation_config=NS(eos_token_id=eos))
+
+    assert default_stop_ids(model([5, 7, 5]), NS(eos_token_id=5)) == [5, 7]
+    assert default_stop_ids(model(7), NS(eos_token_id=None)) == [7]
+    assert default_stop_ids(NS(), NS(eos_token_id=3)) == [3]  # no generation config
+    with pytest.raises(ValueError, match="names an eos token"):
+        default_stop_ids(model(None), NS(eos_token_id=None))
+
+
 def test_finished_rows_do_not_disturb_running_rows(make_model, tokenizer):
     """One row stops early; the others keep generating exactly as they would alone."""
     model = make_model(seed=0)

@@ -18,6 +18,26 @@ if TYPE_CHECKING:
     from marlow.config import RunConfig
 
 
+def default_stop_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The token ids a completion ends at, where an engine is given none: the tokenizer's eos
+    token (a chat tokenizer's end of turn) and then the eos ids of the model's generation config
+    (``generation_config.json``: Qwen3's ``<|im_end|>`` and ``<|endoftext|>``, Gemma's
+    ``<end_of_turn>`` beside ``<eos>``), each once, as transformers' ``generate`` and vLLM stop.
+    A ValueError where neither names one."""
+    ids: list[int] = []
+    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for found in (tokenizer.eos_token_id, config_eos):
+        for i in found if isinstance(found, list | tuple) else [found]:
+            if i is not None and int(i) not in ids:
+                ids.append(int(i))
+    if not ids:
+        raise ValueError(
+            "neither the tokenizer nor the model's generation config names an eos token; pass "
+            "stop_ids explicitly"
+        )
+    return ids
+
+
 @runtime_checkable
 class RolloutEngine(Protocol):
     """Samples one completion per request, returned in request order, and scores given ones.

@@ -87,7 +87,7 @@ from marlow.policy.adapters import (
     lora_in_base_dtype,
     merged,
 )
-from marlow.rollout.base import check_requests
+from marlow.rollout.base import check_requests, default_stop_ids
 from marlow.rollout.lean import LeanQwen3
 from marlow.types import BASE, Completion, FinishReason, GenRequest, SamplingParams
 
@@ -109,7 +109,8 @@ of nearby lengths share a compiled step."""
 class HFEngine:
     """RolloutEngine over a PeftModel (or a plain causal LM when there are no adapters).
 
-    ``stop_ids`` defaults to the tokenizer's eos token (for chat models, the end-of-turn token).
+    ``stop_ids`` defaults to :func:`marlow.rollout.base.default_stop_ids` (the tokenizer's eos
+    token, for chat models the end-of-turn token, and the generation config's eos ids).
     ``merge``: sample each adapter with its LoRA folded into the base weights
     (:func:`marlow.policy.adapters.merged`: one matmul per linear instead of three; the base is
     restored bit for bit afterwards). It costs one copy of the adapted weights while a group
@@ -167,9 +168,7 @@ class HFEngine:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if stop_ids is None:
-            if tokenizer.eos_token_id is None:
-                raise ValueError("the tokenizer has no eos token; pass stop_ids explicitly")
-            stop_ids = [tokenizer.eos_token_id]
+            stop_ids = default_stop_ids(model, tokenizer)
         if not stop_ids:
             raise ValueError("stop_ids must name at least one token id")
         self.model = model

@@ -61,7 +61,7 @@ import torch
 from marlow.config import ConfigError, VLLMConfig
 from marlow.fileio import socket_path_fits
 from marlow.policy.adapters import WEIGHTS_NAME, adapter_names, save_adapters
-from marlow.rollout.base import check_requests
+from marlow.rollout.base import check_requests, default_stop_ids
 from marlow.types import BASE, Completion, FinishReason, GenRequest, SamplingParams
 
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the ranks vLLM reserves LoRA slots for
@@ -176,9 +176,7 @@ class VLLMEngine:
     ) -> None:
         settings = settings or VLLMConfig()
         if stop_ids is None:
-            if tokenizer.eos_token_id is None:
-                raise ValueError("the tokenizer has no eos token; pass stop_ids explicitly")
-            stop_ids = [tokenizer.eos_token_id]
+            stop_ids = default_stop_ids(model, tokenizer)
         self.model = model
         self.tokenizer = tokenizer
         self.stop_ids = [int(i) for i in stop_ids]

@@ -43,6 +43,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint, get_device_states, set_device_states
@@ -334,6 +335,16 @@ def load_base(
     if log is not None and (note := half_precision_note(torch_dtype, torch.device(device))):
         log(note)
     return model, tokenizer
+
+
+def pad_id(tokenizer: Any) -> int:
+    """The token id that fills padded positions (of a sampling batch, of an update's rows): the
+    tokenizer's pad token, else its eos token (a tokenizer without a pad token, as Llama 3's),
+    else 0. Padded positions are masked, so any valid id serves."""
+    for found in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if found is not None:
+            return int(found)
+    return 0
 
 
 def _unloadable(name: str, err: Exception) -> ModelLoadError:

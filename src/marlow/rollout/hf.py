@@ -78,7 +78,7 @@ import transformers
 from packaging.version import Version
 from transformers import DynamicCache
 
-from marlow.models import completion_logprobs
+from marlow.models import completion_logprobs, pad_id
 from marlow.policy.adapters import (
     activate,
     active_adapter,
@@ -182,9 +182,7 @@ class HFEngine:
         self.read_every = read_every
         self.refill = refill
         self.stop_ids = [int(i) for i in stop_ids]
-        # The pad id only fills masked positions and finished rows; any valid id works.
-        pad = tokenizer.pad_token_id
-        self.pad_id = int(pad) if pad is not None else self.stop_ids[0]
+        self.pad_id = pad_id(tokenizer)  # fills masked positions and finished rows
 
     @property
     def device(self) -> torch.device:

@@ -54,6 +54,7 @@ from marlow.models import (
     compile_layers,
     compiles_layers,
     decoder_and_head,
+    pad_id,
     resolve_device,
     vocabulary,
 )
@@ -195,7 +196,7 @@ class Trainer:
                     f"config field 'grpo.compile' is on, but {err}; valid: auto, off"
                 ) from None
         self.grpo = config.grpo.model_copy(update={"micro_tokens": micro})
-        self.pad_id = self.tokenizer.pad_token_id
+        self.pad_id = pad_id(self.tokenizer)
         self.optim = AdapterOptimizers(
             {a: list(adapter_parameters(self.model, a).values()) for a in self.adapters},
             lr=config.optim.lr,

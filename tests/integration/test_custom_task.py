@@ -65,6 +65,10 @@ REWARDS = textwrap.dedent(
             for c, a in zip(completions, answer, strict=True)
         ]
 
+    def wanders(prompts, completions, **kwargs):
+        os.chdir(os.environ["MARLOW_TEST_ELSEWHERE"])  # a reward that changes the cwd
+        return [float(sum(map(ord, c)) % 2) for c in completions]
+
     def fails_after_flag(prompts, completions, **kwargs):
         if os.path.exists(os.environ["MARLOW_TEST_FLAG"]):
             raise RuntimeError("the grading service is down")
@@ -324,6 +328,31 @@ def test_rescore_grades_a_finished_runs_answers_again_without_generating(
     broken = rescore(out, f"{task_files / 'rewards.py'}:short", name="short")
     assert all(s["new"]["no_reward"] == 6 and s["new"]["accuracy"] is None for s in broken["steps"])
     assert broken["failures"][0]["function"] == "short"
+
+
+def test_a_reward_that_changes_the_working_directory_moves_no_file_of_the_run(
+    small_config, task_files, tmp_path, monkeypatch
+):
+    from marlow.training.evaluate import evaluate
+
+    home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
+    home.mkdir(), elsewhere.mkdir()
+    monkeypatch.setenv("MARLOW_TEST_ELSEWHERE", str(elsewhere))
+    monkeypatch.chdir(home)
+    out = Path("runs/x")  # relative, as a user types --out
+    with Trainer(task_config(small_config, task_files, "wanders"), out) as trainer:
+        trainer.run()
+    assert Path.cwd() == elsewhere  # the reward did move the process
+    monkeypatch.chdir(home)
+    evaluate(out, name="again")
+    monkeypatch.chdir(home)
+    rescore(out, f"{task_files / 'rewards.py'}:wanders")
+    assert not any(elsewhere.iterdir()), sorted(p.name for p in elsewhere.rglob("*"))
+    run_dir = home / out
+    assert [r["step"] for r in read_metrics(run_dir)] == [0, 1, 2]
+    assert checkpoint.latest(run_dir).name == "step_000002"
+    assert (run_dir / "evals" / "again" / "eval.json").is_file()
+    assert (run_dir / "rescore" / "wanders.json").is_file()
 
 
 def test_rescore_refuses_a_folder_without_stored_answers(tmp_path):

@@ -49,7 +49,7 @@ def rescore(
 ) -> dict[str, Any]:
     """Grade ``run_dir``'s stored validation answers with ``reward`` (module docstring); returns
     what it wrote."""
-    run = Path(run_dir)
+    run = Path(run_dir).absolute()  # the reward may change the working directory
     if not (run / "config.yaml").is_file():
         raise ConfigError(f"{run} is not a run folder (no config.yaml)")
     stored = read_answers(run)

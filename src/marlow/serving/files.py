@@ -83,6 +83,7 @@ def answer_file(
             report.skipped["outside_vocabulary"] += 1
         else:
             rows.append((row, question))
+    out = out.absolute()  # a tool stage may change the working directory while rows answer
     partial = out.with_name(out.name + ".partial")
     out.parent.mkdir(parents=True, exist_ok=True)
     try:

@@ -118,6 +118,7 @@ def evaluate(
     if log is not None:
         log(Phase(f"evaluating {target.label} -> {target.folder}"))
     made = not target.folder.exists()
+    folder = target.folder.absolute()  # where the eval writes, whatever a reward does to the cwd
     try:
         with Trainer(cfg, target.folder, log=log, run_dir=target.run) as trainer:
             step = 0
@@ -132,9 +133,9 @@ def evaluate(
             "routing": cfg.policy.routing,
             **metrics,
         }
-        write_json(target.folder / "eval.json", record)
+        write_json(folder / "eval.json", record)
     except BaseException:  # an eval that did not finish leaves no folder of its own behind
         if made:
-            shutil.rmtree(target.folder, ignore_errors=True)
+            shutil.rmtree(folder, ignore_errors=True)
         raise
     return record

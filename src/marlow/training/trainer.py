@@ -129,7 +129,10 @@ class Trainer:
         # the run records and uses the resolved value
         config, seeding = resolve_seeding(config, launched_size())
         self.cfg = config
-        self.out = Path(out_dir)
+        # absolute: a user's reward or tool that changes the working directory (os.chdir) must
+        # not send the run's later files elsewhere; messages name the folder as it was given
+        self.named = Path(out_dir)
+        self.out = self.named.absolute()
         self._folder: ExitStack | None = None  # the run folder, held while a run trains
         self.log = log or (lambda _msg: None)
         if config.threads:
@@ -137,7 +140,7 @@ class Trainer:
         torch.manual_seed(config.seed)
         # What can be refused without the model is refused first: role-level settings, the
         # device, data.
-        run = Path(run_dir) if run_dir is not None else self.out
+        run = Path(run_dir).absolute() if run_dir is not None else self.out
         copy = workflow_copy(run)
         self.workflow = check_run_config(config, copy)
         check_backend(config)  # registered, and able to run here (vLLM imports)
@@ -577,7 +580,7 @@ class Trainer:
             self._loop(on_step)
             if self.step > first:
                 seconds = time.monotonic() - started
-                self.log(Phase(f"trained to step {self.step} in {seconds:.0f} s -> {self.out}"))
+                self.log(Phase(f"trained to step {self.step} in {seconds:.0f} s -> {self.named}"))
         self._release_folder()
         self.ranks.leave()  # after rank 0 closed the run's files
         return self.out
@@ -589,7 +592,7 @@ class Trainer:
         return (
             f"training {self.workflow.title} ({c.policy.routing}) on {c.model.name} ({c.task.name})"
             f", {where}, validating every {c.val_every} on {len(self.val_set)} problems "
-            f"-> {self.out}"
+            f"-> {self.named}"
         )
 
     def _start_ranks(self, resume: bool, resume_from: int | None) -> int:
@@ -621,14 +624,15 @@ class Trainer:
             self._hold_folder()
         if not resume and (self.out / "metrics.jsonl").exists():
             raise FileExistsError(
-                f"{self.out} already holds a run; pass --resume to continue it or choose another --out"
+                f"{self.named} already holds a run; pass --resume to continue it or choose another "
+                "--out"
             )
         stored = resume_lib.previous_config(self.out) if resume else None
         found, changes = None, []
         if stored is not None:
             found, changes = resume_lib.preflight(self.out, stored, self.cfg, resume_from)
         elif resume_from is not None:
-            raise resume_lib.ResumeError(f"--resume-from {resume_from}: {self.out} holds no run")
+            raise resume_lib.ResumeError(f"--resume-from {resume_from}: {self.named} holds no run")
         if found is not None:
             self.step = checkpoint.load(found, self.model, self.adapters, self.optim)
         done = self.step if found is not None else -1  # records after this are redone

@@ -31,6 +31,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from marlow.fileio import NoSpace
 from marlow.serving.limits import Limits
 
 
@@ -155,7 +156,7 @@ def _remove_unheld(folder: Path) -> None:
 
 def _user_errors():
     from marlow.config import ConfigError
-    from marlow.fileio import DamagedFileError, FolderBusy
+    from marlow.fileio import DamagedFileError, FolderBusy, NoSpace
     from marlow.models import ModelLoadError
     from marlow.rewards.user import RewardsMissing
     from marlow.rollout.vllm import VLLMEngineError
@@ -168,6 +169,7 @@ def _user_errors():
         ConfigError,
         DamagedFileError,
         FolderBusy,
+        NoSpace,
         ModelLoadError,
         FileExistsError,
         FileNotFoundError,
@@ -283,6 +285,8 @@ def train(
             _StepProgress(cfg.steps) as progress,
         ):
             trainer.run(resume=resuming, resume_from=resume_from, on_step=progress.update)
+    except NoSpace as full:  # a device that filled up: what the run kept, and how to go on
+        _fail(f"{full}; {_kept(out)}; then resume with `marlow train --out {out} --resume`")
     except _user_errors() as err:
         _fail(str(err))
     except KeyboardInterrupt:  # Ctrl-C, SIGINT or SIGTERM from a script or a scheduler
@@ -293,12 +297,21 @@ def train(
         _train_summary(out, time.monotonic() - started)
 
 
+def _kept(out: Path) -> str:
+    """What a stopped run kept: its last checkpoint (a resume redoes the steps after it)."""
+    from marlow.training import checkpoint as ckpt
+
+    latest = ckpt.latest(out)
+    if latest is None:
+        return "no checkpoint yet (a resume starts from step 1)"
+    return f"the last checkpoint is step {ckpt.step_of(latest)}"
+
+
 def _interrupted(out: Path, started: bool) -> None:
     """What an interrupted ``marlow train`` kept and how to go on, in one line: the step it was
     in (one past the last step in ``metrics.jsonl``), the last checkpoint (a resume redoes the
     steps after it) and the command that resumes."""
     from marlow.diagnostics.sinks import read_metrics
-    from marlow.training import checkpoint as ckpt
 
     if not started or not (out / "metrics.jsonl").exists():
         console.print(
@@ -312,15 +325,9 @@ def _interrupted(out: Path, started: bool) -> None:
         done = max((int(r["step"]) for r in read_metrics(out) if "step" in r), default=0)
     except ValueError:  # a half-written last line: the resume drops it
         done = 0
-    latest = ckpt.latest(out)
-    kept = (
-        f"the last checkpoint is step {ckpt.step_of(latest)}"
-        if latest is not None
-        else "no checkpoint yet (a resume starts from step 1)"
-    )
     console.print(
         escape(
-            f"interrupted at step {done + 1}; {kept}; resume with "
+            f"interrupted at step {done + 1}; {_kept(out)}; resume with "
             f"`marlow train --out {out} --resume`"
         ),
         highlight=False,

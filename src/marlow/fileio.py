@@ -5,9 +5,11 @@ socket."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,10 +22,16 @@ class DamagedFileError(ValueError):
 
 
 def write_bytes(path: str | Path, data: bytes) -> Path:
+    """``data`` written to ``path`` atomically (module docstring); a device that fills up
+    meanwhile is :class:`NoSpace`, the partial ``.tmp`` removed and ``path`` as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
+    try:
+        tmp.write_bytes(data)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise no_space(err, path) or err from None
     os.replace(tmp, path)
     return path
 
@@ -60,6 +68,39 @@ def sha256_file(path: str | Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+class NoSpace(OSError):
+    """The device holding a file filled up (or its quota ran out) while it was written; the
+    message is one line naming the folder and what the device has free."""
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()
+
+
+NO_SPACE_LEFT = 1 << 20
+"""Bytes free below which a failed write is taken for a full device (:func:`no_space`)."""
+
+
+def no_space(err: BaseException, path: str | Path) -> NoSpace | None:
+    """A :class:`NoSpace` for ``err``, raised writing under ``path``, where it came of a full
+    device: an OSError of ENOSPC or EDQUOT, or any error (torch's C++ writer reports a short
+    write as a RuntimeError without an errno) while the device holding ``path`` has less than
+    :data:`NO_SPACE_LEFT` free; None otherwise."""
+    found = Path(path)
+    while not found.exists() and found != found.parent:
+        found = found.parent
+    try:
+        free = shutil.disk_usage(found).free
+    except OSError:
+        free = None
+    quota = isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
+    if not quota and (free is None or free >= NO_SPACE_LEFT):
+        return None
+    left = f"{free / 2**20:.1f} MiB free" if free is not None else "its free space unknown"
+    return NoSpace(
+        errno.ENOSPC, f"no space left on the device holding {path} ({left}): free some space"
+    )
 
 
 SOCKET_PATH_MAX = 107

@@ -139,3 +139,33 @@ def test_quickstart_on_a_shrunk_tiny_world(tiny_cache, tmp_path: Path):
         and "group_sise" in bad.stderr
         and len(bad.stderr.strip().splitlines()) == 1
     )
+
+
+def test_a_device_that_fills_up_during_a_checkpoint_is_one_line_saying_how_to_go_on(
+    tiny_cache, tmp_path: Path, monkeypatch
+):
+    import shutil
+
+    import marlow.fileio
+    import marlow.training.checkpoint
+
+    def short_write(obj, path):  # torch's C++ writer: part of the file, then a RuntimeError
+        Path(path).write_bytes(b"\0" * 100)
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+
+    full = shutil.disk_usage(tmp_path)._replace(free=4096)
+    monkeypatch.setattr(marlow.training.checkpoint.torch, "save", short_write)
+    monkeypatch.setattr(marlow.fileio.shutil, "disk_usage", lambda _path: full)
+    args = ["train", "steps=2", "val_every=2", "ckpt_every=1", "task.val_size=4",
+            f"model.pretrain_steps={PRETRAIN_STEPS}", "rollout.max_new_tokens=16",
+            "--out", "runs/full"]  # fmt: skip
+    done = in_process(args, tmp_path)
+    assert done.exit_code == 2, done.output
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("error:")]
+    held = tmp_path / "runs" / "full"
+    assert f"no space left on the device holding {held} (0.0 MiB free)" in line, line
+    assert "no checkpoint yet" in line and "`marlow train --out runs/full --resume`" in line
+    assert "Traceback" not in done.output
+    checkpoints = tmp_path / "runs" / "full" / "checkpoints"
+    assert not list(checkpoints.glob("*.tmp"))  # the partial checkpoint's space given back
+    assert (tmp_path / "runs" / "full" / "metrics.jsonl").is_file()  # the run's records stay

@@ -110,3 +110,55 @@ def test_events_need_their_step_and_a_hand_edited_event_still_reads(tmp_path):
     path.write_bytes(b'{"step": 0}\n[1, 2]\n')  # complete JSON, not half of an object
     with pytest.raises(DamagedFileError):
         list(read_jsonl(path))
+
+
+def test_a_write_error_is_no_space_by_its_errno_or_by_a_device_left_without_space(
+    tmp_path, monkeypatch
+):
+    import errno
+    import shutil
+
+    import marlow.fileio
+    from marlow.fileio import NoSpace, no_space
+
+    target = tmp_path / "run" / "checkpoints"  # not made yet: its device is tmp_path's
+    quota = no_space(OSError(errno.EDQUOT, "Disk quota exceeded"), target)
+    assert isinstance(quota, NoSpace) and quota.errno == errno.ENOSPC
+    assert str(quota).startswith(f"no space left on the device holding {target} (")
+    assert "\n" not in str(quota) and "[Errno" not in str(quota)
+    assert no_space(RuntimeError("unexpected pos 64 vs 0"), target) is None  # space is left
+    assert no_space(OSError(errno.EACCES, "Permission denied"), target) is None
+    left = shutil.disk_usage(tmp_path)._replace(free=300 * 1024)
+    monkeypatch.setattr(marlow.fileio.shutil, "disk_usage", lambda _path: left)
+    short = no_space(RuntimeError("unexpected pos 64 vs 0"), target)
+    assert isinstance(short, NoSpace) and "(0.3 MiB free)" in str(short)
+
+
+def test_a_full_device_leaves_an_atomic_file_as_it_was_and_a_sink_says_no_space(
+    tmp_path, monkeypatch
+):
+    import errno
+    from pathlib import Path
+
+    from marlow.diagnostics.sinks import JsonlSink
+    from marlow.fileio import NoSpace
+
+    path = write_json(tmp_path / "base.json", {"kept": 1})
+
+    def full(self, data):
+        Path.open(self, "wb").write(data[:3])  # part of it, then the device is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_bytes", full)
+    with pytest.raises(NoSpace, match="no space left on the device holding .*base.json"):
+        write_json(path, {"kept": 2})
+    assert read_json_object(path) == {"kept": 1} and not list(tmp_path.glob("*.tmp"))
+    sink = JsonlSink(tmp_path / "metrics.jsonl")
+    sink.write({"step": 0})
+
+    def no_room(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("marlow.diagnostics.sinks.os.fsync", no_room)
+    with pytest.raises(NoSpace):
+        sink.write({"step": 1})

@@ -51,7 +51,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from marlow.config import ConfigError, SinksConfig
-from marlow.fileio import DamagedFileError, write_text
+from marlow.fileio import DamagedFileError, no_space, write_text
 
 # -- JSONL (always on) --------------------------------------------------------------------------
 
@@ -64,10 +64,15 @@ class JsonlSink:
         path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(self, record: dict) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps(record, allow_nan=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        """Append ``record``; a device that fills up meanwhile is :class:`NoSpace` (a line
+        half-written then is left out when the file is read back)."""
+        try:
+            with self.path.open("a") as f:
+                f.write(json.dumps(record, allow_nan=True) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as err:
+            raise no_space(err, self.path) or err from None
 
     def truncate_after(self, step: int) -> int:
         """Drop records of steps after ``step`` (a resumed run redoes them), and a last line a

@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from marlow.fileio import sha256_file
+from marlow.fileio import no_space, sha256_file
 from marlow.policy.adapters import (
     WEIGHTS_NAME,
     adapter_parameters,
@@ -117,8 +117,24 @@ def _signals_held() -> Iterator[None]:
 
 
 def _write(run_dir: Path, step: int, model, adapters: list[str], optim: AdapterOptimizers) -> Path:
+    """The checkpoint written to a ``.tmp`` sibling, then renamed into place. A device that
+    fills up meanwhile is :class:`marlow.fileio.NoSpace`, the ``.tmp`` removed again (its
+    space freed; the checkpoints before it stand)."""
     final = checkpoint_dir(run_dir, step)
     tmp = final.with_name(final.name + ".tmp")
+    try:
+        return _write_into(tmp, final, run_dir, step, model, adapters, optim)
+    except Exception as err:
+        full = no_space(err, run_dir)
+        if full is None:
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise full from None
+
+
+def _write_into(
+    tmp: Path, final: Path, run_dir: Path, step: int, model, adapters: list[str], optim
+) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     if adapters:

@@ -59,6 +59,9 @@ class _OneLineErrors(typer.core.TyperGroup):
         except typer.TyperException as err:  # typer's own click: its usage errors derive from it
             where = f" (see {err.ctx.command_path} --help)" if getattr(err, "ctx", None) else ""
             message = " ".join(err.format_message().split())
+            name = getattr(err, "option_name", "") or ""
+            if name[1:2].isdigit() or name[1:2] == ".":  # a negative number read as an option
+                message += "; to pass an argument that starts with '-', put `--` before it"
             console.print(
                 f"[red]error:[/red] {escape(message)}{where}", highlight=False, soft_wrap=True
             )

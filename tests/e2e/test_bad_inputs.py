@@ -429,6 +429,11 @@ CASES: list[Case] = [
     ),
     # -- command-line flags and paths ------------------------------------------------------
     Case("unknown-flag", ["train", "--foo"], ["No such option: --foo", "train --help"]),
+    Case(
+        "answer-negative-question",
+        ["answer", "run", "-5+3"],
+        ["No such option: -5", "put `--` before it", "answer --help"],
+    ),
     Case("unknown-command", ["bogus"], ["No such command 'bogus'"]),
     Case("out-current-folder", ["train", "--out", "."], ["current folder"]),
     Case("eval-out-under-file", ["eval", "--out", "f/ev"], ["f is a file"], files={"f": "x"}),

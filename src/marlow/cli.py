@@ -31,7 +31,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from marlow.fileio import NoSpace
+from marlow.fileio import FULL_ERRNOS, NoSpace, no_space
 from marlow.serving.limits import Limits
 
 
@@ -56,6 +56,13 @@ class _OneLineErrors(typer.core.TyperGroup):
             code = super().main(*args, standalone_mode=False, **kwargs)
         except typer.Abort:
             sys.exit(1)
+        except OSError as err:  # a device that filled up under a write of any command
+            if err.errno not in FULL_ERRNOS:
+                raise
+            written = err.filename2 or err.filename or Path.cwd()  # a copy names (source, dest)
+            full = err if isinstance(err, NoSpace) else no_space(err, written)
+            console.print(f"[red]error:[/red] {escape(str(full))}", highlight=False, soft_wrap=True)
+            sys.exit(2)
         except typer.TyperException as err:  # typer's own click: its usage errors derive from it
             where = f" (see {err.ctx.command_path} --help)" if getattr(err, "ctx", None) else ""
             message = " ".join(err.format_message().split())

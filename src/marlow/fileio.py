@@ -78,6 +78,9 @@ class NoSpace(OSError):
         return self.strerror or super().__str__()
 
 
+FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+"""The errors of a write to a device that filled up, or past a quota."""
+
 NO_SPACE_LEFT = 1 << 20
 """Bytes free below which a failed write is taken for a full device (:func:`no_space`)."""
 
@@ -94,7 +97,7 @@ def no_space(err: BaseException, path: str | Path) -> NoSpace | None:
         free = shutil.disk_usage(found).free
     except OSError:
         free = None
-    quota = isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
+    quota = isinstance(err, OSError) and err.errno in FULL_ERRNOS
     if not quota and (free is None or free >= NO_SPACE_LEFT):
         return None
     left = f"{free / 2**20:.1f} MiB free" if free is not None else "its free space unknown"

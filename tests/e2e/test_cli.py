@@ -169,3 +169,19 @@ def test_a_device_that_fills_up_during_a_checkpoint_is_one_line_saying_how_to_go
     checkpoints = tmp_path / "runs" / "full" / "checkpoints"
     assert not list(checkpoints.glob("*.tmp"))  # the partial checkpoint's space given back
     assert (tmp_path / "runs" / "full" / "metrics.jsonl").is_file()  # the run's records stay
+
+
+def test_a_full_device_under_any_commands_write_is_one_line(trained_voting, tmp_path, monkeypatch):
+    import errno
+    import shutil
+
+    def full(src, dst, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(src), None, str(dst))
+
+    monkeypatch.setattr(shutil, "copyfile", full)
+    done = in_process(["export", trained_voting, "bundle"], tmp_path)
+    assert done.exit_code == 2, done.output
+    (line,) = [x for x in done.stderr.splitlines() if x.strip()]
+    assert line.startswith("error: no space left on the device holding ") and "bundle" in line
+    assert "free some space" in line and "Traceback" not in done.output
+    assert not list(tmp_path.iterdir())  # the export's temporary folder is gone

@@ -312,6 +312,12 @@ CASES: list[Case] = [
         "under task.name=code",
     ),
     value("task-val-size-0", "task.val_size=0", "task.val_size"),
+    value(
+        "task-val-size-past-the-tiny-world",
+        "task.val_size=100000",
+        "task.val_size is 100000",
+        "tiny math world has at most 5000",
+    ),
     value("format-penalty-positive", "task.format_penalty=0.5", "task.format_penalty"),
     value("code-timeout-0", "task.code_timeout_s=0", "task.code_timeout_s"),
     value("dataset-with-tiny", "task.dataset=gsm8k", "task.dataset", "tiny"),

@@ -256,12 +256,13 @@ class TaskConfig(_Section):
                 raise ValueError(
                     "task.dataset is only for a file or hub source; task.source is tiny"
                 )
-            from marlow.tiny.codegen import MAX_VAL  # stdlib only: config stays light
+            from marlow.tiny import codegen, mathgen  # stdlib only: config stays light
 
-            if self.name == "code" and self.val_size > MAX_VAL:
+            most = (codegen if self.name == "code" else mathgen).MAX_VAL
+            if self.val_size > most:
                 raise ValueError(
-                    f"task.val_size is {self.val_size}; the tiny code world has at most "
-                    f"{MAX_VAL} validation problems"
+                    f"task.val_size is {self.val_size}; the tiny {self.name} world has at most "
+                    f"{most} validation problems"
                 )
         elif self.dataset not in valid:
             raise ValueError(

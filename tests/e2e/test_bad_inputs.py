@@ -496,6 +496,12 @@ CASES: list[Case] = [
         files={"r/metrics.jsonl": '{"step": 0}\n'},
     ),
     Case("report-missing-folder", ["report", "nowhere"], ["nowhere"]),
+    Case(
+        "report-of-one-run",
+        ["report", "r"],
+        ["r holds no grid results", "it is one run: marlow inspect r"],
+        files={"r/metrics.jsonl": '{"step": 0}\n', "r/config.yaml": "steps: 1\n"},
+    ),
     # -- marlow plan: it loads no model, so no row needs one ---------------------------------
     Case(
         "plan-model-unknown",

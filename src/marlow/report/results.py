@@ -112,9 +112,10 @@ def load_results(results_dir: str | Path) -> GridRuns:
     root = Path(results_dir)
     index_path = root / "index.json"
     if not index_path.is_file():
+        one_run = (root / "metrics.jsonl").is_file()
         raise FileNotFoundError(
             f"{root} holds no grid results: no index.json (give the folder `marlow grid --out` "
-            "wrote)"
+            "wrote)" + (f"; it is one run: marlow inspect {root}" if one_run else "")
         )
     try:
         index = json.loads(index_path.read_text())

@@ -156,6 +156,39 @@ def test_deep_json_odd_text_and_odd_numbers_are_400s():
             is_openai_error(reply, 400, field)
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"stop": []}, {"stop": None}, {"tools": []}, {"tool_choice": "none"},
+        {"response_format": {"type": "text"}}, {"logit_bias": {}}, {"logprobs": None},
+        {"top_p": 1.0}, {"presence_penalty": 0.0}, {"modalities": ["text"]},
+        {"n": None}, {"stream": None}, {"trace": None}, {"seed": None}, {"max_tokens": None},
+    ],
+)  # fmt: skip
+def test_a_field_sent_null_or_at_its_off_value_is_accepted(extra):
+    """What clients send for settings they were not given: null, or the empty default."""
+    with client_for(Stand()) as client:
+        reply = client.post("/v1/chat/completions", json=ask(**extra))
+        assert reply.status_code == 200, reply.text
+        assert len(reply.json()["choices"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"stop": ["x"]}, "stop"), ({"stop": "x"}, "stop"), ({"tools": [{"type": "function"}]}, "tools"),
+        ({"tool_choice": "auto"}, "tool_choice"), ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"logprobs": True}, "logprobs"), ({"top_p": 0.9}, "top_p"), ({"top_p": True}, "top_p"),
+        ({"presence_penalty": False}, "presence_penalty"), ({"logit_bias": {"1": 5}}, "logit_bias"),
+        ({"modalities": ["text", "audio"]}, "modalities"), ({"audio": {}}, "audio"),
+    ],
+)  # fmt: skip
+def test_a_setting_marlow_cannot_honour_is_a_400_naming_it(extra, param):
+    with client_for(Stand()) as client:
+        error = is_openai_error(client.post("/v1/chat/completions", json=ask(**extra)), 400, param)
+        assert f"{param} is not supported" in error["message"]
+
+
 def test_max_tokens_is_bounded_by_the_limit_and_the_context():
     with client_for(Stand(positions=100), max_tokens=64) as client:
         post = lambda body: client.post("/v1/chat/completions", json=body)  # noqa: E731

@@ -11,7 +11,9 @@ Endpoints:
   end (the workflow has no answer before its last stage). A body with ``"trace": true`` (the
   ``openai`` client's ``extra_body``) gets each choice's turns (role, slot, round, adapter,
   prompt, completion) under ``choices[i].turns``. Settings marlow does not have (``top_p`` other
-  than 1, ``stop``, ``tools``, ``logprobs``, penalties...) are refused with a 400 naming them;
+  than 1, ``stop``, ``tools``, ``logprobs``, penalties...) are refused with a 400 naming them,
+  but not their "off" values (:data:`UNSUPPORTED`: ``stop: []``, ``tools: []``,
+  ``response_format: {"type": "text"}``...), and a field sent as null reads as not sent;
   ``model`` must be the served name;
 * ``GET /health``: ``{"status": "ok", "model": ..., "batches": ..., "waiting": ...}``, or a 503
   error when the batching worker has stopped (the server then answers no question).
@@ -66,24 +68,25 @@ from marlow.serving.limits import Limits
 from marlow.serving.trained import TrainedWorkflow, question_tokens
 from marlow.types import unicode_text
 
-UNSUPPORTED = {
-    "top_p": 1,
-    "stop": None,
-    "tools": None,
-    "tool_choice": None,
-    "functions": None,
-    "function_call": None,
-    "logprobs": False,
-    "top_logprobs": None,
-    "presence_penalty": 0,
-    "frequency_penalty": 0,
-    "logit_bias": None,
-    "response_format": None,
-    "audio": None,
-    "modalities": None,
-    "prediction": None,
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "top_p": (1,),
+    "stop": ([], ""),
+    "tools": ([],),
+    "tool_choice": ("none",),
+    "functions": ([],),
+    "function_call": ("none",),
+    "logprobs": (False,),
+    "top_logprobs": (0,),
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "logit_bias": ({},),
+    "response_format": ({"type": "text"},),
+    "audio": (),
+    "modalities": (["text"],),
+    "prediction": (),
 }
-"""Request fields marlow cannot honour, with the value that means "off" (accepted)."""
+"""Request fields marlow cannot honour, with the values that mean "off" (accepted, as is null:
+a client may send a field it was not given as null, or as its empty default)."""
 MAX_N = 16
 POLL_S = 0.1
 """How often a waiting request checks whether its client is still there."""
@@ -386,7 +389,8 @@ def parse_chat(
             "model_not_found",
         )
     for key, off in UNSUPPORTED.items():
-        if key in body and body[key] not in (off, None):
+        value = body.get(key)
+        if value is not None and not any(_same(value, o) for o in off):
             raise RequestError(
                 400,
                 f"{key} is not supported: a marlow workflow samples with temperature alone",
@@ -424,7 +428,7 @@ def parse_chat(
             "(marlow serve --max-tokens)",
             "max_tokens",
         )
-    n = body.get("n", 1)
+    n = _given(body, "n", 1)
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
         raise RequestError(400, f"n must be an integer from 1 to {MAX_N}", "n")
     seed = body.get("seed")
@@ -432,15 +436,30 @@ def parse_chat(
         isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63
     ):
         raise RequestError(400, "seed must be an integer from 0 to 2**63 - 1", "seed")
-    stream = body.get("stream", False)
+    stream = _given(body, "stream", False)
     if not isinstance(stream, bool):
         raise RequestError(400, "stream must be true or false", "stream")
     include_usage = _stream_options(body.get("stream_options"), stream)
-    trace = body.get("trace", False)
+    trace = _given(body, "trace", False)
     if not isinstance(trace, bool):
         raise RequestError(400, "trace must be true or false", "trace")
     _within_context(workflow, count(question), tokens)
     return Chat(question, Settings(temperature, tokens, seed, trace), n, stream, include_usage)
+
+
+def _given(body: dict, key: str, default: Any) -> Any:
+    """``body[key]``, or ``default`` where it is absent or null (OpenAI's clients send an unset
+    field as null)."""
+    value = body.get(key)
+    return default if value is None else value
+
+
+def _same(value: Any, off: Any) -> bool:
+    """Whether a request's ``value`` is the "off" value ``off``: equal, and of the same kind
+    (``true`` is no ``1``, ``0`` no ``false``, whatever Python's equality says)."""
+    if isinstance(off, int | float) and not isinstance(off, bool):
+        return isinstance(value, int | float) and not isinstance(value, bool) and value == off
+    return type(value) is type(off) and value == off
 
 
 def _within_context(workflow: TrainedWorkflow, question: int, tokens: int | None) -> None:

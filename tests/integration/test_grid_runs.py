@@ -134,6 +134,33 @@ def test_a_cell_runs_under_the_environment_its_grid_has_when_it_starts(
     assert str(not_a_folder) in error.read_text().splitlines()[-1]
 
 
+def test_a_cell_runs_in_the_working_directory_its_grid_has_not_where_a_reward_moved_it(
+    tiny_cache, tmp_path, monkeypatch
+):
+    """One worker runs cell after cell: the first cell's reward moves it (os.chdir), and the
+    second, whose data file, reward and results folder are relative, still finds them."""
+    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
+    here.mkdir(), elsewhere.mkdir()
+    rows = [{"id": f"r{i}", "question": f"{i}+{i}", "answer": str(2 * i)} for i in range(20)]
+    (here / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (here / "wander.py").write_text(
+        "import os\n"
+        "def reward(prompts, completions, **kwargs):\n"
+        f"    os.chdir({str(elsewhere)!r})\n"
+        "    return [float(len(c) % 2) for c in completions]\n"
+    )
+    monkeypatch.chdir(here)
+    task = {"source": "rows.jsonl", "prompt_field": "question", "answer_field": "answer",
+            "reward": "wander.py:reward", "val_size": 4}  # fmt: skip
+    grid = {**GRID, "workflows": ["single", "voting"], "policies": [], "tasks": ["custom"]}  # 3
+    grid["settings"] = {**GRID["settings"], "task": task}
+    states = run_grid(parse_grid(grid), "grid", workers=1)
+    assert len(states) == 3 and set(states.values()) == {"done"}, states  # Single-SA too
+    assert not any(elsewhere.iterdir())
+    for name in states:
+        assert (here / "grid" / "cells" / name / "DONE").is_file()
+
+
 def test_an_orch_workers_transfer_cell_equals_its_base_cell(tiny_cache, tmp_path):
     grid = {**GRID, "workflows": ["orch_workers"], "policies": [], "controls": ["base", "transfer"]}
     grid["settings"] = {**GRID["settings"], "steps": 1}

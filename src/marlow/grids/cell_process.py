@@ -33,7 +33,8 @@ def run_cell(cell_json: dict, config_json: str, out: str, threads: int, sa_rl: s
     die_with_parent()
     torch.set_num_threads(threads)
     started = time.monotonic()
-    run_dir = Path(out)
+    run_dir = Path(out).absolute()  # the cell's reward may change the working directory
+    sa_rl = str(Path(sa_rl).absolute()) if sa_rl else None
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json(run_dir / "cell.json", cell_json)
     with open(run_dir / "log.txt", "a") as log_file:

@@ -45,10 +45,10 @@ class LocalPool:
     :data:`PRELOAD` once (spawned where the platform has no fork server, or where no folder
     holds its socket: :func:`_socket_folder`). The server is started
     with one OpenMP thread, so that no torch thread team exists to be forked, and has run no
-    torch operation; each cell sets its own threads and takes the grid process's environment as
-    it was when the cell was submitted (the server's is the one it was started with). Every
-    worker ends as soon as the grid process does (:func:`_end_with`): a worker's parent is the
-    server, which outlives the grid while any worker runs."""
+    torch operation; each cell sets its own threads and takes the grid process's environment and
+    working directory as they were when the cell was submitted (the server's are the ones it was
+    started with). Every worker ends as soon as the grid process does (:func:`_end_with`): a
+    worker's parent is the server, which outlives the grid while any worker runs."""
 
     def __init__(self, workers: int) -> None:
         import multiprocessing
@@ -66,7 +66,7 @@ class LocalPool:
         )
 
     def submit(self, cell: Cell, args: tuple) -> Any:
-        return self._pool.submit(_run_in_environ, dict(os.environ), *args)
+        return self._pool.submit(_run_as_submitted, dict(os.environ), os.getcwd(), *args)
 
     def wait(self, handles: list[Any], timeout: float) -> list[Any]:
         from concurrent.futures import FIRST_COMPLETED
@@ -165,10 +165,14 @@ def _end_with(pid: int) -> None:
     threading.Thread(target=watch, name="marlow-grid-watch", daemon=True).start()
 
 
-def _run_in_environ(environ: dict[str, str], *args: Any) -> str:
-    """:func:`run_cell` in a forked worker, under the grid process's ``environ``."""
+def _run_as_submitted(environ: dict[str, str], cwd: str, *args: Any) -> str:
+    """:func:`run_cell` in a forked worker, under the grid process's ``environ`` and working
+    directory ``cwd`` as they were when the cell was submitted: a worker runs cell after cell,
+    and a cell's reward that changed either (``os.chdir``) must not move the next cell's
+    relative paths (its data file, its folder)."""
     os.environ.clear()
     os.environ.update(environ)
+    os.chdir(cwd)
     return run_cell(*args)
 
 

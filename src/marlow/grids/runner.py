@@ -61,7 +61,7 @@ def run_grid(
         raise ValueError(f"threads per cell must be >= 1, got {threads}")
     log = log or (lambda _m: None)
     cells = expand(grid)
-    root = Path(out)
+    root = Path(out).absolute()  # the cells' folders, wherever a worker's directory is
     with _left_as_found(root), locked(root):
         if grid_text is not None:
             write_text(root / "grid.yaml", grid_text)

@@ -1,7 +1,7 @@
 """Result files written atomically (to a ``.tmp`` sibling, then ``os.replace``d into place, so a
-reader, or a run killed mid-write, sees the old file or the new one, never half of one), a file's
-hash, a folder held by one process at a time, and whether a path is short enough for a Unix
-socket."""
+reader, or a run killed mid-write, sees the old file or the new one, never half of one), a write
+to a device that filled up told as :class:`NoSpace` (one line), a file's hash, a folder held by
+one process at a time, and whether a path is short enough for a Unix socket."""
 
 from __future__ import annotations
 

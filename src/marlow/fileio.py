@@ -121,9 +121,10 @@ class FolderBusy(RuntimeError):
 
 
 @contextmanager
-def held(folder: str | Path, what: str) -> Iterator[None]:
+def held(folder: str | Path, what: str, shown: str | Path | None = None) -> Iterator[None]:
     """Hold ``folder`` (which must exist) while the block runs, or raise :class:`FolderBusy`, at
-    once, where another process holds it: ``another {what} is running in {folder}``. The lock is the
+    once, where another process holds it: ``another {what} is running in {shown}`` (``shown``:
+    the folder as the caller's user named it; default ``folder``). The lock is the
     kernel's exclusive ``flock`` on the folder itself: nothing is written into the folder, and a
     process that ends, however it ends (``kill -9`` included), lets go of it. Where the platform
     has no ``flock``, nothing is held."""
@@ -137,7 +138,7 @@ def held(folder: str | Path, what: str) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise FolderBusy(f"another {what} is running in {folder}") from None
+            raise FolderBusy(f"another {what} is running in {shown or folder}") from None
         yield
     finally:
         os.close(fd)

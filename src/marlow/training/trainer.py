@@ -668,7 +668,7 @@ class Trainer:
         """Hold the run folder until the run ends (:meth:`run`) or the trainer closes."""
         if self._folder is None:
             stack = ExitStack()
-            stack.enter_context(held(self.out, "marlow train"))
+            stack.enter_context(held(self.out, "marlow train", self.named))
             self._folder = stack
 
     def _release_folder(self) -> None:

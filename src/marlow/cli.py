@@ -1058,8 +1058,13 @@ def answer(
         _fail('give one "QUESTION" (quoted), or --input FILE --out FILE')
     if input is not None and (questions or out is None):
         _fail("--input answers a file into --out; give --out, and no question beside it")
-    if out is not None and out.exists() and not overwrite:
-        _fail(f"--out {out} exists; pass --overwrite to replace it")
+    if input is not None:
+        from marlow.serving.files import check_paths
+
+        try:
+            check_paths(input, out, overwrite)  # before a model loads
+        except (ValueError, OSError) as err:
+            _fail(str(err))
     try:
         with load_workflow(run, settings, log=_log) as workflow:
             if input is None:

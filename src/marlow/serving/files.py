@@ -33,6 +33,23 @@ class FileReport:
     skipped: Counter = field(default_factory=Counter)  # reason -> rows
 
 
+def check_paths(source: Path, out: Path, overwrite: bool) -> None:
+    """Refuse, in one line, a ``source`` that is no file and an ``out`` that cannot be written
+    (a folder, under a file, or a file already there without ``overwrite``): ValueError,
+    FileNotFoundError or FileExistsError. ``marlow answer`` asks before it loads a model."""
+    if source.is_dir():
+        raise ValueError(f"--input {source} is a folder; give a JSON-lines file")
+    if not source.is_file():
+        raise FileNotFoundError(f"--input {source} does not exist")
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a folder; give the path of the answers' file")
+    blocked = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocked is not None:
+        raise ValueError(f"--out {out}: {blocked} is a file, not a folder; give a file path")
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"--out {out} exists; pass --overwrite to replace it")
+
+
 def answer_file(
     workflow: TrainedWorkflow,
     source: Path,
@@ -47,10 +64,7 @@ def answer_file(
 ) -> FileReport:
     """Answer every row of ``source`` into ``out`` (module docstring); ``progress(done, total)``
     after each batch."""
-    if not source.is_file():
-        raise FileNotFoundError(f"--input {source} does not exist")
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"--out {out} exists; pass --overwrite to replace it")
+    check_paths(source, out, overwrite)
     if batch < 1:
         raise ValueError(f"--batch must be >= 1, got {batch}")
     report = FileReport()
